@@ -1,0 +1,30 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Each creates .venv if needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/contextpilot-rag demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check contextpilot_rag tests examples benchmarks
+	$(BIN)/ruff format --check contextpilot_rag tests examples benchmarks
+	$(BIN)/mypy
+
+test: lint
+	MEM0_TELEMETRY=False $(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/online.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,80 @@
+"""contextpilot_rag: reorder, de-duplicate and annotate RAG context blocks so that
+inference engines reuse their prefix cache.
+
+>>> from contextpilot_rag import ContextPilot, ContextBlock
+>>> pilot = ContextPilot()
+>>> prompt = pilot.optimize([ContextBlock("Paris is in France.")], "Where is Paris?")
+>>> prompt.messages[-1]["role"]
+'user'
+"""
+
+from .annotations import NoteTemplates
+from .blocks import BlockId, ContextBlock, content_id, render_block
+from .conversations import (
+    Conversation,
+    ConversationStore,
+    InMemoryConversationStore,
+    Turn,
+)
+from .errors import (
+    BlockConflictError,
+    ConfigError,
+    ContextPilotError,
+    ConversationStateError,
+    DuplicateRequestError,
+    EmptyContextError,
+    InvalidBlockError,
+    InvalidInputError,
+    OversizeBlockError,
+    UnknownConversationError,
+)
+from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
+from .pilot import ContextPilot, PilotConfig
+from .prompt import BlockBoundary, Prompt, PromptStats
+from .tokenizers import (
+    CharEstimateTokenizer,
+    HFTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    default_tokenizer,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockBoundary",
+    "BlockConflictError",
+    "BlockId",
+    "CharEstimateTokenizer",
+    "ConfigError",
+    "ContextBlock",
+    "ContextIndex",
+    "ContextPilot",
+    "ContextPilotError",
+    "Conversation",
+    "ConversationStateError",
+    "ConversationStore",
+    "DuplicateRequestError",
+    "EmptyContextError",
+    "HFTokenizer",
+    "InMemoryConversationStore",
+    "IndexConfig",
+    "IndexStats",
+    "InvalidBlockError",
+    "InvalidInputError",
+    "MatchResult",
+    "NoteTemplates",
+    "OversizeBlockError",
+    "PilotConfig",
+    "Prompt",
+    "PromptStats",
+    "RequestId",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "Turn",
+    "UnknownConversationError",
+    "__version__",
+    "content_id",
+    "default_tokenizer",
+    "render_block",
+]

@@ -1,0 +1,65 @@
+"""Typed errors. Every public call validates its input and raises one of these
+*before* it changes any state, so a failed call leaves the index and the
+conversations exactly as they were."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockConflictError",
+    "ConfigError",
+    "ContextPilotError",
+    "ConversationStateError",
+    "DuplicateRequestError",
+    "EmptyContextError",
+    "InvalidBlockError",
+    "InvalidInputError",
+    "OversizeBlockError",
+    "UnknownConversationError",
+]
+
+
+class ContextPilotError(Exception):
+    """Base class of every error raised by contextpilot_rag."""
+
+
+class ConfigError(ContextPilotError, ValueError):
+    """A configuration value is out of range or of the wrong type."""
+
+
+class InvalidInputError(ContextPilotError, TypeError):
+    """An argument has the wrong type or an unusable value (a query that is not a
+    string, a bare string where a list of ids is expected, ...)."""
+
+
+class InvalidBlockError(InvalidInputError):
+    """A context block (or something passed as one) is malformed: wrong type,
+    missing or empty text, a non-string id, a non-numeric score."""
+
+
+class EmptyContextError(ContextPilotError, ValueError):
+    """A request carries no context blocks where at least one is required."""
+
+
+class BlockConflictError(ContextPilotError, ValueError):
+    """Two blocks share an id but not their text (within one call or across calls).
+    Give distinct ids to distinct texts, or leave ``id`` unset to use content hashes."""
+
+
+class OversizeBlockError(ContextPilotError, ValueError):
+    """A block is longer than the configured ``max_block_tokens``."""
+
+
+class UnknownConversationError(ContextPilotError, KeyError):
+    """The conversation id names no live conversation (never started, or expired)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown conversation"
+
+
+class ConversationStateError(ContextPilotError, ValueError):
+    """The conversation is not in a state that allows the call (for example an
+    answer recorded twice for the same turn)."""
+
+
+class DuplicateRequestError(ContextPilotError, ValueError):
+    """A request id is already present in the context index."""

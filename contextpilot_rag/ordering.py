@@ -1,0 +1,39 @@
+"""Reorder (Alg. 2): the blocks a request shares with an indexed prefix go first, in
+the cached order; the rest follow in an order chosen for *future* sharing.
+
+``"popularity"`` puts the blocks most indexed requests contain first (ties by id), so
+two requests whose remainders share popular blocks start them alike; ``"retrieval"``
+keeps the retriever's order. The benchmark (docs/benchmarks.md) compares both;
+popularity is the default because it wins there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from .blocks import ContextBlock
+
+__all__ = ["RemainderOrder", "reorder_for_prefix"]
+
+RemainderOrder = Literal["popularity", "retrieval"]
+
+
+def reorder_for_prefix(
+    blocks: Sequence[ContextBlock],
+    matched_ids: Sequence[str],
+    *,
+    remainder: RemainderOrder = "popularity",
+    popularity: Callable[[str], int] | None = None,
+) -> tuple[ContextBlock, ...]:
+    """A permutation of ``blocks``: those named in ``matched_ids`` first, in that
+    order, then the others. Ids in ``matched_ids`` that are not among ``blocks``
+    (system prompt, history) are skipped."""
+    by_id: dict[str, ContextBlock] = {block.id: block for block in blocks}
+    head = [by_id[block_id] for block_id in matched_ids if block_id in by_id]
+    taken = {block.id for block in head}
+    rest = [block for block in blocks if block.id not in taken]
+    if remainder == "popularity" and popularity is not None:
+        # Stable on equal counts: ties keep retrieval order.
+        rest.sort(key=lambda block: -popularity(block.id))
+    return (*head, *rest)

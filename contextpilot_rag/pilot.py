@@ -1,0 +1,439 @@
+"""The :class:`ContextPilot` facade: one call turns retrieved blocks into a prompt
+that reuses what the engine has cached.
+
+``optimize`` works in two phases. *Plan* validates the input and computes the whole
+prompt from the current state without changing it; *commit* then records the
+request in the block registry, the context index and the conversation. Every error
+is raised during planning, so a failed call leaves all state exactly as it was. One
+lock serialises the calls, so concurrent callers see a consistent index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .annotations import NoteTemplates, location_note, order_note
+from .blocks import BlockRegistry, ContextBlock, RegisteredBlock, content_id, validate_blocks
+from .conversations import (
+    Conversation,
+    ConversationStore,
+    InMemoryConversationStore,
+    Turn,
+    deduplicate,
+)
+from .errors import ConfigError, InvalidInputError, UnknownConversationError
+from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
+from .ordering import RemainderOrder, reorder_for_prefix
+from .prompt import BlockBoundary, Prompt, PromptStats
+from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
+
+__all__ = ["ContextPilot", "PilotConfig"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Answer the user's question using the context "
+    "documents in the conversation. Each document starts with its label in square "
+    "brackets; cite labels when you use a document. If the documents do not contain "
+    "the answer, say so."
+)
+
+
+@dataclass(frozen=True)
+class PilotConfig:
+    """Behaviour and bounds of a :class:`ContextPilot`.
+
+    ``reorder``/``dedup``/``annotate`` switch the three optimizations. ``remainder``
+    orders the blocks that match no cached prefix. ``max_history_turns`` limits the
+    turns rendered into a conversation's prompt (``None``: all); de-duplication only
+    points at rendered turns. ``system_prompt`` is used when ``optimize`` gets none.
+    """
+
+    index: IndexConfig = field(default_factory=IndexConfig)
+    reorder: bool = True
+    dedup: bool = True
+    annotate: bool = True
+    remainder: RemainderOrder = "popularity"
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    context_header: str = "Context documents:\n\n"
+    question_template: str = "Question: {query}"
+    notes: NoteTemplates = field(default_factory=NoteTemplates)
+    max_block_tokens: int | None = 32_768
+    max_history_turns: int | None = None
+    max_conversations: int = 10_000
+    conversation_ttl_s: float | None = 3600.0
+    block_registry_size: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.remainder not in ("popularity", "retrieval"):
+            raise ConfigError("PilotConfig.remainder must be 'popularity' or 'retrieval'")
+        if "{query}" not in self.question_template:
+            raise ConfigError("PilotConfig.question_template must contain '{query}'")
+        for name in ("max_block_tokens", "max_history_turns"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"PilotConfig.{name} must be a positive int or None")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError("PilotConfig.system_prompt must be a str or None")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The pieces of one request's prompt, before rendering."""
+
+    original: tuple[ContextBlock, ...]
+    final: tuple[ContextBlock, ...]
+    duplicated: tuple[tuple[ContextBlock, int], ...]
+    notes: tuple[str, ...]
+    query: str
+    system_text: str | None
+    visible: tuple[tuple[int, Turn], ...]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything ``optimize`` will commit, computed without side effects."""
+
+    prompt: Prompt
+    blocks: tuple[ContextBlock, ...]
+    entries: tuple[RegisteredBlock, ...]
+    index_path: tuple[str, ...]
+    index_tokens: tuple[int, ...]
+    conversation: Conversation | None
+
+
+class ContextPilot:
+    """Reorders, de-duplicates and annotates context blocks for prefix-cache reuse.
+
+    Thread-safe. ``tokenizer`` is a :class:`Tokenizer`, a registry name, or ``None``
+    for the offline default. ``store`` holds conversations (in memory by default).
+    """
+
+    def __init__(
+        self,
+        config: PilotConfig | None = None,
+        *,
+        tokenizer: Tokenizer | str | None = None,
+        store: ConversationStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or PilotConfig()
+        if isinstance(tokenizer, str):
+            tokenizer = get_tokenizer(tokenizer)
+        self.tokenizer: Tokenizer = tokenizer or default_tokenizer()
+        self._index = ContextIndex(self.config.index, clock=clock)
+        self._registry = BlockRegistry(
+            self.tokenizer.count, capacity=self.config.block_registry_size
+        )
+        self._store: ConversationStore = store or InMemoryConversationStore(
+            max_conversations=self.config.max_conversations,
+            ttl_s=self.config.conversation_ttl_s,
+            clock=clock,
+        )
+        self._lock = threading.RLock()
+        self._request_numbers = itertools.count(1)
+        self._segment_tokens: dict[str, int] = {}
+
+    # -- public API --------------------------------------------------------------------
+
+    def optimize(
+        self,
+        blocks: Sequence[ContextBlock],
+        query: str,
+        *,
+        conversation_id: str | None = None,
+        system: str | None = None,
+    ) -> Prompt:
+        """Build the prompt for one request: blocks reordered to reuse the longest
+        cached prefix, blocks already in this conversation replaced by a location
+        note, notes restoring the relevance ranking, then the question."""
+        unique = validate_blocks(blocks)
+        _check_text("query", query)
+        if conversation_id is not None:
+            _check_text("conversation_id", conversation_id, allow_empty=False)
+        if system is not None:
+            _check_text("system", system)
+        with self._lock:
+            plan = self._plan(unique, query, conversation_id, system)
+            self._commit(plan)
+            return plan.prompt
+
+    def record_answer(self, conversation_id: str, text: str) -> None:
+        """Append the assistant's answer to the conversation's last turn, so the next
+        turn's prompt carries it as history."""
+        _check_text("conversation_id", conversation_id, allow_empty=False)
+        _check_text("text", text)
+        with self._lock:
+            conversation = self._store.get(conversation_id)
+            if conversation is None:
+                raise UnknownConversationError(
+                    f"no live conversation {conversation_id!r} (never started or expired)"
+                )
+            self._store.put(conversation.with_answer(text))
+
+    def conversation(self, conversation_id: str) -> Conversation:
+        """The stored record of a conversation."""
+        conversation = self._store.get(conversation_id)
+        if conversation is None:
+            raise UnknownConversationError(f"no live conversation {conversation_id!r}")
+        return conversation
+
+    def end_conversation(self, conversation_id: str) -> bool:
+        """Forget a conversation's history (its cached prefix ages out of the index)."""
+        with self._lock:
+            return self._store.delete(conversation_id)
+
+    def evict(self, request_ids: Iterable[str]) -> int:
+        """The engine evicted these requests' cache: forget them in the index.
+        Unknown ids are ignored; returns how many were removed."""
+        if isinstance(request_ids, str) or not isinstance(request_ids, Iterable):
+            raise InvalidInputError("evict() takes an iterable of request ids")
+        ids = [RequestId(request_id) for request_id in request_ids]
+        with self._lock:
+            return self._index.evict(ids)
+
+    def index_stats(self) -> IndexStats:
+        with self._lock:
+            return self._index.stats()
+
+    # -- planning (no side effects) -----------------------------------------------------
+
+    def _plan(
+        self,
+        blocks: tuple[ContextBlock, ...],
+        query: str,
+        conversation_id: str | None,
+        system: str | None,
+    ) -> _Plan:
+        entries = self._registry.resolve(blocks, self.config.max_block_tokens)
+        tokens_of: dict[str, int] = {
+            block.id: entry.tokens for block, entry in zip(blocks, entries, strict=True)
+        }
+        conversation = self._load_conversation(conversation_id, system)
+        system_text = _pick_system(system, conversation, self.config.system_prompt)
+        visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
+        kept, duplicated = self._deduplicate(blocks, visible)
+        fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
+        match = self._match(kept, fixed_prefix)
+        final = self._reorder(kept, match)
+        notes = self._notes(blocks, final, duplicated)
+        request_id = f"cp-{next(self._request_numbers):09d}"
+        rendered: dict[str, RegisteredBlock] = {
+            block.id: entry for block, entry in zip(blocks, entries, strict=True)
+        }
+        prompt = self._render(
+            _Layout(blocks, final, duplicated, notes, query, system_text, visible),
+            rendered,
+            request_id,
+            conversation_id,
+            match,
+            blocks_start_tokens=sum(fixed_tokens),
+        )
+        turn = self._turn(prompt, tokens_of, query)
+        return _Plan(
+            prompt=prompt,
+            blocks=blocks,
+            entries=entries,
+            index_path=(*fixed_prefix, *turn.block_ids, turn.tail_id),
+            index_tokens=(*fixed_tokens, *turn.block_tokens, turn.tail_tokens),
+            conversation=conversation.with_turn(turn) if conversation is not None else None,
+        )
+
+    def _load_conversation(
+        self, conversation_id: str | None, system: str | None
+    ) -> Conversation | None:
+        if conversation_id is None:
+            return None
+        stored = self._store.get(conversation_id)
+        return stored or Conversation(
+            conversation_id, _pick_system(system, None, self.config.system_prompt)
+        )
+
+    def _deduplicate(
+        self, blocks: tuple[ContextBlock, ...], visible: Sequence[tuple[int, Turn]]
+    ) -> tuple[tuple[ContextBlock, ...], tuple[tuple[ContextBlock, int], ...]]:
+        if not (self.config.dedup and visible):
+            return blocks, ()
+        result = deduplicate(blocks, visible)
+        return result.kept, result.deduplicated
+
+    def _fixed_prefix(
+        self, system_text: str | None, visible: Sequence[tuple[int, Turn]]
+    ) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The part of the prompt before this turn's blocks, as index keys: the
+        system prompt (with the context header), then each rendered turn's blocks
+        and its tail (notes, question, answer)."""
+        head = (system_text or "") + "\x00" + self.config.context_header
+        path = ["\x00sys:" + content_id(head)]
+        tokens = [
+            self._count_segment(system_text or "") + self._count_segment(self.config.context_header)
+        ]
+        for _, turn in visible:
+            path.extend(turn.block_ids)
+            tokens.extend(turn.block_tokens)
+            path.append(turn.tail_id)
+            tokens.append(
+                turn.tail_tokens
+                + self._count_segment(turn.answer or "")
+                + self._count_segment(self.config.context_header)
+            )
+        return tuple(path), tuple(tokens)
+
+    def _match(self, kept: Sequence[ContextBlock], fixed_prefix: Sequence[str]) -> MatchResult:
+        if not self.config.reorder:
+            return self._index.search((), fixed_prefix=fixed_prefix)
+        return self._index.search([block.id for block in kept], fixed_prefix=fixed_prefix)
+
+    def _reorder(
+        self, kept: tuple[ContextBlock, ...], match: MatchResult
+    ) -> tuple[ContextBlock, ...]:
+        if not self.config.reorder:
+            return kept
+        return reorder_for_prefix(
+            kept,
+            match.blocks,
+            remainder=self.config.remainder,
+            popularity=self._index.popularity,
+        )
+
+    def _notes(
+        self,
+        original: tuple[ContextBlock, ...],
+        final: tuple[ContextBlock, ...],
+        duplicated: Sequence[tuple[ContextBlock, int]],
+    ) -> tuple[str, ...]:
+        if not self.config.annotate:
+            return ()
+        templates = self.config.notes
+        notes = (order_note(original, final, templates), location_note(duplicated, templates))
+        return tuple(note for note in notes if note is not None)
+
+    # -- rendering --------------------------------------------------------------------
+
+    def _render(
+        self,
+        layout: _Layout,
+        rendered: dict[str, RegisteredBlock],
+        request_id: str,
+        conversation_id: str | None,
+        match: MatchResult,
+        *,
+        blocks_start_tokens: int,
+    ) -> Prompt:
+        """``blocks_start_tokens``: tokens before this turn's first block (system
+        prompt, history, context header)."""
+        messages: list[dict[str, str]] = []
+        if layout.system_text:
+            messages.append({"role": "system", "content": layout.system_text})
+        for _, turn in layout.visible:
+            messages.append({"role": "user", "content": turn.user_message})
+            if turn.answer is not None:
+                messages.append({"role": "assistant", "content": turn.answer})
+        content, boundaries = self._render_user_message(
+            layout, rendered, len(messages), blocks_start_tokens
+        )
+        messages.append({"role": "user", "content": content})
+        tail_start = boundaries[-1].char_end if boundaries else len(self.config.context_header)
+        end_tokens = boundaries[-1].token_end if boundaries else blocks_start_tokens
+        tail_tokens = self.tokenizer.count(content[tail_start:])
+        matched_ids = set(match.blocks)
+        stats = PromptStats(
+            blocks_total=len(layout.original),
+            blocks_matched=sum(1 for block in layout.final if block.id in matched_ids),
+            blocks_deduplicated=len(layout.duplicated),
+            reusable_tokens=match.tokens,
+            prompt_tokens=end_tokens + tail_tokens,
+            tail_tokens=tail_tokens,
+        )
+        return Prompt(
+            messages=tuple(messages),
+            blocks=layout.final,
+            original_blocks=layout.original,
+            deduplicated=tuple(block for block, _ in layout.duplicated),
+            request_id=request_id,
+            boundaries=tuple(boundaries),
+            stats=stats,
+            conversation_id=conversation_id,
+        )
+
+    def _render_user_message(
+        self,
+        layout: _Layout,
+        rendered: dict[str, RegisteredBlock],
+        message_index: int,
+        start_tokens: int,
+    ) -> tuple[str, list[BlockBoundary]]:
+        header = self.config.context_header
+        parts = [header]
+        chars, tokens = len(header), start_tokens
+        boundaries = []
+        for block in layout.final:
+            entry = rendered[block.id]
+            parts.append(entry.rendered)
+            boundaries.append(
+                BlockBoundary(
+                    block.id,
+                    message_index,
+                    chars,
+                    chars + len(entry.rendered),
+                    tokens,
+                    tokens + entry.tokens,
+                )
+            )
+            chars += len(entry.rendered)
+            tokens += entry.tokens
+        parts.extend(note + "\n\n" for note in layout.notes)
+        parts.append(self.config.question_template.format(query=layout.query))
+        return "".join(parts), boundaries
+
+    def _turn(self, prompt: Prompt, tokens_of: dict[str, int], query: str) -> Turn:
+        """This request as a conversation turn. Its tail (notes and question) is
+        indexed too: the engine caches it, and the next turn's history starts with it."""
+        return Turn(
+            user_message=prompt.messages[-1]["content"],
+            block_ids=tuple(block.id for block in prompt.blocks),
+            block_tokens=tuple(tokens_of[block.id] for block in prompt.blocks),
+            question=query,
+            tail_id=f"\x00tail:{prompt.request_id}",
+            tail_tokens=prompt.stats.tail_tokens,
+        )
+
+    def _count_segment(self, text: str) -> int:
+        """Token count of a fixed text (system prompt, header), cached."""
+        if not text:
+            return 0
+        cached = self._segment_tokens.get(text)
+        if cached is None:
+            cached = self.tokenizer.count(text)
+            if len(self._segment_tokens) < 1024:
+                self._segment_tokens[text] = cached
+        return cached
+
+    # -- commit -----------------------------------------------------------------------
+
+    def _commit(self, plan: _Plan) -> None:
+        request_id = RequestId(plan.prompt.request_id)
+        self._index.check_insert(plan.index_path, plan.index_tokens, request_id)
+        self._registry.commit(plan.blocks, plan.entries)
+        self._index.insert(plan.index_path, plan.index_tokens, request_id)
+        if plan.conversation is not None:
+            self._store.put(plan.conversation)
+
+
+def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{name} must be a str, got {type(value).__name__}")
+    if not allow_empty and not value:
+        raise InvalidInputError(f"{name} must not be empty")
+
+
+def _pick_system(
+    system: str | None, conversation: Conversation | None, default: str | None
+) -> str | None:
+    if system is not None:
+        return system
+    if conversation is not None and conversation.system is not None:
+        return conversation.system
+    return default

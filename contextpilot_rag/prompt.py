@@ -1,0 +1,68 @@
+"""The optimized prompt handed to an LLM client."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .blocks import ContextBlock
+
+__all__ = ["BlockBoundary", "Prompt", "PromptStats"]
+
+
+@dataclass(frozen=True)
+class BlockBoundary:
+    """Where one block sits. ``char_start``/``char_end`` index into the content of
+    ``messages[message_index]``; ``token_start``/``token_end`` count tokens from the
+    start of the first message's content over all message contents in order (chat
+    template tokens excluded), as measured by the pilot's tokenizer."""
+
+    block_id: str
+    message_index: int
+    char_start: int
+    char_end: int
+    token_start: int
+    token_end: int
+
+
+@dataclass(frozen=True)
+class PromptStats:
+    """What the optimization did. ``reusable_tokens`` estimates the prompt tokens an
+    engine can serve from its prefix cache (the matched prefix: system prompt,
+    history and shared blocks); ``prompt_tokens`` estimates the whole prompt and
+    ``tail_tokens`` its part after the last block (notes and question)."""
+
+    blocks_total: int
+    blocks_matched: int
+    blocks_deduplicated: int
+    reusable_tokens: int
+    prompt_tokens: int
+    tail_tokens: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """``messages`` is OpenAI chat format; ``blocks`` the blocks sent in full, in
+    final order; ``deduplicated`` the blocks replaced by a location note;
+    ``original_blocks`` the retriever's order. ``index`` is the position in the input
+    of :meth:`ContextPilot.optimize_batch` (``None`` online)."""
+
+    messages: tuple[Mapping[str, str], ...]
+    blocks: tuple[ContextBlock, ...]
+    original_blocks: tuple[ContextBlock, ...]
+    deduplicated: tuple[ContextBlock, ...]
+    request_id: str
+    boundaries: tuple[BlockBoundary, ...]
+    stats: PromptStats
+    conversation_id: str | None = None
+    index: int | None = None
+
+    def to_openai(self) -> list[dict[str, str]]:
+        """Fresh, mutable copies of ``messages`` for an OpenAI-compatible client."""
+        return [dict(message) for message in self.messages]
+
+    @property
+    def text(self) -> str:
+        """The message contents joined by blank lines, for completion-style endpoints
+        and base models without a chat template."""
+        return "\n\n".join(message["content"] for message in self.messages)
