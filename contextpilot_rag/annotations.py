@@ -41,6 +41,12 @@ class NoteTemplates:
             template = getattr(self, name)
             if not isinstance(template, str) or any(f not in template for f in fields):
                 raise ConfigError(f"NoteTemplates.{name} must be a str containing {fields}")
+            try:  # other placeholders would fail only later, inside optimize()
+                template.format(labels="", items="", label="", turn=1)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(
+                    f"NoteTemplates.{name} may use only the placeholders {fields}: {exc!r}"
+                ) from exc
 
 
 def order_note(

@@ -56,9 +56,11 @@ class ContextBlock:
     """
 
     text: str
-    id: BlockId = field(default=None)  # type: ignore[assignment]
+    id: str = field(default=None)  # type: ignore[assignment]
     score: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    label: str = field(init=False, repr=False, compare=False)
+    """The position-independent label used in the rendered prompt and notes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -78,6 +80,7 @@ class ContextBlock:
         if not isinstance(self.metadata, Mapping):
             raise InvalidBlockError("ContextBlock.metadata must be a mapping")
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        object.__setattr__(self, "label", block_label(self.id))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ContextBlock):
@@ -86,11 +89,6 @@ class ContextBlock:
 
     def __hash__(self) -> int:
         return hash((self.id, self.text))
-
-    @property
-    def label(self) -> str:
-        """The position-independent label used in the rendered prompt and notes."""
-        return block_label(self.id)
 
 
 def block_label(block_id: str) -> str:
@@ -150,9 +148,10 @@ class RegisteredBlock:
 class BlockRegistry:
     """Block id → text, rendering and token count, for the ids seen recently.
 
-    Two jobs: it caches token counts (each block is tokenized once while it stays
-    here) and it catches an id reused for a different text across calls. Bounded to
-    ``capacity`` ids, least recently used dropped first. Not thread-safe by itself.
+    Three jobs: it caches token counts (each block is tokenized once while it stays
+    here), it catches an id reused for a different text across calls, and it counts
+    how many requests carried each block (its popularity). Bounded to ``capacity``
+    ids, least recently used dropped first. Not thread-safe by itself.
     """
 
     def __init__(self, count_tokens: Callable[[str], int], *, capacity: int = 200_000) -> None:
@@ -161,9 +160,14 @@ class BlockRegistry:
         self._count = count_tokens
         self._capacity = capacity
         self._entries: OrderedDict[str, RegisteredBlock] = OrderedDict()
+        self._requests_with: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def popularity(self, block_id: str) -> int:
+        """How many committed requests carried ``block_id`` (while it stayed here)."""
+        return self._requests_with.get(block_id, 0)
 
     def resolve(
         self, blocks: Sequence[ContextBlock], max_tokens: int | None
@@ -190,9 +194,12 @@ class BlockRegistry:
         return tuple(resolved)
 
     def commit(self, blocks: Sequence[ContextBlock], entries: Sequence[RegisteredBlock]) -> None:
-        """Store (or refresh) the entries :meth:`resolve` returned."""
+        """Store (or refresh) the entries :meth:`resolve` returned for one request."""
+        counts = self._requests_with
         for block, entry in zip(blocks, entries, strict=True):
             self._entries[block.id] = entry
             self._entries.move_to_end(block.id)
+            counts[block.id] = counts.get(block.id, 0) + 1
         while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+            dropped, _ = self._entries.popitem(last=False)
+            counts.pop(dropped, None)

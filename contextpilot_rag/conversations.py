@@ -45,6 +45,7 @@ class Turn:
     tail_id: str
     tail_tokens: int
     answer: str | None = None
+    answer_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Conversation:
     def with_turn(self, turn: Turn) -> Conversation:
         return replace(self, turns=(*self.turns, turn))
 
-    def with_answer(self, text: str) -> Conversation:
+    def with_answer(self, text: str, tokens: int = 0) -> Conversation:
         if not self.turns:
             raise ConversationStateError(
                 f"conversation {self.conversation_id!r} has no turn to answer yet"
@@ -67,7 +68,8 @@ class Conversation:
                 f"the last turn of conversation {self.conversation_id!r} is already answered; "
                 "call optimize() for the next turn first"
             )
-        return replace(self, turns=(*self.turns[:-1], replace(last, answer=text)))
+        answered = replace(last, answer=text, answer_tokens=tokens)
+        return replace(self, turns=(*self.turns[:-1], answered))
 
     def visible_turns(self, max_turns: int | None) -> tuple[tuple[int, Turn], ...]:
         """The turns rendered into the next prompt, with their 0-based numbers."""

@@ -1,7 +1,8 @@
 """Reorder (Alg. 2): the blocks a request shares with an indexed prefix go first, in
 the cached order; the rest follow in an order chosen for *future* sharing.
 
-``"popularity"`` puts the blocks most indexed requests contain first (ties by id), so
+``"popularity"`` puts the blocks most earlier requests carried first (ties keep
+retrieval order), so
 two requests whose remainders share popular blocks start them alike; ``"retrieval"``
 keeps the retriever's order. The benchmark (docs/benchmarks.md) compares both;
 popularity is the default because it wins there.
@@ -30,8 +31,12 @@ def reorder_for_prefix(
     order, then the others. Ids in ``matched_ids`` that are not among ``blocks``
     (system prompt, history) are skipped."""
     by_id: dict[str, ContextBlock] = {block.id: block for block in blocks}
-    head = [by_id[block_id] for block_id in matched_ids if block_id in by_id]
-    taken = {block.id for block in head}
+    head: list[ContextBlock] = []
+    taken: set[str] = set()
+    for block_id in matched_ids:
+        if block_id in by_id and block_id not in taken:
+            head.append(by_id[block_id])
+            taken.add(block_id)
     rest = [block for block in blocks if block.id not in taken]
     if remainder == "popularity" and popularity is not None:
         # Stable on equal counts: ties keep retrieval order.

@@ -11,10 +11,11 @@ lock serialises the calls, so concurrent callers see a consistent index.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .annotations import NoteTemplates, location_note, order_note
 from .blocks import BlockRegistry, ContextBlock, RegisteredBlock, content_id, validate_blocks
@@ -32,6 +33,10 @@ from .prompt import BlockBoundary, Prompt, PromptStats
 from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
 
 __all__ = ["ContextPilot", "PilotConfig"]
+
+_SEGMENT_CACHE_SIZE = 65_536
+# Splits a note into recurring pieces: bracketed labels and the text between them.
+_NOTE_PIECES = re.compile(r"(\[[^\]\n]{1,64}\](?:, )?)")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the context "
@@ -71,6 +76,12 @@ class PilotConfig:
             raise ConfigError("PilotConfig.remainder must be 'popularity' or 'retrieval'")
         if "{query}" not in self.question_template:
             raise ConfigError("PilotConfig.question_template must contain '{query}'")
+        try:  # any other placeholder would fail only later, inside optimize()
+            self.question_template.format(query="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"PilotConfig.question_template may use only '{{query}}': {exc!r}"
+            ) from exc
         for name in ("max_block_tokens", "max_history_turns"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -135,6 +146,7 @@ class ContextPilot:
         self._lock = threading.RLock()
         self._request_numbers = itertools.count(1)
         self._segment_tokens: dict[str, int] = {}
+        self._system_keys: dict[str, str] = {}
 
     # -- public API --------------------------------------------------------------------
 
@@ -171,7 +183,7 @@ class ContextPilot:
                 raise UnknownConversationError(
                     f"no live conversation {conversation_id!r} (never started or expired)"
                 )
-            self._store.put(conversation.with_answer(text))
+            self._store.put(conversation.with_answer(text, self.tokenizer.count(text)))
 
     def conversation(self, conversation_id: str) -> Conversation:
         """The stored record of a conversation."""
@@ -216,7 +228,7 @@ class ContextPilot:
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
-        match = self._match(kept, fixed_prefix)
+        match = self._match(kept, fixed_prefix, tokens_of)
         final = self._reorder(kept, match)
         notes = self._notes(blocks, final, duplicated)
         request_id = f"cp-{next(self._request_numbers):09d}"
@@ -265,8 +277,7 @@ class ContextPilot:
         """The part of the prompt before this turn's blocks, as index keys: the
         system prompt (with the context header), then each rendered turn's blocks
         and its tail (notes, question, answer)."""
-        head = (system_text or "") + "\x00" + self.config.context_header
-        path = ["\x00sys:" + content_id(head)]
+        path = [self._system_key(system_text or "")]
         tokens = [
             self._count_segment(system_text or "") + self._count_segment(self.config.context_header)
         ]
@@ -276,15 +287,23 @@ class ContextPilot:
             path.append(turn.tail_id)
             tokens.append(
                 turn.tail_tokens
-                + self._count_segment(turn.answer or "")
+                + turn.answer_tokens
                 + self._count_segment(self.config.context_header)
             )
         return tuple(path), tuple(tokens)
 
-    def _match(self, kept: Sequence[ContextBlock], fixed_prefix: Sequence[str]) -> MatchResult:
-        if not self.config.reorder:
-            return self._index.search((), fixed_prefix=fixed_prefix)
-        return self._index.search([block.id for block in kept], fixed_prefix=fixed_prefix)
+    def _match(
+        self,
+        kept: Sequence[ContextBlock],
+        fixed_prefix: Sequence[str],
+        tokens_of: dict[str, int],
+    ) -> MatchResult:
+        """The cached match; its ``blocks`` are only this turn's blocks (after the
+        fixed prefix), its ``tokens`` count the fixed prefix too. Without dedup the
+        history may hold some of the request's blocks: they are no match here."""
+        wanted = [block.id for block in kept] if self.config.reorder else []
+        match = self._index.search(wanted, fixed_prefix=fixed_prefix, token_counts=tokens_of)
+        return replace(match, blocks=match.blocks[len(fixed_prefix) :])
 
     def _reorder(
         self, kept: tuple[ContextBlock, ...], match: MatchResult
@@ -295,7 +314,7 @@ class ContextPilot:
             kept,
             match.blocks,
             remainder=self.config.remainder,
-            popularity=self._index.popularity,
+            popularity=self._registry.popularity,
         )
 
     def _notes(
@@ -335,9 +354,8 @@ class ContextPilot:
             layout, rendered, len(messages), blocks_start_tokens
         )
         messages.append({"role": "user", "content": content})
-        tail_start = boundaries[-1].char_end if boundaries else len(self.config.context_header)
         end_tokens = boundaries[-1].token_end if boundaries else blocks_start_tokens
-        tail_tokens = self.tokenizer.count(content[tail_start:])
+        tail_tokens = self._count_tail(layout)
         matched_ids = set(match.blocks)
         stats = PromptStats(
             blocks_total=len(layout.original),
@@ -400,16 +418,37 @@ class ContextPilot:
             tail_tokens=prompt.stats.tail_tokens,
         )
 
+    def _system_key(self, system_text: str) -> str:
+        """Index key of the prompt head (system prompt and context header)."""
+        key = self._system_keys.get(system_text)
+        if key is None:
+            key = "\x00sys:" + content_id(system_text + "\x00" + self.config.context_header)
+            if len(self._system_keys) >= _SEGMENT_CACHE_SIZE:
+                self._system_keys.clear()
+            self._system_keys[system_text] = key
+        return key
+
     def _count_segment(self, text: str) -> int:
-        """Token count of a fixed text (system prompt, header), cached."""
+        """Token count of a recurring text (system prompt, header, note fragment,
+        label), from a bounded cache."""
         if not text:
             return 0
         cached = self._segment_tokens.get(text)
         if cached is None:
             cached = self.tokenizer.count(text)
-            if len(self._segment_tokens) < 1024:
-                self._segment_tokens[text] = cached
+            if len(self._segment_tokens) >= _SEGMENT_CACHE_SIZE:
+                self._segment_tokens.clear()
+            self._segment_tokens[text] = cached
         return cached
+
+    def _count_tail(self, layout: _Layout) -> int:
+        """Tokens after the last block: notes, counted by their recurring pieces
+        (template text and block labels), then the question."""
+        tokens = 0
+        for note in layout.notes:
+            tokens += sum(map(self._count_segment, _NOTE_PIECES.split(note + "\n\n")))
+        question = self.config.question_template.format(query=layout.query)
+        return tokens + self.tokenizer.count(question)
 
     # -- commit -----------------------------------------------------------------------
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .blocks import ContextBlock
 
 __all__ = ["BlockBoundary", "Prompt", "PromptStats"]
 
 
-@dataclass(frozen=True)
-class BlockBoundary:
+class BlockBoundary(NamedTuple):
     """Where one block sits. ``char_start``/``char_end`` index into the content of
     ``messages[message_index]``; ``token_start``/``token_end`` count tokens from the
     start of the first message's content over all message contents in order (chat

@@ -144,9 +144,7 @@ def test_empty_prompt_costs_nothing() -> None:
     ("block_size", "capacity_tokens"),
     [(0, None), (-1, None), (16, -1), (True, None), (16, 1.5)],
 )
-def test_bad_configuration_raises_config_error(
-    block_size: object, capacity_tokens: object
-) -> None:
+def test_bad_configuration_raises_config_error(block_size: object, capacity_tokens: object) -> None:
     with pytest.raises(ConfigError):
         PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens)  # type: ignore[arg-type]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
@@ -44,7 +44,7 @@ class IndexConfig:
     max_nodes: int | None = 200_000
     ttl_s: float | None = None
     alpha: float = DEFAULT_ALPHA
-    search_budget: int = 64
+    search_budget: int = 16
 
     def __post_init__(self) -> None:
         for name in ("capacity_tokens", "max_nodes"):
@@ -86,6 +86,7 @@ class _Node:
         "children",
         "edge",
         "edge_tokens",
+        "edge_total",
         "last_access",
         "parent",
         "request_ids",
@@ -98,6 +99,7 @@ class _Node:
         self.parent = parent
         self.edge = edge
         self.edge_tokens = edge_tokens
+        self.edge_total = sum(edge_tokens)
         self.children: dict[str, _Node] = {}
         self.request_ids: set[RequestId] = set()
         self.tick = 0
@@ -127,7 +129,6 @@ class ContextIndex:
         self._leaf_heap: list[tuple[int, int, _Node]] = []
         self._ticks = itertools.count(1)
         self._heap_seq = itertools.count()
-        self._popularity: dict[str, int] = {}
         self._tokens = 0
         self._nodes = 0
         self._evicted_nodes = 0
@@ -140,45 +141,50 @@ class ContextIndex:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._by_request
 
-    def popularity(self, block_id: str) -> int:
-        """How many indexed requests contain ``block_id``."""
-        return self._popularity.get(block_id, 0)
-
     def request_path(self, request_id: RequestId) -> tuple[str, ...]:
         """The block sequence indexed for ``request_id``."""
         return self._by_request[request_id].path()
 
-    def search(self, blocks: Iterable[str], *, fixed_prefix: Sequence[str] = ()) -> MatchResult:
+    def search(
+        self,
+        blocks: Iterable[str],
+        *,
+        fixed_prefix: Sequence[str] = (),
+        token_counts: Mapping[str, int] | None = None,
+    ) -> MatchResult:
         """Alg. 1, adapted to prefix reuse: the longest indexed path that starts with
         ``fixed_prefix`` (matched in order: system prompt, conversation history) and
-        continues with blocks from ``blocks`` in any order. Ties are broken by eq. 1
-        distance, then recency. Changes nothing."""
+        continues with blocks from ``blocks`` in any order. Ties go to the most
+        recently used path. ``token_counts`` (block → tokens) lets the search prune
+        branches that cannot beat the best match so far. Changes nothing."""
         node, offset, matched, tokens = self._walk_fixed(fixed_prefix)
         if len(matched) < len(fixed_prefix):
             return MatchResult(tuple(matched), tokens)
-        wanted = set(blocks).difference(fixed_prefix)
+        order = list(blocks)
+        request = (*fixed_prefix, *order)
+        wanted = set(order).difference(fixed_prefix)
         if offset < len(node.edge):  # the fixed prefix ends inside an edge
             run = _leading_run(node.edge[offset:], wanted)
             matched.extend(node.edge[offset : offset + run])
             tokens += sum(node.edge_tokens[offset : offset + run])
             if offset + run < len(node.edge):
-                return self._result(fixed_prefix, wanted, tuple(matched), tokens, node)
+                return self._result(request, tuple(matched), tokens, node)
             wanted = wanted.difference(node.edge)
-        path, path_tokens, tip = self._best_descent(node, wanted, tuple(matched), tokens)
-        return self._result(fixed_prefix, wanted, path, path_tokens, tip)
+        bound = None if token_counts is None else sum(token_counts[b] for b in wanted)
+        tip, run, path_tokens = self._best_descent(node, wanted, tokens, bound)
+        if tip is node:
+            return self._result(request, tuple(matched), tokens, node)
+        assert tip.parent is not None
+        above = tip.parent.path()
+        path = (*above, *tip.edge[:run])
+        distance = context_distance(request, (*above, *tip.edge), self.config.alpha)
+        return MatchResult(path, path_tokens, distance)
 
     def _result(
-        self,
-        fixed_prefix: Sequence[str],
-        wanted: set[str],
-        path: tuple[str, ...],
-        tokens: int,
-        tip: _Node,
+        self, request: Sequence[str], path: tuple[str, ...], tokens: int, tip: _Node
     ) -> MatchResult:
-        if len(path) == len(fixed_prefix):
-            return MatchResult(path, tokens)
-        request = (*path, *sorted(wanted.difference(path)))
-        return MatchResult(path, tokens, context_distance(request, tip.path(), self.config.alpha))
+        distance = context_distance(request, tip.path(), self.config.alpha) if path else 1.0
+        return MatchResult(path, tokens, distance)
 
     def _walk_fixed(self, prefix: Sequence[str]) -> tuple[_Node, int, list[str], int]:
         """Follow ``prefix`` exactly; return the deepest node reached, how many of its
@@ -200,29 +206,37 @@ class ContextIndex:
         return node, len(node.edge), matched, tokens
 
     def _best_descent(
-        self,
-        start: _Node,
-        wanted: set[str],
-        matched: tuple[str, ...],
-        tokens: int,
-    ) -> tuple[tuple[str, ...], int, _Node]:
-        best = (matched, tokens, start)
-        best_key = (tokens, start.tick)
-        stack = [(start, matched, tokens, wanted)]
+        self, start: _Node, wanted: set[str], tokens: int, wanted_tokens: int | None
+    ) -> tuple[_Node, int, int]:
+        """Depth-first, most promising child first, within ``search_budget`` node
+        expansions; a branch is skipped when even matching all its remaining wanted
+        tokens (``wanted_tokens``, if known) could not beat the best match. Returns
+        the tip node, how many of its edge blocks matched, and the matched tokens.
+        Below the fixed prefix a path never repeats a block, so ``wanted`` needs no
+        shrinking on the way down. (Hot path: kept flat on purpose.)"""
+        best_node, best_run, best_tokens, best_tick = start, len(start.edge), tokens, start.tick
+        unknown = wanted_tokens is None
+        stack = [(start, tokens, 0 if wanted_tokens is None else wanted_tokens)]
         budget = self.config.search_budget
         while stack and budget > 0:
-            node, path, path_tokens, remaining = stack.pop()
+            node, path_tokens, remaining = stack.pop()
+            if not unknown and path_tokens + remaining <= best_tokens:
+                continue
             budget -= 1
-            for child in self._candidates(node, remaining):
-                run = _leading_run(child.edge, remaining)
-                run_tokens = path_tokens + sum(child.edge_tokens[:run])
-                child_path = path + child.edge[:run]
-                key = (run_tokens, child.tick)
-                if key > best_key:
-                    best, best_key = (child_path, run_tokens, child), key
-                if run == len(child.edge) and child.children:
-                    stack.append((child, child_path, run_tokens, remaining - set(child.edge)))
-        return best
+            deeper = []
+            for child in self._candidates(node, wanted):
+                run = _leading_run(child.edge, wanted)
+                complete = run == len(child.edge)
+                run_tokens = child.edge_total if complete else sum(child.edge_tokens[:run])
+                total = path_tokens + run_tokens
+                if total > best_tokens or (total == best_tokens and child.tick > best_tick):
+                    best_node, best_run, best_tokens, best_tick = child, run, total, child.tick
+                if complete and child.children:
+                    deeper.append((total, child.tick, child, remaining - run_tokens))
+            if len(deeper) > 1:
+                deeper.sort(key=_rank)
+            stack.extend((child, total, left) for total, _, child, left in deeper)
+        return best_node, best_run, best_tokens
 
     @staticmethod
     def _candidates(node: _Node, remaining: set[str]) -> list[_Node]:
@@ -243,8 +257,6 @@ class ContextIndex:
         node = self._insert_path(tuple(path), tuple(token_counts), now, tick)
         node.request_ids.add(request_id)
         self._by_request[request_id] = node
-        for block in path:
-            self._popularity[block] = self._popularity.get(block, 0) + 1
         self._expire(now)
         self._enforce_bounds()
 
@@ -288,7 +300,7 @@ class ContextIndex:
         leaf = _Node(parent, edge, edge_tokens)
         parent.children[edge[0]] = leaf
         self._nodes += 1
-        self._tokens += sum(edge_tokens)
+        self._tokens += leaf.edge_total
         self._touch(leaf, now, tick)
         return leaf
 
@@ -301,6 +313,7 @@ class ContextIndex:
         parent.children[upper.edge[0]] = upper
         child.parent = upper
         child.edge, child.edge_tokens = child.edge[at:], child.edge_tokens[at:]
+        child.edge_total -= upper.edge_total
         upper.children[child.edge[0]] = child
         self._nodes += 1
         return upper
@@ -324,7 +337,6 @@ class ContextIndex:
                 continue
             removed += 1
             node.request_ids.discard(request_id)
-            self._forget_popularity(node.path())
             self._prune_upward(node)
         return removed
 
@@ -344,16 +356,8 @@ class ContextIndex:
         node.alive = False
         node.parent = None
         self._nodes -= 1
-        self._tokens -= sum(node.edge_tokens)
+        self._tokens -= node.edge_total
         self._evicted_nodes += 1
-
-    def _forget_popularity(self, path: Iterable[str]) -> None:
-        for block in path:
-            count = self._popularity.get(block, 0) - 1
-            if count > 0:
-                self._popularity[block] = count
-            else:
-                self._popularity.pop(block, None)
 
     def _over_bounds(self) -> bool:
         cap, max_nodes = self.config.capacity_tokens, self.config.max_nodes
@@ -405,10 +409,8 @@ class ContextIndex:
             heapq.heapify(self._leaf_heap)
 
     def _evict_leaf(self, leaf: _Node) -> None:
-        path = leaf.path()
         for request_id in leaf.request_ids:
             del self._by_request[request_id]
-            self._forget_popularity(path)
         leaf.request_ids.clear()
         parent = leaf.parent
         assert parent is not None
@@ -420,10 +422,16 @@ class ContextIndex:
             heapq.heappush(self._leaf_heap, (node.tick, next(self._heap_seq), node))
 
 
-def _leading_run(edge: tuple[str, ...], remaining: set[str]) -> int:
+def _rank(entry: tuple[int, int, _Node, int]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
+def _leading_run(edge: tuple[str, ...], wanted: set[str]) -> int:
+    if len(edge) == 1:
+        return 1 if edge[0] in wanted else 0
     run = 0
     for block in edge:
-        if block not in remaining:
+        if block not in wanted:
             break
         run += 1
     return run

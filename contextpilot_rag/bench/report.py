@@ -1,0 +1,135 @@
+"""Presenting experiment results: rich progress and tables for the terminal, markdown
+for docs/benchmarks.md, a bar chart when matplotlib is installed."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .suite import ExperimentResult, LatencyResult
+
+__all__ = [
+    "experiment_markdown",
+    "experiment_table",
+    "latency_markdown",
+    "latency_table",
+    "plot_hit_ratios",
+    "progress_bars",
+]
+
+_COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs unmodified")
+
+
+@contextlib.contextmanager
+def progress_bars() -> Iterator[Callable[[str, int], Callable[[], None]]]:
+    """A ``progress(label, total)`` factory drawing one rich bar per task."""
+    with Progress(
+        TextColumn("{task.description:<34}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as bars:
+
+        def start(label: str, total: int) -> Callable[[], None]:
+            task = bars.add_task(label, total=total)
+            return lambda: bars.advance(task)
+
+        yield start
+
+
+def _rows(result: ExperimentResult) -> list[tuple[str, ...]]:
+    base = result.arm("unmodified").computed_tokens
+    rows: list[tuple[str, ...]] = []
+    for arm in result.arms:
+        rows.append(
+            (
+                arm.name,
+                f"{arm.hit_ratio:.1%}",
+                f"{arm.prompt_tokens:,}",
+                f"{arm.computed_tokens:,}",
+                f"{arm.computed_tokens / base:.1%}",
+            )
+        )
+    return rows
+
+
+def experiment_table(result: ExperimentResult) -> Table:
+    table = Table(title=f"{result.name} (cache capacity {result.capacity_tokens:,} tokens)")
+    for column in _COLUMNS:
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for row in _rows(result):
+        table.add_row(*row)
+    return table
+
+
+def experiment_markdown(result: ExperimentResult) -> str:
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
+    misses = sum(arm.dedup_misses for arm in result.arms)
+    lines.append("")
+    lines.append(
+        f"Cache capacity {result.capacity_tokens:,} tokens; de-duplicated blocks missing "
+        f"from the rendered history: {misses}."
+    )
+    return "\n".join(lines)
+
+
+def _latency_rows(result: LatencyResult) -> list[tuple[str, str]]:
+    return [
+        ("requests", f"{result.requests:,}"),
+        ("optimize() median", f"{result.p50_ms:.3f} ms"),
+        ("optimize() p99", f"{result.p99_ms:.3f} ms"),
+        ("median, first 10% of the stream", f"{result.first_decile_p50_ms:.3f} ms"),
+        ("median, last 10% of the stream", f"{result.last_decile_p50_ms:.3f} ms"),
+        ("last / first", f"{result.drift:.2f}x"),
+        (
+            "max index tokens / capacity",
+            f"{result.max_index_tokens:,} / {result.capacity_tokens:,}",
+        ),
+        ("max index nodes", f"{result.max_index_nodes:,}"),
+    ]
+
+
+def latency_table(result: LatencyResult) -> Table:
+    table = Table(title="optimize() latency over a long stream")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for row in _latency_rows(result):
+        table.add_row(*row)
+    return table
+
+
+def latency_markdown(result: LatencyResult) -> str:
+    lines = ["| measure | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in _latency_rows(result)]
+    return "\n".join(lines)
+
+
+def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
+    """A bar chart of hit ratio per arm and experiment; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for axis, result in zip(axes[0], results, strict=True):
+        names = [arm.name for arm in result.arms]
+        values = [arm.hit_ratio * 100 for arm in result.arms]
+        bars = axis.barh(names, values, color="#4c72b0")
+        axis.bar_label(bars, fmt="%.1f%%")
+        axis.set_xlabel("prefix-cache hit ratio (%)")
+        axis.set_title(f"{result.name}, capacity {result.capacity_tokens:,} tokens")
+        axis.invert_yaxis()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True

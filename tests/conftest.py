@@ -1,0 +1,63 @@
+"""Shared fixtures: the offline tokenizer, a pilot built on it, a fake clock, and the
+check every optimized prompt must pass (no block lost, none sent twice)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from contextpilot_rag import ContextBlock, ContextPilot, Prompt, Tokenizer, render_block
+from contextpilot_rag.tokenizers import default_tokenizer
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def assert_prompt_accounts_for_blocks(prompt: Prompt, blocks: Sequence[ContextBlock]) -> None:
+    """Each unique input block appears exactly once: rendered in full in the last user
+    message, or listed as de-duplicated and rendered in an earlier user message."""
+    unique = list(dict.fromkeys(blocks))
+    last = prompt.messages[-1]["content"]
+    history = [m["content"] for m in prompt.messages[:-1] if m["role"] == "user"]
+    shown = {block.id for block in prompt.blocks}
+    deduplicated = {block.id for block in prompt.deduplicated}
+    assert sorted(shown | deduplicated) == sorted(block.id for block in unique)
+    assert len(prompt.blocks) + len(prompt.deduplicated) == len(unique)
+    for block in unique:
+        rendered = render_block(block)
+        if block.id in shown:
+            assert last.count(rendered) == 1, block.id
+        else:
+            assert rendered not in last, block.id
+            assert any(rendered in message for message in history), block.id
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return default_tokenizer()
+
+
+@pytest.fixture
+def pilot(tokenizer: Tokenizer) -> ContextPilot:
+    return ContextPilot(tokenizer=tokenizer)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def check_prompt() -> Callable[[Prompt, Sequence[ContextBlock]], None]:
+    return assert_prompt_accounts_for_blocks

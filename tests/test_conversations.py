@@ -1,0 +1,291 @@
+"""Specification of conversations and de-duplication (Alg. 3)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from contextpilot_rag import (
+    ConfigError,
+    ContextBlock,
+    ContextPilot,
+    Conversation,
+    ConversationStateError,
+    InMemoryConversationStore,
+    PilotConfig,
+    Prompt,
+    Tokenizer,
+    Turn,
+    UnknownConversationError,
+    render_block,
+)
+from contextpilot_rag.conversations import deduplicate
+
+if TYPE_CHECKING:
+    from conftest import FakeClock
+
+
+def doc(name: str) -> ContextBlock:
+    return ContextBlock(f"Document {name} says that fact {name} holds.", id=name)
+
+
+A, B, C, D = (doc(name) for name in "abcd")
+
+
+def ids(blocks: tuple[ContextBlock, ...]) -> list[str]:
+    return [block.id for block in blocks]
+
+
+def user_messages(prompt: Prompt) -> list[str]:
+    return [m["content"] for m in prompt.messages if m["role"] == "user"]
+
+
+def turn(block_ids: tuple[str, ...]) -> Turn:
+    return Turn("message", block_ids, (1,) * len(block_ids), "q", "tail", 1)
+
+
+# -- dedup within a conversation ------------------------------------------------------
+
+
+def test_block_sent_in_turn_one_is_replaced_by_a_note_in_turn_two(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "answer")
+    prompt = pilot.optimize([B, C], "two", conversation_id="conv")
+    assert ids(prompt.blocks) == ["c"]
+    assert ids(prompt.deduplicated) == ["b"]
+    last = prompt.messages[-1]["content"]
+    assert render_block(B) not in last
+    assert "[b] (turn 1)" in last
+
+
+def test_deduplicated_block_is_in_the_turn_the_note_points_at(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv")
+    pilot.record_answer("conv", "first answer")
+    pilot.optimize([B], "two", conversation_id="conv")
+    pilot.record_answer("conv", "second answer")
+    prompt = pilot.optimize([B, C], "three", conversation_id="conv")
+    assert "[b] (turn 2)" in prompt.messages[-1]["content"]
+    assert render_block(B) in user_messages(prompt)[1]
+
+
+def test_dedup_never_crosses_conversations(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "one", conversation_id="alice")
+    prompt = pilot.optimize([A, B], "one", conversation_id="bob")
+    assert ids(prompt.blocks) == ["a", "b"]
+    assert prompt.deduplicated == ()
+
+
+def test_requests_without_a_conversation_are_never_deduplicated(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "one")
+    assert pilot.optimize([A, B], "again").deduplicated == ()
+
+
+def test_turn_with_only_known_blocks_sends_none_in_full(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "answer")
+    prompt = pilot.optimize([B, A], "two", conversation_id="conv")
+    assert prompt.blocks == () and prompt.boundaries == ()
+    assert ids(prompt.deduplicated) == ["b", "a"]
+
+
+def test_dedup_off_keeps_every_block(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(dedup=False), tokenizer=tokenizer)
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "answer")
+    prompt = pilot.optimize([B, C], "two", conversation_id="conv")
+    assert sorted(ids(prompt.blocks)) == ["b", "c"]
+    assert prompt.deduplicated == ()
+    assert render_block(B) in prompt.messages[-1]["content"]
+
+
+def test_history_blocks_are_not_counted_as_cache_matches_without_dedup(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = ContextPilot(PilotConfig(dedup=False), tokenizer=tokenizer)
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    prompt = pilot.optimize([C, B], "two", conversation_id="conv")
+    assert prompt.stats.blocks_matched == 0
+
+
+def test_history_blocks_are_not_moved_to_the_front_without_dedup(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(dedup=False, remainder="retrieval"), tokenizer=tokenizer)
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    prompt = pilot.optimize([C, B], "two", conversation_id="conv")
+    assert ids(prompt.blocks) == ["c", "b"]
+
+
+def test_dedup_points_only_at_rendered_turns(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_history_turns=1), tokenizer=tokenizer)
+    pilot.optimize([A], "one", conversation_id="conv")
+    pilot.optimize([B], "two", conversation_id="conv")
+    prompt = pilot.optimize([A, B], "three", conversation_id="conv")
+    assert ids(prompt.blocks) == ["a"]
+    assert ids(prompt.deduplicated) == ["b"]
+    assert "[b] (turn 2)" in prompt.messages[-1]["content"]
+
+
+def test_max_history_turns_limits_the_rendered_history(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_history_turns=1), tokenizer=tokenizer)
+    pilot.optimize([A], "one", conversation_id="conv")
+    pilot.optimize([B], "two", conversation_id="conv")
+    prompt = pilot.optimize([C], "three", conversation_id="conv")
+    history = user_messages(prompt)[:-1]
+    assert len(history) == 1
+    assert history[0].endswith("Question: two")
+
+
+def test_dedup_points_at_the_latest_turn_holding_the_block() -> None:
+    result = deduplicate([A, C], [(0, turn(("a",))), (1, turn(("b",))), (2, turn(("a", "d")))])
+    assert ids(result.kept) == ["c"]
+    assert [(block.id, number) for block, number in result.deduplicated] == [("a", 2)]
+
+
+# -- history and answers --------------------------------------------------------------
+
+
+def test_history_replays_each_turns_exact_user_message(pilot: ContextPilot) -> None:
+    first = pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "answer one")
+    second = pilot.optimize([C], "two", conversation_id="conv")
+    assert second.messages[1] == first.messages[-1]
+
+
+def test_recorded_answer_follows_its_turn_in_the_next_prompt(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv")
+    pilot.record_answer("conv", "It is fact a.")
+    prompt = pilot.optimize([B], "two", conversation_id="conv")
+    roles = [m["role"] for m in prompt.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert prompt.messages[2]["content"] == "It is fact a."
+
+
+def test_unanswered_turn_is_replayed_without_an_assistant_message(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv")
+    prompt = pilot.optimize([B], "two", conversation_id="conv")
+    assert [m["role"] for m in prompt.messages] == ["system", "user", "user"]
+
+
+def test_answering_the_same_turn_twice_is_a_state_error(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv")
+    pilot.record_answer("conv", "first")
+    with pytest.raises(ConversationStateError):
+        pilot.record_answer("conv", "second")
+    assert pilot.conversation("conv").turns[-1].answer == "first"
+
+
+def test_answering_an_unknown_conversation_is_an_error(pilot: ContextPilot) -> None:
+    with pytest.raises(UnknownConversationError):
+        pilot.record_answer("never-started", "answer")
+
+
+def test_reading_an_unknown_conversation_is_an_error(pilot: ContextPilot) -> None:
+    with pytest.raises(UnknownConversationError, match="never-started"):
+        pilot.conversation("never-started")
+
+
+def test_a_conversation_with_no_turn_cannot_be_answered() -> None:
+    with pytest.raises(ConversationStateError):
+        Conversation("conv", system=None).with_answer("answer")
+
+
+def test_conversation_record_lists_its_turns(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "answer")
+    pilot.optimize([B, C], "two", conversation_id="conv")
+    record = pilot.conversation("conv")
+    assert [t.question for t in record.turns] == ["one", "two"]
+    assert [t.block_ids for t in record.turns] == [("a", "b"), ("c",)]
+    assert [t.answer for t in record.turns] == ["answer", None]
+
+
+def test_conversation_keeps_its_first_system_prompt(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv", system="Be brief.")
+    prompt = pilot.optimize([B], "two", conversation_id="conv")
+    assert prompt.messages[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_ending_a_conversation_forgets_its_history(pilot: ContextPilot) -> None:
+    pilot.optimize([A], "one", conversation_id="conv")
+    assert pilot.end_conversation("conv") is True
+    prompt = pilot.optimize([A], "again", conversation_id="conv")
+    assert prompt.deduplicated == ()
+    assert len(pilot.conversation("conv").turns) == 1
+
+
+def test_ending_an_unknown_conversation_returns_false(pilot: ContextPilot) -> None:
+    assert pilot.end_conversation("never-started") is False
+
+
+# -- store bounds ---------------------------------------------------------------------
+
+
+def test_store_drops_the_least_recently_used_conversation(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_conversations=2), tokenizer=tokenizer)
+    pilot.optimize([A], "q", conversation_id="first")
+    pilot.optimize([A], "q", conversation_id="second")
+    pilot.optimize([B], "q", conversation_id="first")
+    pilot.optimize([A], "q", conversation_id="third")
+    with pytest.raises(UnknownConversationError):
+        pilot.conversation("second")
+    assert len(pilot.conversation("first").turns) == 2
+
+
+def test_store_expires_idle_conversations(tokenizer: Tokenizer, clock: FakeClock) -> None:
+    config = PilotConfig(conversation_ttl_s=60.0)
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=clock)
+    pilot.optimize([A], "q", conversation_id="conv")
+    clock.advance(61)
+    with pytest.raises(UnknownConversationError):
+        pilot.record_answer("conv", "too late")
+
+
+def test_expired_conversation_starts_afresh(tokenizer: Tokenizer, clock: FakeClock) -> None:
+    config = PilotConfig(conversation_ttl_s=60.0)
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=clock)
+    pilot.optimize([A], "q", conversation_id="conv")
+    clock.advance(61)
+    prompt = pilot.optimize([A], "q", conversation_id="conv")
+    assert prompt.deduplicated == ()
+    assert len(prompt.messages) == 2
+
+
+def test_activity_keeps_a_conversation_alive(tokenizer: Tokenizer, clock: FakeClock) -> None:
+    config = PilotConfig(conversation_ttl_s=60.0)
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=clock)
+    pilot.optimize([A], "q", conversation_id="conv")
+    for _ in range(3):
+        clock.advance(40)
+        pilot.optimize([B], "q", conversation_id="conv")
+    assert len(pilot.conversation("conv").turns) == 4
+
+
+def test_in_memory_store_is_bounded_by_max_conversations() -> None:
+    store = InMemoryConversationStore(max_conversations=3, ttl_s=None)
+    for number in range(10):
+        store.put(Conversation(f"c{number}", system=None))
+    assert len(store) == 3
+    assert store.get("c9") is not None and store.get("c6") is None
+
+
+def test_in_memory_store_get_refreshes_recency() -> None:
+    store = InMemoryConversationStore(max_conversations=2, ttl_s=None)
+    store.put(Conversation("old", system=None))
+    store.put(Conversation("new", system=None))
+    store.get("old")
+    store.put(Conversation("newest", system=None))
+    assert store.get("old") is not None and store.get("new") is None
+
+
+def test_in_memory_store_expires_by_ttl(clock: FakeClock) -> None:
+    store = InMemoryConversationStore(ttl_s=10.0, clock=clock)
+    store.put(Conversation("conv", system=None))
+    clock.advance(10.5)
+    assert store.get("conv") is None
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"max_conversations": 0}, {"ttl_s": 0}, {"ttl_s": -5.0}])
+def test_in_memory_store_rejects_bad_bounds(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        InMemoryConversationStore(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,198 @@
+"""Specification of reordering (Alg. 2) and of the order and location notes."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextpilot_rag import (
+    ConfigError,
+    ContextBlock,
+    ContextPilot,
+    NoteTemplates,
+    PilotConfig,
+    Tokenizer,
+)
+from contextpilot_rag.annotations import location_note, order_note
+from contextpilot_rag.ordering import reorder_for_prefix
+
+TEMPLATES = NoteTemplates()
+
+
+def doc(name: str) -> ContextBlock:
+    return ContextBlock(f"Document {name} says that fact {name} holds.", id=name)
+
+
+A, B, C, D, E = (doc(name) for name in "abcde")
+
+
+def ids(blocks: tuple[ContextBlock, ...]) -> list[str]:
+    return [block.id for block in blocks]
+
+
+# -- reorder_for_prefix ---------------------------------------------------------------
+
+
+def test_matched_blocks_come_first_in_cached_order() -> None:
+    result = reorder_for_prefix([A, B, C, D], ["c", "a"], remainder="retrieval")
+    assert ids(result) == ["c", "a", "b", "d"]
+
+
+def test_matched_ids_outside_the_request_are_skipped() -> None:
+    result = reorder_for_prefix([A, B, C], ["sys", "c", "tail"], remainder="retrieval")
+    assert ids(result) == ["c", "a", "b"]
+
+
+def test_remainder_follows_popularity_most_popular_first() -> None:
+    popularity = {"b": 1, "d": 5}.get
+    result = reorder_for_prefix(
+        [A, B, C, D], ["a"], remainder="popularity", popularity=lambda i: popularity(i, 0)
+    )
+    assert ids(result) == ["a", "d", "b", "c"]
+
+
+def test_popularity_ties_keep_retrieval_order() -> None:
+    counts = {"a": 0, "b": 2, "c": 0, "d": 2, "e": 0}
+    result = reorder_for_prefix(
+        [A, B, C, D, E], [], remainder="popularity", popularity=counts.__getitem__
+    )
+    assert ids(result) == ["b", "d", "a", "c", "e"]
+
+
+def test_retrieval_remainder_ignores_popularity() -> None:
+    result = reorder_for_prefix([A, B, C, D], ["b"], remainder="retrieval", popularity={"d": 9}.get)
+    assert ids(result) == ["b", "a", "c", "d"]
+
+
+def test_without_popularity_the_remainder_keeps_retrieval_order() -> None:
+    assert ids(reorder_for_prefix([C, A, B], [])) == ["c", "a", "b"]
+
+
+def test_reorder_is_a_permutation_of_its_input() -> None:
+    result = reorder_for_prefix([E, A, D, B, C], ["b", "x", "e"], popularity=lambda _: 0)
+    assert sorted(ids(result)) == ["a", "b", "c", "d", "e"]
+    assert len(result) == 5
+
+
+# -- notes ----------------------------------------------------------------------------
+
+
+def test_no_order_note_when_nothing_moved() -> None:
+    assert order_note([A, B, C], [A, B, C], TEMPLATES) is None
+
+
+def test_no_order_note_when_the_shown_subset_keeps_relative_order() -> None:
+    assert order_note([A, B, C], [A, C], TEMPLATES) is None
+
+
+def test_order_note_lists_the_original_ranking_by_label() -> None:
+    note = order_note([A, B, C], [C, A, B], TEMPLATES)
+    assert note is not None
+    assert "[a], [b], [c]" in note
+
+
+def test_location_note_names_each_block_and_its_one_based_turn() -> None:
+    note = location_note([(A, 0), (C, 2)], TEMPLATES)
+    assert note is not None
+    assert "[a] (turn 1), [c] (turn 3)" in note
+
+
+def test_no_location_note_without_deduplicated_blocks() -> None:
+    assert location_note([], TEMPLATES) is None
+
+
+def test_custom_templates_shape_the_notes() -> None:
+    templates = NoteTemplates(
+        order="RANKING {labels}",
+        location="SEE {items}",
+        location_item="{label}@{turn}",
+        separator=" | ",
+    )
+    assert order_note([A, B], [B, A], templates) == "RANKING [a] | [b]"
+    assert location_note([(A, 0), (B, 1)], templates) == "SEE a@1 | b@2"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"order": "no placeholder"},
+        {"location": "no items here"},
+        {"location_item": "{label} only"},
+        {"location_item": "turn {turn} only"},
+        {"order": None},
+    ],
+)
+def test_template_missing_a_placeholder_is_a_config_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        NoteTemplates(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"order": "{labels} {unknown}"}, {"location": "{items} {0}"}, {"location_item": "{label"}],
+)
+def test_template_with_an_unknown_placeholder_is_a_config_error(
+    kwargs: dict[str, object],
+) -> None:
+    with pytest.raises(ConfigError):
+        NoteTemplates(**kwargs)  # type: ignore[arg-type]
+
+
+# -- notes in the prompt --------------------------------------------------------------
+
+
+def last_message(pilot: ContextPilot, blocks: list[ContextBlock], **kwargs: str) -> str:
+    return pilot.optimize(blocks, "what holds?", **kwargs).messages[-1]["content"]
+
+
+def test_prompt_has_no_order_note_when_retrieval_order_is_kept(pilot: ContextPilot) -> None:
+    content = last_message(pilot, [A, B, C])
+    assert "not in order of relevance" not in content
+
+
+def test_prompt_gets_an_order_note_when_blocks_moved(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B, C], "first")
+    prompt = pilot.optimize([C, B, A, D], "second")
+    assert ids(prompt.blocks)[:3] == ["a", "b", "c"]
+    assert (
+        "Ranked from most to least relevant: [c], [b], [a], [d]." in prompt.messages[-1]["content"]
+    )
+
+
+def test_notes_follow_all_blocks_in_the_user_message(pilot: ContextPilot) -> None:
+    pilot.optimize([E], "makes e popular, so it moves to the front")
+    pilot.optimize([A, B], "turn one", conversation_id="conv")
+    pilot.record_answer("conv", "answer one")
+    prompt = pilot.optimize([C, B, D, A, E], "turn two", conversation_id="conv")
+    content = prompt.messages[-1]["content"]
+    blocks_end = prompt.boundaries[-1].char_end
+    assert "not repeated here" in content and "Ranked from" in content
+    assert "not repeated here" not in content[:blocks_end]
+    assert "Ranked from" not in content[:blocks_end]
+
+
+def test_notes_come_before_the_question(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "first")
+    content = last_message(pilot, [B, A])
+    assert content.index("Ranked from") < content.index("Question: what holds?")
+    assert content.endswith("Question: what holds?")
+
+
+def test_prompt_uses_custom_note_templates(tokenizer: Tokenizer) -> None:
+    config = PilotConfig(
+        notes=NoteTemplates(order="ORDER {labels}", location="SEEN {items}", separator=";")
+    )
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "ok")
+    content = last_message(pilot, [C, B, D], conversation_id="conv")
+    assert "SEEN [b] (turn 1)" in content
+    pilot.optimize([A, B, C], "other")
+    assert "ORDER [c];[b];[a]" in last_message(pilot, [C, B, A])
+
+
+def test_annotate_off_adds_no_notes(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(annotate=False), tokenizer=tokenizer)
+    pilot.optimize([A, B], "one")
+    prompt = pilot.optimize([B, A], "two")
+    content = prompt.messages[-1]["content"]
+    assert content[prompt.boundaries[-1].char_end :] == "Question: two"
