@@ -19,30 +19,28 @@ __all__ = ["NoteTemplates", "location_note", "order_note"]
 
 @dataclass(frozen=True)
 class NoteTemplates:
-    """Wording of the notes. ``order`` receives ``{labels}``; ``location`` receives
-    ``{labels}`` and ``{turns}``; ``location_item`` renders one ``{label}``/``{turn}``."""
+    """Wording of the notes. ``order`` receives ``{labels}`` (every block's label,
+    most relevant first). ``location`` receives ``{groups}``: one ``location_group``
+    per earlier turn, each with that turn's ``{labels}`` and 1-based ``{turn}``.
+    Labels are joined by ``separator``, groups by ``group_separator``."""
 
-    order: str = (
-        "The documents above are not in order of relevance. "
-        "Ranked from most to least relevant: {labels}."
-    )
-    location: str = (
-        "Also relevant, and not repeated here: {items}, shown earlier in this conversation."
-    )
-    location_item: str = "[{label}] (turn {turn})"
-    separator: str = ", "
+    order: str = "Relevance order, most relevant first: {labels}"
+    location: str = "Also relevant, sent in earlier turns: {groups}"
+    location_group: str = "{labels} (turn {turn})"
+    separator: str = ""
+    group_separator: str = ", "
 
     def __post_init__(self) -> None:
         for name, fields in (
             ("order", ("{labels}",)),
-            ("location", ("{items}",)),
-            ("location_item", ("{label}", "{turn}")),
+            ("location", ("{groups}",)),
+            ("location_group", ("{labels}", "{turn}")),
         ):
             template = getattr(self, name)
             if not isinstance(template, str) or any(f not in template for f in fields):
                 raise ConfigError(f"NoteTemplates.{name} must be a str containing {fields}")
             try:  # other placeholders would fail only later, inside optimize()
-                template.format(labels="", items="", label="", turn=1)
+                template.format(labels="", groups="", turn=1)
             except (KeyError, IndexError, ValueError) as exc:
                 raise ConfigError(
                     f"NoteTemplates.{name} may use only the placeholders {fields}: {exc!r}"
@@ -67,11 +65,15 @@ def order_note(
 def location_note(
     deduplicated: Sequence[tuple[ContextBlock, int]], templates: NoteTemplates
 ) -> str | None:
-    """One note naming each de-duplicated block and the (1-based) turn that holds it."""
+    """One note naming the de-duplicated blocks, grouped by the (0-based, shown
+    1-based) turn that holds them, earliest turn first."""
     if not deduplicated:
         return None
-    items = templates.separator.join(
-        templates.location_item.format(label=block.label, turn=turn + 1)
-        for block, turn in deduplicated
+    by_turn: dict[int, list[str]] = {}
+    for block, turn in deduplicated:
+        by_turn.setdefault(turn, []).append(f"[{block.label}]")
+    groups = templates.group_separator.join(
+        templates.location_group.format(labels=templates.separator.join(labels), turn=turn + 1)
+        for turn, labels in sorted(by_turn.items())
     )
-    return templates.location.format(items=items)
+    return templates.location.format(groups=groups)

@@ -38,7 +38,9 @@ __all__ = [
 BlockId = NewType("BlockId", str)
 
 _ID_HEX_CHARS = 16
+_LABEL_HEX_CHARS = 8
 _SAFE_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]{1,32}$")
+_CONTENT_ID = re.compile(rf"^[0-9a-f]{{{_ID_HEX_CHARS}}}$")
 
 
 def content_id(text: str) -> BlockId:
@@ -92,11 +94,15 @@ class ContextBlock:
 
 
 def block_label(block_id: str) -> str:
-    """A short printable label for a block id: the id itself when it is short and
-    plain, otherwise a hash of it. Depends on the id only."""
+    """A short printable label for a block id, depending on the id only: the id
+    itself when it is short and plain, the first 8 characters of a content-hash id,
+    otherwise 8 hex characters of a hash of the id (labels are repeated in notes, so
+    every token counts)."""
+    if _CONTENT_ID.match(block_id):
+        return block_id[:_LABEL_HEX_CHARS]
     if _SAFE_LABEL.match(block_id):
         return block_id
-    return hashlib.sha256(block_id.encode("utf-8")).hexdigest()[:12]
+    return hashlib.sha256(block_id.encode("utf-8")).hexdigest()[:_LABEL_HEX_CHARS]
 
 
 def render_block(block: ContextBlock) -> str:

@@ -66,7 +66,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             n_sessions=sessions,
             turns=4,
             interleave=8,
-            n_docs=args.requests,
+            n_docs=max(args.requests, 100),  # each session needs ~45 distinct docs
             seed=args.seed,
             progress=progress,
         )
@@ -100,7 +100,10 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         console.print(table)
     plotted = bool(args.plot) and plot_hit_ratios([online, multiturn], args.plot)
     if args.write:
-        report = _markdown(online, multiturn, latency, args.plot if plotted else None)
+        image = None
+        if plotted:  # link the chart relative to the report
+            image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
+        report = _markdown(online, multiturn, latency, image)
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(report, encoding="utf-8")
         console.print(f"wrote {args.write}")
@@ -163,7 +166,7 @@ def _markdown(
         "",
     ]
     if plot is not None:
-        lines += [f"![hit ratio per arm]({plot.name})", ""]
+        lines += [f"![hit ratio per arm]({plot.as_posix()})", ""]
     return "\n".join(lines)
 
 

@@ -1,8 +1,8 @@
 """Reorder (Alg. 2): the blocks a request shares with an indexed prefix go first, in
 the cached order; the rest follow in an order chosen for *future* sharing.
 
-``"popularity"`` puts the blocks most earlier requests carried first (ties keep
-retrieval order), so
+``"popularity"`` puts the blocks most earlier requests carried first (ties go by block
+id, so equal sets start alike whatever their retrieval order), so
 two requests whose remainders share popular blocks start them alike; ``"retrieval"``
 keeps the retriever's order. The benchmark (docs/benchmarks.md) compares both;
 popularity is the default because it wins there.
@@ -39,6 +39,6 @@ def reorder_for_prefix(
             taken.add(block_id)
     rest = [block for block in blocks if block.id not in taken]
     if remainder == "popularity" and popularity is not None:
-        # Stable on equal counts: ties keep retrieval order.
-        rest.sort(key=lambda block: -popularity(block.id))
+        # Ties by id: the same tied blocks get the same order in every request.
+        rest.sort(key=lambda block: (-popularity(block.id), block.id))
     return (*head, *rest)

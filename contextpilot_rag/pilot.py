@@ -229,7 +229,7 @@ class ContextPilot:
         kept, duplicated = self._deduplicate(blocks, visible)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
         match = self._match(kept, fixed_prefix, tokens_of)
-        final = self._reorder(kept, match)
+        final = self._reorder(kept, match, after_history=bool(visible))
         notes = self._notes(blocks, final, duplicated)
         request_id = f"cp-{next(self._request_numbers):09d}"
         rendered: dict[str, RegisteredBlock] = {
@@ -306,14 +306,18 @@ class ContextPilot:
         return replace(match, blocks=match.blocks[len(fixed_prefix) :])
 
     def _reorder(
-        self, kept: tuple[ContextBlock, ...], match: MatchResult
+        self, kept: tuple[ContextBlock, ...], match: MatchResult, *, after_history: bool
     ) -> tuple[ContextBlock, ...]:
+        """Matched blocks first. The rest are ordered for future sharing only when
+        they follow the bare system prompt: after a conversation's history no other
+        request can share them, so they keep the retriever's order (and need no
+        order note)."""
         if not self.config.reorder:
             return kept
         return reorder_for_prefix(
             kept,
             match.blocks,
-            remainder=self.config.remainder,
+            remainder="retrieval" if after_history else self.config.remainder,
             popularity=self._registry.popularity,
         )
 

@@ -50,12 +50,17 @@ def test_remainder_follows_popularity_most_popular_first() -> None:
     assert ids(result) == ["a", "d", "b", "c"]
 
 
-def test_popularity_ties_keep_retrieval_order() -> None:
+def test_popularity_ties_are_broken_by_block_id() -> None:
+    # Equal counts sort by id, not by retrieval order, so two requests holding the
+    # same tied blocks in different orders still start them alike.
     counts = {"a": 0, "b": 2, "c": 0, "d": 2, "e": 0}
-    result = reorder_for_prefix(
-        [A, B, C, D, E], [], remainder="popularity", popularity=counts.__getitem__
+    first = reorder_for_prefix(
+        [E, D, C, B, A], [], remainder="popularity", popularity=counts.__getitem__
     )
-    assert ids(result) == ["b", "d", "a", "c", "e"]
+    second = reorder_for_prefix(
+        [C, A, B, E, D], [], remainder="popularity", popularity=counts.__getitem__
+    )
+    assert ids(first) == ids(second) == ["b", "d", "a", "c", "e"]
 
 
 def test_retrieval_remainder_ignores_popularity() -> None:
@@ -87,13 +92,18 @@ def test_no_order_note_when_the_shown_subset_keeps_relative_order() -> None:
 def test_order_note_lists_the_original_ranking_by_label() -> None:
     note = order_note([A, B, C], [C, A, B], TEMPLATES)
     assert note is not None
-    assert "[a], [b], [c]" in note
+    assert note == "Relevance order, most relevant first: [a][b][c]"
 
 
 def test_location_note_names_each_block_and_its_one_based_turn() -> None:
     note = location_note([(A, 0), (C, 2)], TEMPLATES)
     assert note is not None
-    assert "[a] (turn 1), [c] (turn 3)" in note
+    assert note == "Also relevant, sent in earlier turns: [a] (turn 1), [c] (turn 3)"
+
+
+def test_location_note_groups_blocks_by_turn_earliest_first() -> None:
+    note = location_note([(C, 2), (A, 0), (B, 2)], TEMPLATES)
+    assert note == "Also relevant, sent in earlier turns: [a] (turn 1), [c][b] (turn 3)"
 
 
 def test_no_location_note_without_deduplicated_blocks() -> None:
@@ -103,21 +113,22 @@ def test_no_location_note_without_deduplicated_blocks() -> None:
 def test_custom_templates_shape_the_notes() -> None:
     templates = NoteTemplates(
         order="RANKING {labels}",
-        location="SEE {items}",
-        location_item="{label}@{turn}",
-        separator=" | ",
+        location="SEE {groups}",
+        location_group="{labels}@{turn}",
+        separator=" ",
+        group_separator=" | ",
     )
-    assert order_note([A, B], [B, A], templates) == "RANKING [a] | [b]"
-    assert location_note([(A, 0), (B, 1)], templates) == "SEE a@1 | b@2"
+    assert order_note([A, B], [B, A], templates) == "RANKING [a] [b]"
+    assert location_note([(A, 0), (B, 1), (C, 1)], templates) == "SEE [a]@1 | [b] [c]@2"
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"order": "no placeholder"},
-        {"location": "no items here"},
-        {"location_item": "{label} only"},
-        {"location_item": "turn {turn} only"},
+        {"location": "no groups here"},
+        {"location_group": "{labels} only"},
+        {"location_group": "turn {turn} only"},
         {"order": None},
     ],
 )
@@ -128,7 +139,11 @@ def test_template_missing_a_placeholder_is_a_config_error(kwargs: dict[str, obje
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"order": "{labels} {unknown}"}, {"location": "{items} {0}"}, {"location_item": "{label"}],
+    [
+        {"order": "{labels} {unknown}"},
+        {"location": "{groups} {0}"},
+        {"location_group": "{labels} {turn"},
+    ],
 )
 def test_template_with_an_unknown_placeholder_is_a_config_error(
     kwargs: dict[str, object],
@@ -146,40 +161,49 @@ def last_message(pilot: ContextPilot, blocks: list[ContextBlock], **kwargs: str)
 
 def test_prompt_has_no_order_note_when_retrieval_order_is_kept(pilot: ContextPilot) -> None:
     content = last_message(pilot, [A, B, C])
-    assert "not in order of relevance" not in content
+    assert "Relevance order" not in content
 
 
 def test_prompt_gets_an_order_note_when_blocks_moved(pilot: ContextPilot) -> None:
     pilot.optimize([A, B, C], "first")
     prompt = pilot.optimize([C, B, A, D], "second")
     assert ids(prompt.blocks)[:3] == ["a", "b", "c"]
-    assert (
-        "Ranked from most to least relevant: [c], [b], [a], [d]." in prompt.messages[-1]["content"]
-    )
+    assert "Relevance order, most relevant first: [c][b][a][d]" in prompt.messages[-1]["content"]
 
 
 def test_notes_follow_all_blocks_in_the_user_message(pilot: ContextPilot) -> None:
-    pilot.optimize([E], "makes e popular, so it moves to the front")
-    pilot.optimize([A, B], "turn one", conversation_id="conv")
+    pilot.optimize([E], "makes e the cached prefix, so it moves to the front")
+    first = pilot.optimize([A, B, E], "turn one", conversation_id="conv")
     pilot.record_answer("conv", "answer one")
-    prompt = pilot.optimize([C, B, D, A, E], "turn two", conversation_id="conv")
-    content = prompt.messages[-1]["content"]
-    blocks_end = prompt.boundaries[-1].char_end
-    assert "not repeated here" in content and "Ranked from" in content
-    assert "not repeated here" not in content[:blocks_end]
-    assert "Ranked from" not in content[:blocks_end]
+    second = pilot.optimize([C, B, D, A], "turn two", conversation_id="conv")
+    for prompt, note in ((first, "Relevance order"), (second, "sent in earlier turns")):
+        content = prompt.messages[-1]["content"]
+        blocks_end = prompt.boundaries[-1].char_end
+        assert note in content[blocks_end:]
+        assert note not in content[:blocks_end]
+
+
+def test_after_history_the_remainder_keeps_retrieval_order(pilot: ContextPilot) -> None:
+    # Nothing after a conversation's history is shared with other requests, so the new
+    # blocks keep the retriever's order and need no order note.
+    pilot.optimize([D, C], "makes d and c popular")
+    pilot.optimize([A], "turn one", conversation_id="conv")
+    pilot.record_answer("conv", "answer one")
+    prompt = pilot.optimize([B, C, A, D], "turn two", conversation_id="conv")
+    assert ids(prompt.blocks) == ["b", "c", "d"]
+    assert "Relevance order" not in prompt.messages[-1]["content"]
 
 
 def test_notes_come_before_the_question(pilot: ContextPilot) -> None:
     pilot.optimize([A, B], "first")
     content = last_message(pilot, [B, A])
-    assert content.index("Ranked from") < content.index("Question: what holds?")
+    assert content.index("Relevance order") < content.index("Question: what holds?")
     assert content.endswith("Question: what holds?")
 
 
 def test_prompt_uses_custom_note_templates(tokenizer: Tokenizer) -> None:
     config = PilotConfig(
-        notes=NoteTemplates(order="ORDER {labels}", location="SEEN {items}", separator=";")
+        notes=NoteTemplates(order="ORDER {labels}", location="SEEN {groups}", separator=";")
     )
     pilot = ContextPilot(config, tokenizer=tokenizer)
     pilot.optimize([A, B], "one", conversation_id="conv")
