@@ -21,30 +21,42 @@ __all__ = ["NoteTemplates", "location_note", "order_note"]
 class NoteTemplates:
     """Wording of the notes. ``order`` receives ``{labels}`` (every block's label,
     most relevant first). ``location`` receives ``{groups}``: one ``location_group``
-    per earlier turn, each with that turn's ``{labels}`` and 1-based ``{turn}``.
-    Labels are joined by ``separator``, groups by ``group_separator``."""
+    per earlier turn, earliest first, each with that turn's ``{labels}`` and,
+    optionally, its 1-based ``{turn}`` (e.g. ``"{labels} (turn {turn})"``). Labels
+    (as the blocks show them, without brackets) are joined by ``separator``, groups
+    by ``group_separator``.
 
-    order: str = "Relevance order, most relevant first: {labels}"
-    location: str = "Also relevant, sent in earlier turns: {groups}"
-    location_group: str = "{labels} (turn {turn})"
-    separator: str = ""
-    group_separator: str = ", "
+    The defaults are terse on purpose: notes sit in the uncached tail of every
+    prompt, so each token is paid on every request. The default location note names
+    blocks by label only: a label is unique in the conversation, so it points at
+    the block exactly, whereas a turn number would ask the model to count turns."""
+
+    order: str = "Most relevant first: {labels}"
+    location: str = "Also relevant, shown in earlier turns: {groups}"
+    location_group: str = "{labels}"
+    separator: str = " "
+    group_separator: str = " "
 
     def __post_init__(self) -> None:
-        for name, fields in (
-            ("order", ("{labels}",)),
-            ("location", ("{groups}",)),
-            ("location_group", ("{labels}", "{turn}")),
+        for name, required, allowed in (
+            ("order", ("labels",), ("labels",)),
+            ("location", ("groups",), ("groups",)),
+            ("location_group", ("labels",), ("labels", "turn")),
         ):
             template = getattr(self, name)
-            if not isinstance(template, str) or any(f not in template for f in fields):
-                raise ConfigError(f"NoteTemplates.{name} must be a str containing {fields}")
+            if not isinstance(template, str) or any(
+                "{" + field + "}" not in template for field in required
+            ):
+                raise ConfigError(f"NoteTemplates.{name} must be a str containing {required}")
             try:  # other placeholders would fail only later, inside optimize()
-                template.format(labels="", groups="", turn=1)
+                template.format(**dict.fromkeys(allowed, 1))
             except (KeyError, IndexError, ValueError) as exc:
                 raise ConfigError(
-                    f"NoteTemplates.{name} may use only the placeholders {fields}: {exc!r}"
+                    f"NoteTemplates.{name} may use only the placeholders {allowed}: {exc!r}"
                 ) from exc
+        for name in ("separator", "group_separator"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"NoteTemplates.{name} must be a str")
 
 
 def order_note(
@@ -58,7 +70,7 @@ def order_note(
     positions = [rank[block.id] for block in shown]
     if all(a < b for a, b in itertools.pairwise(positions)):
         return None
-    labels = templates.separator.join(f"[{block.label}]" for block in original)
+    labels = templates.separator.join([block.label for block in original])
     return templates.order.format(labels=labels)
 
 
@@ -71,7 +83,7 @@ def location_note(
         return None
     by_turn: dict[int, list[str]] = {}
     for block, turn in deduplicated:
-        by_turn.setdefault(turn, []).append(f"[{block.label}]")
+        by_turn.setdefault(turn, []).append(block.label)
     groups = templates.group_separator.join(
         templates.location_group.format(labels=templates.separator.join(labels), turn=turn + 1)
         for turn, labels in sorted(by_turn.items())

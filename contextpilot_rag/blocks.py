@@ -143,12 +143,13 @@ def validate_blocks(blocks: object) -> tuple[ContextBlock, ...]:
 
 @dataclass(frozen=True)
 class RegisteredBlock:
-    """What the registry remembers of a block: its text, its rendering and the token
-    count of that rendering."""
+    """What the registry remembers of a block: its text, its rendering, the token
+    count of that rendering and of its label as notes cite it (after a space)."""
 
     text: str
     rendered: str
     tokens: int
+    label_tokens: int
 
 
 class BlockRegistry:
@@ -185,7 +186,9 @@ class BlockRegistry:
             entry = self._entries.get(block.id)
             if entry is None:
                 rendered = render_block(block)
-                entry = RegisteredBlock(block.text, rendered, self._count(rendered))
+                entry = RegisteredBlock(
+                    block.text, rendered, self._count(rendered), self._count(" " + block.label)
+                )
             elif entry.text is not block.text and entry.text != block.text:
                 raise BlockConflictError(
                     f"block id {block.id!r} was registered with a different text; "

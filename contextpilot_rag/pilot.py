@@ -11,11 +11,11 @@ lock serialises the calls, so concurrent callers see a consistent index.
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .annotations import NoteTemplates, location_note, order_note
 from .blocks import BlockRegistry, ContextBlock, RegisteredBlock, content_id, validate_blocks
@@ -35,14 +35,13 @@ from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
 __all__ = ["ContextPilot", "PilotConfig"]
 
 _SEGMENT_CACHE_SIZE = 65_536
-# Splits a note into recurring pieces: bracketed labels and the text between them.
-_NOTE_PIECES = re.compile(r"(\[[^\]\n]{1,64}\](?:, )?)")
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the context "
     "documents in the conversation. Each document starts with its label in square "
-    "brackets; cite labels when you use a document. If the documents do not contain "
-    "the answer, say so."
+    "brackets; cite labels when you use a document. Notes after the documents may "
+    "give their relevance ranking (most relevant first) and name relevant documents "
+    "already shown in earlier turns. If the documents do not contain the answer, say so."
 )
 
 
@@ -90,21 +89,20 @@ class PilotConfig:
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
 
 
-@dataclass(frozen=True)
-class _Layout:
+class _Layout(NamedTuple):
     """The pieces of one request's prompt, before rendering."""
 
     original: tuple[ContextBlock, ...]
     final: tuple[ContextBlock, ...]
     duplicated: tuple[tuple[ContextBlock, int], ...]
     notes: tuple[str, ...]
+    note_tokens: int
     query: str
     system_text: str | None
     visible: tuple[tuple[int, Turn], ...]
 
 
-@dataclass(frozen=True)
-class _Plan:
+class _Plan(NamedTuple):
     """Everything ``optimize`` will commit, computed without side effects."""
 
     prompt: Prompt
@@ -229,28 +227,42 @@ class ContextPilot:
         kept, duplicated = self._deduplicate(blocks, visible)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
         match = self._match(kept, fixed_prefix, tokens_of)
-        final = self._reorder(kept, match, after_history=bool(visible))
-        notes = self._notes(blocks, final, duplicated)
+        matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
+        final = self._reorder(kept, matched, after_history=bool(visible))
+        rendered: dict[str, RegisteredBlock] = dict(zip(tokens_of, entries, strict=True))
+        notes, note_tokens = self._notes(blocks, final, duplicated, entries)
         request_id = f"cp-{next(self._request_numbers):09d}"
-        rendered: dict[str, RegisteredBlock] = {
-            block.id: entry for block, entry in zip(blocks, entries, strict=True)
-        }
         prompt = self._render(
-            _Layout(blocks, final, duplicated, notes, query, system_text, visible),
+            _Layout(blocks, final, duplicated, notes, note_tokens, query, system_text, visible),
             rendered,
             request_id,
             conversation_id,
-            match,
+            matched,
+            reusable_tokens=match.tokens,
             blocks_start_tokens=sum(fixed_tokens),
         )
-        turn = self._turn(prompt, tokens_of, query)
+        block_ids = tuple(block.id for block in final)
+        block_tokens = tuple(tokens_of[block_id] for block_id in block_ids)
+        tail_id = f"\x00tail:{request_id}"
+        if conversation is not None:
+            turn = Turn(
+                user_message=prompt.messages[-1]["content"],
+                block_ids=block_ids,
+                block_tokens=block_tokens,
+                question=query,
+                tail_id=tail_id,
+                tail_tokens=prompt.stats.tail_tokens,
+            )
+            conversation = conversation.with_turn(turn)
         return _Plan(
             prompt=prompt,
             blocks=blocks,
             entries=entries,
-            index_path=(*fixed_prefix, *turn.block_ids, turn.tail_id),
-            index_tokens=(*fixed_tokens, *turn.block_tokens, turn.tail_tokens),
-            conversation=conversation.with_turn(turn) if conversation is not None else None,
+            # The tail (notes and question) is indexed too: the engine caches it, and
+            # the next turn's history starts with it.
+            index_path=(*fixed_prefix, *block_ids, tail_id),
+            index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
+            conversation=conversation,
         )
 
     def _load_conversation(
@@ -298,15 +310,14 @@ class ContextPilot:
         fixed_prefix: Sequence[str],
         tokens_of: dict[str, int],
     ) -> MatchResult:
-        """The cached match; its ``blocks`` are only this turn's blocks (after the
-        fixed prefix), its ``tokens`` count the fixed prefix too. Without dedup the
-        history may hold some of the request's blocks: they are no match here."""
+        """The cached match; its ``blocks`` start with the fixed prefix, its
+        ``tokens`` count the fixed prefix too. Without dedup the history may hold
+        some of the request's blocks: they are no match here."""
         wanted = [block.id for block in kept] if self.config.reorder else []
-        match = self._index.search(wanted, fixed_prefix=fixed_prefix, token_counts=tokens_of)
-        return replace(match, blocks=match.blocks[len(fixed_prefix) :])
+        return self._index.search(wanted, fixed_prefix=fixed_prefix, token_counts=tokens_of)
 
     def _reorder(
-        self, kept: tuple[ContextBlock, ...], match: MatchResult, *, after_history: bool
+        self, kept: tuple[ContextBlock, ...], matched: Sequence[str], *, after_history: bool
     ) -> tuple[ContextBlock, ...]:
         """Matched blocks first. The rest are ordered for future sharing only when
         they follow the bare system prompt: after a conversation's history no other
@@ -316,7 +327,7 @@ class ContextPilot:
             return kept
         return reorder_for_prefix(
             kept,
-            match.blocks,
+            matched,
             remainder="retrieval" if after_history else self.config.remainder,
             popularity=self._registry.popularity,
         )
@@ -326,12 +337,26 @@ class ContextPilot:
         original: tuple[ContextBlock, ...],
         final: tuple[ContextBlock, ...],
         duplicated: Sequence[tuple[ContextBlock, int]],
-    ) -> tuple[str, ...]:
+        entries: Sequence[RegisteredBlock],
+    ) -> tuple[tuple[str, ...], int]:
+        """The notes and their token count. The order note recurs with every
+        reordering, so its count is estimated from cached pieces (template text and
+        each label's tokens) instead of tokenizing it anew."""
         if not self.config.annotate:
-            return ()
+            return (), 0
         templates = self.config.notes
-        notes = (order_note(original, final, templates), location_note(duplicated, templates))
-        return tuple(note for note in notes if note is not None)
+        notes: list[str] = []
+        tokens = 0
+        order = order_note(original, final, templates)
+        if order is not None:
+            notes.append(order)
+            tokens += self._count_segment(templates.order.format(labels="") + "\n\n")
+            tokens += sum(entry.label_tokens for entry in entries)
+        location = location_note(duplicated, templates)
+        if location is not None:
+            notes.append(location)
+            tokens += self.tokenizer.count(location + "\n\n")
+        return tuple(notes), tokens
 
     # -- rendering --------------------------------------------------------------------
 
@@ -341,8 +366,9 @@ class ContextPilot:
         rendered: dict[str, RegisteredBlock],
         request_id: str,
         conversation_id: str | None,
-        match: MatchResult,
+        matched: Sequence[str],
         *,
+        reusable_tokens: int,
         blocks_start_tokens: int,
     ) -> Prompt:
         """``blocks_start_tokens``: tokens before this turn's first block (system
@@ -360,12 +386,11 @@ class ContextPilot:
         messages.append({"role": "user", "content": content})
         end_tokens = boundaries[-1].token_end if boundaries else blocks_start_tokens
         tail_tokens = self._count_tail(layout)
-        matched_ids = set(match.blocks)
         stats = PromptStats(
             blocks_total=len(layout.original),
-            blocks_matched=sum(1 for block in layout.final if block.id in matched_ids),
+            blocks_matched=len(matched),  # the search matches only this request's blocks
             blocks_deduplicated=len(layout.duplicated),
-            reusable_tokens=match.tokens,
+            reusable_tokens=reusable_tokens,
             prompt_tokens=end_tokens + tail_tokens,
             tail_tokens=tail_tokens,
         )
@@ -391,36 +416,21 @@ class ContextPilot:
         parts = [header]
         chars, tokens = len(header), start_tokens
         boundaries = []
+        new_boundary = tuple.__new__  # BlockBoundary(...) without its slow __new__
         for block in layout.final:
             entry = rendered[block.id]
-            parts.append(entry.rendered)
+            text = entry.rendered
+            end_chars, end_tokens = chars + len(text), tokens + entry.tokens
+            parts.append(text)
             boundaries.append(
-                BlockBoundary(
-                    block.id,
-                    message_index,
-                    chars,
-                    chars + len(entry.rendered),
-                    tokens,
-                    tokens + entry.tokens,
+                new_boundary(
+                    BlockBoundary, (block.id, message_index, chars, end_chars, tokens, end_tokens)
                 )
             )
-            chars += len(entry.rendered)
-            tokens += entry.tokens
+            chars, tokens = end_chars, end_tokens
         parts.extend(note + "\n\n" for note in layout.notes)
         parts.append(self.config.question_template.format(query=layout.query))
         return "".join(parts), boundaries
-
-    def _turn(self, prompt: Prompt, tokens_of: dict[str, int], query: str) -> Turn:
-        """This request as a conversation turn. Its tail (notes and question) is
-        indexed too: the engine caches it, and the next turn's history starts with it."""
-        return Turn(
-            user_message=prompt.messages[-1]["content"],
-            block_ids=tuple(block.id for block in prompt.blocks),
-            block_tokens=tuple(tokens_of[block.id] for block in prompt.blocks),
-            question=query,
-            tail_id=f"\x00tail:{prompt.request_id}",
-            tail_tokens=prompt.stats.tail_tokens,
-        )
 
     def _system_key(self, system_text: str) -> str:
         """Index key of the prompt head (system prompt and context header)."""
@@ -446,13 +456,9 @@ class ContextPilot:
         return cached
 
     def _count_tail(self, layout: _Layout) -> int:
-        """Tokens after the last block: notes, counted by their recurring pieces
-        (template text and block labels), then the question."""
-        tokens = 0
-        for note in layout.notes:
-            tokens += sum(map(self._count_segment, _NOTE_PIECES.split(note + "\n\n")))
+        """Tokens after the last block: the notes, then the question."""
         question = self.config.question_template.format(query=layout.query)
-        return tokens + self.tokenizer.count(question)
+        return layout.note_tokens + self.tokenizer.count(question)
 
     # -- commit -----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from contextpilot_rag import (
     Conversation,
     ConversationStateError,
     InMemoryConversationStore,
+    NoteTemplates,
     PilotConfig,
     Prompt,
     Tokenizer,
@@ -41,6 +42,15 @@ def user_messages(prompt: Prompt) -> list[str]:
     return [m["content"] for m in prompt.messages if m["role"] == "user"]
 
 
+TURN_NOTES = NoteTemplates(location_group="{labels} (turn {turn})", group_separator="; ")
+
+
+def turn_pilot(tokenizer: Tokenizer, **options: object) -> ContextPilot:
+    """A pilot whose location notes name the turn of each de-duplicated block."""
+    config = PilotConfig(notes=TURN_NOTES, **options)  # type: ignore[arg-type]
+    return ContextPilot(config, tokenizer=tokenizer)
+
+
 def turn(block_ids: tuple[str, ...]) -> Turn:
     return Turn("message", block_ids, (1,) * len(block_ids), "q", "tail", 1)
 
@@ -48,7 +58,8 @@ def turn(block_ids: tuple[str, ...]) -> Turn:
 # -- dedup within a conversation ------------------------------------------------------
 
 
-def test_block_sent_in_turn_one_is_replaced_by_a_note_in_turn_two(pilot: ContextPilot) -> None:
+def test_block_sent_in_turn_one_is_replaced_by_a_note_in_turn_two(tokenizer: Tokenizer) -> None:
+    pilot = turn_pilot(tokenizer)
     pilot.optimize([A, B], "one", conversation_id="conv")
     pilot.record_answer("conv", "answer")
     prompt = pilot.optimize([B, C], "two", conversation_id="conv")
@@ -56,16 +67,17 @@ def test_block_sent_in_turn_one_is_replaced_by_a_note_in_turn_two(pilot: Context
     assert ids(prompt.deduplicated) == ["b"]
     last = prompt.messages[-1]["content"]
     assert render_block(B) not in last
-    assert "[b] (turn 1)" in last
+    assert last.endswith("Also relevant, shown in earlier turns: b (turn 1)\n\nQuestion: two")
 
 
-def test_deduplicated_block_is_in_the_turn_the_note_points_at(pilot: ContextPilot) -> None:
+def test_deduplicated_block_is_in_the_turn_the_note_points_at(tokenizer: Tokenizer) -> None:
+    pilot = turn_pilot(tokenizer)
     pilot.optimize([A], "one", conversation_id="conv")
     pilot.record_answer("conv", "first answer")
     pilot.optimize([B], "two", conversation_id="conv")
     pilot.record_answer("conv", "second answer")
     prompt = pilot.optimize([B, C], "three", conversation_id="conv")
-    assert "[b] (turn 2)" in prompt.messages[-1]["content"]
+    assert "b (turn 2)" in prompt.messages[-1]["content"]
     assert render_block(B) in user_messages(prompt)[1]
 
 
@@ -116,13 +128,13 @@ def test_history_blocks_are_not_moved_to_the_front_without_dedup(tokenizer: Toke
 
 
 def test_dedup_points_only_at_rendered_turns(tokenizer: Tokenizer) -> None:
-    pilot = ContextPilot(PilotConfig(max_history_turns=1), tokenizer=tokenizer)
+    pilot = turn_pilot(tokenizer, max_history_turns=1)
     pilot.optimize([A], "one", conversation_id="conv")
     pilot.optimize([B], "two", conversation_id="conv")
     prompt = pilot.optimize([A, B], "three", conversation_id="conv")
     assert ids(prompt.blocks) == ["a"]
     assert ids(prompt.deduplicated) == ["b"]
-    assert "[b] (turn 2)" in prompt.messages[-1]["content"]
+    assert "b (turn 2)" in prompt.messages[-1]["content"]
 
 
 def test_max_history_turns_limits_the_rendered_history(tokenizer: Tokenizer) -> None:

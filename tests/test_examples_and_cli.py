@@ -20,7 +20,7 @@ def test_quickstart_example_runs_and_beats_the_unmodified_prompt(
     out = capsys.readouterr().out
     assert ratios["contextpilot_rag"] > ratios["unmodified"]
     assert "deduplicated ['seine', 'eiffel']" in out
-    assert "Relevance order, most relevant first: [metro][seine][louvre][notre]" in out
+    assert "Most relevant first: metro seine louvre notre" in out
 
 
 def test_demo_prints_baseline_and_optimized_rows(capsys: pytest.CaptureFixture[str]) -> None:

@@ -92,18 +92,18 @@ def test_no_order_note_when_the_shown_subset_keeps_relative_order() -> None:
 def test_order_note_lists_the_original_ranking_by_label() -> None:
     note = order_note([A, B, C], [C, A, B], TEMPLATES)
     assert note is not None
-    assert note == "Relevance order, most relevant first: [a][b][c]"
+    assert note == "Most relevant first: a b c"
 
 
-def test_location_note_names_each_block_and_its_one_based_turn() -> None:
-    note = location_note([(A, 0), (C, 2)], TEMPLATES)
-    assert note is not None
-    assert note == "Also relevant, sent in earlier turns: [a] (turn 1), [c] (turn 3)"
-
-
-def test_location_note_groups_blocks_by_turn_earliest_first() -> None:
+def test_location_note_names_each_block_by_label_earliest_turn_first() -> None:
     note = location_note([(C, 2), (A, 0), (B, 2)], TEMPLATES)
-    assert note == "Also relevant, sent in earlier turns: [a] (turn 1), [c][b] (turn 3)"
+    assert note == "Also relevant, shown in earlier turns: a c b"
+
+
+def test_location_note_can_name_the_one_based_turn_of_each_group() -> None:
+    templates = NoteTemplates(location_group="{labels} (turn {turn})", group_separator="; ")
+    note = location_note([(C, 2), (A, 0), (B, 2)], templates)
+    assert note == "Also relevant, shown in earlier turns: a (turn 1); c b (turn 3)"
 
 
 def test_no_location_note_without_deduplicated_blocks() -> None:
@@ -118,8 +118,8 @@ def test_custom_templates_shape_the_notes() -> None:
         separator=" ",
         group_separator=" | ",
     )
-    assert order_note([A, B], [B, A], templates) == "RANKING [a] [b]"
-    assert location_note([(A, 0), (B, 1), (C, 1)], templates) == "SEE [a]@1 | [b] [c]@2"
+    assert order_note([A, B], [B, A], templates) == "RANKING a b"
+    assert location_note([(A, 0), (B, 1), (C, 1)], templates) == "SEE a@1 | b c@2"
 
 
 @pytest.mark.parametrize(
@@ -127,8 +127,8 @@ def test_custom_templates_shape_the_notes() -> None:
     [
         {"order": "no placeholder"},
         {"location": "no groups here"},
-        {"location_group": "{labels} only"},
         {"location_group": "turn {turn} only"},
+        {"separator": None},
         {"order": None},
     ],
 )
@@ -161,14 +161,14 @@ def last_message(pilot: ContextPilot, blocks: list[ContextBlock], **kwargs: str)
 
 def test_prompt_has_no_order_note_when_retrieval_order_is_kept(pilot: ContextPilot) -> None:
     content = last_message(pilot, [A, B, C])
-    assert "Relevance order" not in content
+    assert "Most relevant first" not in content
 
 
 def test_prompt_gets_an_order_note_when_blocks_moved(pilot: ContextPilot) -> None:
     pilot.optimize([A, B, C], "first")
     prompt = pilot.optimize([C, B, A, D], "second")
     assert ids(prompt.blocks)[:3] == ["a", "b", "c"]
-    assert "Relevance order, most relevant first: [c][b][a][d]" in prompt.messages[-1]["content"]
+    assert "Most relevant first: c b a d" in prompt.messages[-1]["content"]
 
 
 def test_notes_follow_all_blocks_in_the_user_message(pilot: ContextPilot) -> None:
@@ -176,7 +176,7 @@ def test_notes_follow_all_blocks_in_the_user_message(pilot: ContextPilot) -> Non
     first = pilot.optimize([A, B, E], "turn one", conversation_id="conv")
     pilot.record_answer("conv", "answer one")
     second = pilot.optimize([C, B, D, A], "turn two", conversation_id="conv")
-    for prompt, note in ((first, "Relevance order"), (second, "sent in earlier turns")):
+    for prompt, note in ((first, "Most relevant first"), (second, "shown in earlier turns: b a")):
         content = prompt.messages[-1]["content"]
         blocks_end = prompt.boundaries[-1].char_end
         assert note in content[blocks_end:]
@@ -191,13 +191,13 @@ def test_after_history_the_remainder_keeps_retrieval_order(pilot: ContextPilot) 
     pilot.record_answer("conv", "answer one")
     prompt = pilot.optimize([B, C, A, D], "turn two", conversation_id="conv")
     assert ids(prompt.blocks) == ["b", "c", "d"]
-    assert "Relevance order" not in prompt.messages[-1]["content"]
+    assert "Most relevant first" not in prompt.messages[-1]["content"]
 
 
 def test_notes_come_before_the_question(pilot: ContextPilot) -> None:
     pilot.optimize([A, B], "first")
     content = last_message(pilot, [B, A])
-    assert content.index("Relevance order") < content.index("Question: what holds?")
+    assert content.index("Most relevant first") < content.index("Question: what holds?")
     assert content.endswith("Question: what holds?")
 
 
@@ -209,9 +209,9 @@ def test_prompt_uses_custom_note_templates(tokenizer: Tokenizer) -> None:
     pilot.optimize([A, B], "one", conversation_id="conv")
     pilot.record_answer("conv", "ok")
     content = last_message(pilot, [C, B, D], conversation_id="conv")
-    assert "SEEN [b] (turn 1)" in content
+    assert "SEEN b" in content
     pilot.optimize([A, B, C], "other")
-    assert "ORDER [c];[b];[a]" in last_message(pilot, [C, B, A])
+    assert "ORDER c;b;a" in last_message(pilot, [C, B, A])
 
 
 def test_annotate_off_adds_no_notes(tokenizer: Tokenizer) -> None:

@@ -33,6 +33,22 @@ def test_repeated_prompt_is_cached_except_its_partial_tail_block() -> None:
     assert result.computed_tokens == 2
 
 
+def test_decoded_tokens_are_cached_for_the_next_turn_but_not_counted() -> None:
+    cache = PrefixCacheModel(block_size=BLOCK)
+    first = cache.admit(tokens(0, 10), generated=tokens(10, 7))
+    assert first == CacheResult(prompt_tokens=10, cached_tokens=0)
+    assert cache.prompt_tokens_total == 10
+    assert cache.used_tokens == 16  # four full blocks of prompt + answer; 1 token left over
+    # The next turn's prompt repeats prompt + answer and goes on.
+    assert cache.admit(tokens(0, 25)).cached_tokens == 16
+
+
+def test_without_decoded_tokens_the_next_turn_stops_at_the_prompt() -> None:
+    cache = PrefixCacheModel(block_size=BLOCK)
+    cache.admit(tokens(0, 10))
+    assert cache.admit(tokens(0, 25)).cached_tokens == 8
+
+
 def test_block_aligned_repeat_recomputes_its_last_block_like_vllm() -> None:
     cache = PrefixCacheModel(block_size=BLOCK)
     cache.admit(tokens(0, 12))

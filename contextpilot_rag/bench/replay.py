@@ -26,6 +26,7 @@ __all__ = [
     "EngineTokenizer",
     "baseline_config",
     "capacity_for",
+    "generated_tokens",
     "pilot_arm",
     "replay",
     "replay_tokens",
@@ -70,6 +71,11 @@ class EngineTokenizer:
             ids.extend(self._message(message, memo=True))
         ids.extend(self._message(messages[-1], memo=False))
         return ids
+
+    def reply(self, answer: str) -> list[int]:
+        """The tokens of an assistant message, as the next turn's prompt renders it:
+        what the engine decodes after a prompt (the generation prompt included)."""
+        return self._message({"role": "assistant", "content": answer}, memo=False)
 
     def _message(self, message: Mapping[str, str], *, memo: bool) -> list[int]:
         key = (message["role"], message["content"])
@@ -122,6 +128,20 @@ def capacity_for(
     return max(block_size, int(distinct_block_tokens(token_streams, block_size) * fraction))
 
 
+def generated_tokens(
+    workload: Workload, encode: EngineTokenizer, *, cache_answers: bool
+) -> list[list[int]]:
+    """Per request, the tokens the engine decodes after its prompt, if the engine
+    keeps them cached (vLLM v1 and SGLang do): the synthetic answer of requests that
+    belong to a session; nothing otherwise."""
+    return [
+        encode.reply(synthetic_answer(request))
+        if cache_answers and request.session is not None
+        else []
+        for request in workload.requests
+    ]
+
+
 def replay(
     name: str,
     workload: Workload,
@@ -129,16 +149,18 @@ def replay(
     encode: EngineTokenizer,
     *,
     capacity_tokens: int | None,
+    generated: Sequence[Sequence[int]] | None = None,
     on_request: Callable[[], None] | None = None,
 ) -> ArmResult:
-    """Admit every request's prompt, in order, to a fresh prefix cache."""
+    """Admit every request's prompt, in order, to a fresh prefix cache (followed by
+    its ``generated`` tokens, if given, as the engine decodes them)."""
     cache = PrefixCacheModel(capacity_tokens=capacity_tokens)
     build_s = 0.0
-    for request in workload.requests:
+    for number, request in enumerate(workload.requests):
         started = time.perf_counter()
         messages = build(request)
         build_s += time.perf_counter() - started
-        cache.admit(encode(messages))
+        cache.admit(encode(messages), generated[number] if generated else ())
         if on_request is not None:
             on_request()
     return ArmResult(
@@ -151,12 +173,16 @@ def replay(
 
 
 def replay_tokens(
-    name: str, streams: Sequence[Sequence[int]], *, capacity_tokens: int | None
+    name: str,
+    streams: Sequence[Sequence[int]],
+    *,
+    capacity_tokens: int | None,
+    generated: Sequence[Sequence[int]] | None = None,
 ) -> ArmResult:
     """Admit already tokenized prompts, in order, to a fresh prefix cache."""
     cache = PrefixCacheModel(capacity_tokens=capacity_tokens)
-    for stream in streams:
-        cache.admit(stream)
+    for number, stream in enumerate(streams):
+        cache.admit(stream, generated[number] if generated else ())
     return ArmResult(name, len(streams), cache.prompt_tokens_total, cache.cached_tokens_total, 0.0)
 
 

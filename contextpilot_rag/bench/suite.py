@@ -24,6 +24,7 @@ from .replay import (
     baseline_config,
     capacity_for,
     dedup_misses,
+    generated_tokens,
     pilot_arm,
     replay,
     replay_tokens,
@@ -102,6 +103,8 @@ def _run_arms(
     capacity_fraction: float,
     tokenizer: Tokenizer,
     progress: Progress,
+    *,
+    cache_answers: bool = False,
 ) -> ExperimentResult:
     """Baseline first (it sets the cache capacity), then each arm on a fresh cache."""
     encode = EngineTokenizer(tokenizer)
@@ -109,12 +112,20 @@ def _run_arms(
         workload, encode, tokenizer, progress(f"{name}: unmodified", len(workload.requests))
     )
     capacity = capacity_for(streams, capacity_fraction)
-    results = [replay_tokens("unmodified", streams, capacity_tokens=capacity)]
+    generated = generated_tokens(workload, encode, cache_answers=cache_answers)
+    results = [replay_tokens("unmodified", streams, capacity_tokens=capacity, generated=generated)]
+    del streams
     for arm_name, make in arms:
         build, misses = make(capacity)
         tick = progress(f"{name}: {arm_name}", len(workload.requests))
         result = replay(
-            arm_name, workload, build, encode, capacity_tokens=capacity, on_request=tick
+            arm_name,
+            workload,
+            build,
+            encode,
+            capacity_tokens=capacity,
+            generated=generated,
+            on_request=tick,
         )
         results.append(replace(result, dedup_misses=misses()))
     return ExperimentResult(name, capacity, tuple(results))
@@ -193,11 +204,13 @@ def run_multiturn(
     n_docs: int = 2000,
     capacity_fraction: float = 0.25,
     seed: int = 0,
+    cache_answers: bool = True,
     tokenizer: Tokenizer | None = None,
     progress: Progress = _no_progress,
 ) -> ExperimentResult:
     """Interleaved multi-turn sessions with history: unmodified vs reorder only vs
-    reorder + de-duplication."""
+    reorder + de-duplication. ``cache_answers``: the engine keeps the KV of the
+    answers it decodes (vLLM v1, SGLang), so the next turn reuses them."""
     tokenizer = tokenizer or default_tokenizer()
     workload = multiturn_workload(
         n_sessions=n_sessions, turns=turns, interleave=interleave, k=k, n_docs=n_docs, seed=seed
@@ -206,7 +219,10 @@ def run_multiturn(
         ("ours (no dedup)", _ours(workload, tokenizer, dedup=False)),
         ("ours", _ours(workload, tokenizer)),
     ]
-    return _run_arms("multi-turn", workload, arms, capacity_fraction, tokenizer, progress)
+    name = "multi-turn" if cache_answers else "multi-turn, answers not cached"
+    return _run_arms(
+        name, workload, arms, capacity_fraction, tokenizer, progress, cache_answers=cache_answers
+    )
 
 
 def run_latency(

@@ -16,11 +16,12 @@ engine does report evictions, :meth:`ContextIndex.evict` prunes by request id.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NewType
 
 from ..errors import ConfigError, DuplicateRequestError, InvalidInputError
@@ -64,12 +65,21 @@ class MatchResult:
     """The longest indexed prefix a request can reuse.
 
     ``blocks`` are the matched block ids in cached order (the fixed prefix first),
-    ``tokens`` their token total; ``distance`` is eq. 1 between the request and the
-    indexed path the match lies on (1.0 when nothing matched)."""
+    ``tokens`` their token total; :attr:`distance` is eq. 1 between the request and
+    the indexed path the match lies on (1.0 when nothing matched), computed on first
+    access."""
 
     blocks: tuple[str, ...]
     tokens: int
-    distance: float = 1.0
+    request: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    indexed_path: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    alpha: float = field(default=DEFAULT_ALPHA, repr=False, compare=False)
+
+    @functools.cached_property
+    def distance(self) -> float:
+        if not self.blocks:
+            return 1.0
+        return context_distance(self.request, self.indexed_path, self.alpha)
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,10 @@ class _Node:
         self.tick = 0
         self.last_access = 0.0
         self.alive = True
+
+    def __lt__(self, other: _Node) -> bool:
+        # Only to order (tokens, tick, node) entries; siblings never share a tick.
+        return self.tick < other.tick
 
     def path(self) -> tuple[str, ...]:
         parts: list[tuple[str, ...]] = []
@@ -177,14 +191,13 @@ class ContextIndex:
         assert tip.parent is not None
         above = tip.parent.path()
         path = (*above, *tip.edge[:run])
-        distance = context_distance(request, (*above, *tip.edge), self.config.alpha)
-        return MatchResult(path, path_tokens, distance)
+        return MatchResult(path, path_tokens, request, (*above, *tip.edge), self.config.alpha)
 
     def _result(
-        self, request: Sequence[str], path: tuple[str, ...], tokens: int, tip: _Node
+        self, request: tuple[str, ...], path: tuple[str, ...], tokens: int, tip: _Node
     ) -> MatchResult:
-        distance = context_distance(request, tip.path(), self.config.alpha) if path else 1.0
-        return MatchResult(path, tokens, distance)
+        indexed = tip.path() if path else ()
+        return MatchResult(path, tokens, request, indexed, self.config.alpha)
 
     def _walk_fixed(self, prefix: Sequence[str]) -> tuple[_Node, int, list[str], int]:
         """Follow ``prefix`` exactly; return the deepest node reached, how many of its
@@ -209,41 +222,47 @@ class ContextIndex:
         self, start: _Node, wanted: set[str], tokens: int, wanted_tokens: int | None
     ) -> tuple[_Node, int, int]:
         """Depth-first, most promising child first, within ``search_budget`` node
-        expansions; a branch is skipped when even matching all its remaining wanted
-        tokens (``wanted_tokens``, if known) could not beat the best match. Returns
-        the tip node, how many of its edge blocks matched, and the matched tokens.
-        Below the fixed prefix a path never repeats a block, so ``wanted`` needs no
-        shrinking on the way down. (Hot path: kept flat on purpose.)"""
+        expansions; stops early once the best match holds every wanted token
+        (``wanted_tokens``, if known). Returns the tip node, how many of its edge
+        blocks matched, and the matched tokens. Below the fixed prefix a path never
+        repeats a block, so ``wanted`` needs no shrinking on the way down.
+        (Hot path: kept flat on purpose.)"""
         best_node, best_run, best_tokens, best_tick = start, len(start.edge), tokens, start.tick
-        unknown = wanted_tokens is None
-        stack = [(start, tokens, 0 if wanted_tokens is None else wanted_tokens)]
+        everything = None if wanted_tokens is None else tokens + wanted_tokens
+        stack = [(start, tokens)]
         budget = self.config.search_budget
+        n_wanted = len(wanted)
         while stack and budget > 0:
-            node, path_tokens, remaining = stack.pop()
-            if not unknown and path_tokens + remaining <= best_tokens:
-                continue
+            if everything is not None and best_tokens >= everything:
+                break
+            node, path_tokens = stack.pop()
             budget -= 1
-            deeper = []
-            for child in self._candidates(node, wanted):
-                run = _leading_run(child.edge, wanted)
-                complete = run == len(child.edge)
-                run_tokens = child.edge_total if complete else sum(child.edge_tokens[:run])
-                total = path_tokens + run_tokens
+            children = node.children
+            if len(children) <= n_wanted:
+                candidates = [child for block, child in children.items() if block in wanted]
+            else:
+                candidates = [children[block] for block in wanted if block in children]
+            deeper: list[tuple[int, int, _Node]] = []
+            for child in candidates:
+                edge = child.edge
+                run = 0
+                for block in edge:
+                    if block not in wanted:
+                        break
+                    run += 1
+                if run == len(edge):
+                    total = path_tokens + child.edge_total
+                    if child.children:
+                        deeper.append((total, child.tick, child))
+                else:
+                    total = path_tokens + sum(child.edge_tokens[:run])
                 if total > best_tokens or (total == best_tokens and child.tick > best_tick):
                     best_node, best_run, best_tokens, best_tick = child, run, total, child.tick
-                if complete and child.children:
-                    deeper.append((total, child.tick, child, remaining - run_tokens))
-            if len(deeper) > 1:
-                deeper.sort(key=_rank)
-            stack.extend((child, total, left) for total, _, child, left in deeper)
+            if deeper:
+                deeper.sort()  # best last, so it is expanded next
+                for total, _, child in deeper:
+                    stack.append((child, total))
         return best_node, best_run, best_tokens
-
-    @staticmethod
-    def _candidates(node: _Node, remaining: set[str]) -> list[_Node]:
-        children = node.children
-        if len(children) <= len(remaining):
-            return [child for block, child in children.items() if block in remaining]
-        return [children[block] for block in remaining if block in children]
 
     # -- updates ---------------------------------------------------------------------
 
@@ -420,10 +439,6 @@ class ContextIndex:
     def _prune_upward_after_lru(self, node: _Node) -> None:
         if node is not self._root and not node.children:
             heapq.heappush(self._leaf_heap, (node.tick, next(self._heap_seq), node))
-
-
-def _rank(entry: tuple[int, int, _Node, int]) -> tuple[int, int]:
-    return entry[0], entry[1]
 
 
 def _leading_run(edge: tuple[str, ...], wanted: set[str]) -> int:

@@ -132,10 +132,14 @@ class PrefixCacheModel:
         hashes = _iter_block_hashes(token_ids, self._block_size)
         return self._cached_tokens(hashes, len(token_ids))
 
-    def admit(self, token_ids: Sequence[int]) -> CacheResult:
+    def admit(self, token_ids: Sequence[int], generated: Sequence[int] = ()) -> CacheResult:
         """Serve ``token_ids`` as one request: count its cache hits, then cache all its
-        full blocks with its first block most recently used, and evict to capacity."""
-        hashes = list(_iter_block_hashes(token_ids, self._block_size))
+        full blocks with its first block most recently used, and evict to capacity.
+
+        ``generated`` are the tokens the engine decoded after the prompt. vLLM (v1)
+        and SGLang keep the KV of decoded tokens too, so full blocks of prompt +
+        generated are cached; only the prompt counts towards the totals."""
+        hashes = list(_iter_block_hashes((*token_ids, *generated), self._block_size))
         result = CacheResult(
             prompt_tokens=len(token_ids),
             cached_tokens=self._cached_tokens(hashes, len(token_ids)),
