@@ -102,7 +102,11 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             )
             for cache_answers in (True, False)
         )
-        latency = run_latency(n_requests=args.latency_requests // scale, progress=progress)
+        latency = run_latency(
+            n_requests=args.latency_requests // scale,
+            reference_requests=0 if args.no_reference else 2000 // scale,
+            progress=progress,
+        )
     for result in (online, multiturn, multiturn_uncached):
         console.print(experiment_table(result))
     console.print(latency_table(latency))
@@ -111,7 +115,8 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         image = None
         if plotted:  # link the chart relative to the report
             image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
-        report = _markdown(online, multiturn, multiturn_uncached, latency, image)
+        command = "contextpilot-rag " + " ".join(args.argv)
+        report = _markdown(command, online, multiturn, multiturn_uncached, latency, image)
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(report, encoding="utf-8")
         console.print(f"wrote {args.write}")
@@ -119,6 +124,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def _markdown(
+    command: str,
     online: ExperimentResult,
     multiturn: ExperimentResult,
     multiturn_uncached: ExperimentResult,
@@ -127,7 +133,6 @@ def _markdown(
 ) -> str:
     from .bench.report import experiment_markdown, latency_markdown
 
-    command = "contextpilot-rag " + " ".join(sys.argv[1:])
     lines = [
         "# Benchmarks",
         "",
@@ -144,6 +149,10 @@ def _markdown(
         "- workloads: `contextpilot_rag.bench.workloads` (synthetic MultiHopRAG-like corpus, "
         "~200-token documents, Zipf-like popularity: 80% of document slots in the top 20% "
         "of documents, a 141-token system prompt)",
+        "",
+        "## Summary against the targets of issue 2",
+        "",
+        _targets_markdown(online, multiturn, multiturn_uncached, latency),
         "",
         f"## Online: {online.arm('unmodified').requests:,} requests, 15 documents each",
         "",
@@ -186,9 +195,41 @@ def _markdown(
     return "\n".join(lines)
 
 
+def _targets_markdown(
+    online: ExperimentResult,
+    multiturn: ExperimentResult,
+    multiturn_uncached: ExperimentResult,
+    latency: LatencyResult,
+) -> str:
+    def share(result: ExperimentResult) -> float:
+        return result.arm("ours").computed_tokens / result.arm("unmodified").computed_tokens
+
+    rows = [
+        ("online hit ratio", ">= 22%", f"{online.arm('ours').hit_ratio:.1%}",
+         online.arm("ours").hit_ratio >= 0.22),
+        ("optimize() median", "<= 0.2 ms", f"{latency.p50_ms:.3f} ms", latency.p50_ms <= 0.2),
+        ("optimize() last 10% / first 10%", "<= 1.5x", f"{latency.drift:.2f}x",
+         latency.drift <= 1.5),
+        ("multi-turn computed tokens vs unmodified", "<= 65%", f"{share(multiturn):.1%}",
+         share(multiturn) <= 0.65),
+        ("... same, engine caching prompt tokens only", "(<= 65%)",
+         f"{share(multiturn_uncached):.1%}", share(multiturn_uncached) <= 0.65),
+        ("index tokens over the stream", f"<= {latency.capacity_tokens:,}",
+         f"{latency.max_index_tokens:,}", latency.max_index_tokens <= latency.capacity_tokens),
+    ]  # fmt: skip
+    lines = ["| measure | target | measured | met |", "|---|---|---|---|"]
+    lines += [
+        f"| {name} | {target} | {value} | {'yes' if met else 'no'} |"
+        for name, target, value, met in rows
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``contextpilot-rag`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if args.command == "demo":

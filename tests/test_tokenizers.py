@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,6 +97,54 @@ def test_tiktoken_count_is_the_length_of_encode(tokenizer: Tokenizer, text: str)
 
 def test_tiktoken_encodes_known_text_to_known_ids(tokenizer: Tokenizer) -> None:
     assert tokenizer.encode("hello world") == [15339, 1917]
+
+
+CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+def _offline_cl100k_file() -> Path:
+    import tiktoken_ext
+
+    return Path(next(iter(tiktoken_ext.__path__))) / "data" / "cl100k_base.tiktoken"
+
+
+def test_cl100k_base_loads_from_a_local_tiktoken_cache_dir(tmp_path: Path) -> None:
+    cache_file = tmp_path / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+    shutil.copyfile(_offline_cl100k_file(), cache_file)
+    tokenizer = TiktokenTokenizer("cl100k_base", cache_dirs=[str(tmp_path)])
+    assert tokenizer.name == "tiktoken:cl100k_base"
+    assert tokenizer.encode("hello world") == [15339, 1917]
+
+
+def test_cl100k_base_without_a_local_file_uses_the_bundled_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    assert TiktokenTokenizer("cl100k_base").encode("hello world") == [15339, 1917]
+
+
+def test_o200k_without_a_local_file_is_a_config_error_not_a_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        "contextpilot_rag.tokenizers._bundled_cache_dirs", lambda: [str(tmp_path / "none")]
+    )
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a tokenizer file must never be downloaded")
+
+    monkeypatch.setattr("tiktoken.load.read_file", refuse)
+    with pytest.raises(ConfigError, match="will not be downloaded"):
+        TiktokenTokenizer("o200k_base", cache_dirs=[str(tmp_path)])
+
+
+def test_a_corrupt_local_file_is_a_config_error_and_stays_on_disk(tmp_path: Path) -> None:
+    cache_file = tmp_path / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+    cache_file.write_bytes(b"not a bpe file")
+    with pytest.raises(ConfigError, match="SHA-256"):
+        TiktokenTokenizer("cl100k_base", cache_dirs=[str(tmp_path)])
+    assert cache_file.read_bytes() == b"not a bpe file"
 
 
 def test_unloadable_tiktoken_encoding_is_a_config_error() -> None:

@@ -92,6 +92,25 @@ def _latency_rows(result: LatencyResult) -> list[tuple[str, str]]:
             f"{result.max_index_tokens:,} / {result.capacity_tokens:,}",
         ),
         ("max index nodes", f"{result.max_index_nodes:,}"),
+        *_reference_rows(result),
+    ]
+
+
+def _reference_rows(result: LatencyResult) -> list[tuple[str, str]]:
+    ours, reference = result.ours_on_reference_stream, result.reference
+    if ours is None or reference is None:
+        return []
+    head = f"first {reference.requests:,} requests"
+    return [
+        (
+            f"{head}: median, ours / reference",
+            f"{ours.p50_ms:.3f} / {reference.p50_ms:.3f} ms "
+            f"({reference.p50_ms / ours.p50_ms:.0f}x faster)",
+        ),
+        (
+            f"{head}: reference first 10% → last 10%",
+            f"{reference.first_decile_p50_ms:.3f} → {reference.last_decile_p50_ms:.3f} ms",
+        ),
     ]
 
 
@@ -111,7 +130,9 @@ def latency_markdown(result: LatencyResult) -> str:
 
 
 def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
-    """A bar chart of hit ratio per arm and experiment; False without matplotlib."""
+    """Per experiment, two bar charts over its arms: prefix-cache hit ratio and
+    computed (uncached) prompt tokens relative to the unmodified prompts. False
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -119,15 +140,24 @@ def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for axis, result in zip(axes[0], results, strict=True):
+    figure, axes = plt.subplots(len(results), 2, figsize=(12, 3.2 * len(results)), squeeze=False)
+    for row, result in zip(axes, results, strict=True):
         names = [arm.name for arm in result.arms]
-        values = [arm.hit_ratio * 100 for arm in result.arms]
-        bars = axis.barh(names, values, color="#4c72b0")
-        axis.bar_label(bars, fmt="%.1f%%")
-        axis.set_xlabel("prefix-cache hit ratio (%)")
-        axis.set_title(f"{result.name}, capacity {result.capacity_tokens:,} tokens")
-        axis.invert_yaxis()
+        base = result.arm("unmodified").computed_tokens
+        panels = (
+            ("prefix-cache hit ratio (%)", [arm.hit_ratio * 100 for arm in result.arms]),
+            (
+                "computed prompt tokens, % of unmodified (lower is better)",
+                [arm.computed_tokens / base * 100 for arm in result.arms],
+            ),
+        )
+        for axis, (label, values) in zip(row, panels, strict=True):
+            bars = axis.barh(names, values, color="#4c72b0")
+            axis.bar_label(bars, fmt="%.1f%%")
+            axis.set_xlabel(label)
+            axis.set_title(f"{result.name}, capacity {result.capacity_tokens:,} tokens")
+            axis.invert_yaxis()
+            axis.margins(x=0.15)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

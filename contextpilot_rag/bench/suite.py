@@ -63,11 +63,33 @@ class LatencyResult:
     capacity_tokens: int
     max_index_tokens: int
     max_index_nodes: int
+    reference: StreamLatency | None = None
+    ours_on_reference_stream: StreamLatency | None = None
 
     @property
     def drift(self) -> float:
         """Median of the last 10% of calls over the median of the first 10%."""
         return self.last_decile_p50_ms / self.first_decile_p50_ms
+
+
+@dataclass(frozen=True)
+class StreamLatency:
+    """Medians of per-request times over a (shorter) stream, for side-by-side rows."""
+
+    requests: int
+    p50_ms: float
+    first_decile_p50_ms: float
+    last_decile_p50_ms: float
+
+    @classmethod
+    def of(cls, timings: Sequence[float]) -> StreamLatency:
+        decile = max(1, len(timings) // 10)
+        return cls(
+            requests=len(timings),
+            p50_ms=statistics.median(timings) * 1e3,
+            first_decile_p50_ms=statistics.median(timings[:decile]) * 1e3,
+            last_decile_p50_ms=statistics.median(timings[-decile:]) * 1e3,
+        )
 
 
 def _no_progress(label: str, total: int) -> Callable[[], None]:
@@ -232,10 +254,13 @@ def run_latency(
     k: int = 15,
     capacity_tokens: int = 1_500_000,
     seed: int = 1,
+    reference_requests: int = 2000,
     tokenizer: Tokenizer | None = None,
     progress: Progress = _no_progress,
 ) -> LatencyResult:
-    """Time every ``optimize`` call over a long stream; track the index size."""
+    """Time every ``optimize`` call over a long stream; track the index size. When
+    the reference implementation is installed and ``reference_requests`` > 0, also
+    time its online ``reorder`` over the first ``reference_requests`` of the stream."""
     tokenizer = tokenizer or default_tokenizer()
     workload = online_workload(n_docs=n_docs, n_requests=n_requests, k=k, seed=seed)
     pilot = _pilot(tokenizer, capacity_tokens)
@@ -251,14 +276,43 @@ def run_latency(
             stats = pilot.index_stats()
             max_tokens, max_nodes = max(max_tokens, stats.tokens), max(max_nodes, stats.nodes)
         tick()
-    decile = max(1, n_requests // 10)
+    whole = StreamLatency.of(timings)
+    reference = _reference_latency(workload, reference_requests, progress)
     return LatencyResult(
         requests=n_requests,
-        p50_ms=statistics.median(timings) * 1e3,
+        p50_ms=whole.p50_ms,
         p99_ms=sorted(timings)[int(len(timings) * 0.99)] * 1e3,
-        first_decile_p50_ms=statistics.median(timings[:decile]) * 1e3,
-        last_decile_p50_ms=statistics.median(timings[-decile:]) * 1e3,
+        first_decile_p50_ms=whole.first_decile_p50_ms,
+        last_decile_p50_ms=whole.last_decile_p50_ms,
         capacity_tokens=capacity_tokens,
         max_index_tokens=max_tokens,
         max_index_nodes=max_nodes,
+        reference=reference,
+        ours_on_reference_stream=(
+            StreamLatency.of(timings[: reference.requests]) if reference else None
+        ),
     )
+
+
+def _reference_latency(
+    workload: Workload, n_requests: int, progress: Progress
+) -> StreamLatency | None:
+    """Per-request time of the reference implementation's online ``reorder``."""
+    if n_requests <= 0:
+        return None
+    try:
+        from contextpilot.server.live_index import ContextPilot as Reference
+    except ImportError:
+        return None
+    reference = Reference(alpha=0.001, use_gpu=False)
+    requests = workload.requests[:n_requests]
+    tick = progress("latency: reference reorder()", len(requests))
+    timings = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        for request in requests:
+            doc_ids = list(request.doc_ids)
+            started = time.perf_counter()
+            reference.reorder(doc_ids)
+            timings.append(time.perf_counter() - started)
+            tick()
+    return StreamLatency.of(timings)
