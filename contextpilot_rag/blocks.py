@@ -204,11 +204,14 @@ class BlockRegistry:
 
     def commit(self, blocks: Sequence[ContextBlock], entries: Sequence[RegisteredBlock]) -> None:
         """Store (or refresh) the entries :meth:`resolve` returned for one request."""
-        counts = self._requests_with
+        counts, stored = self._requests_with, self._entries
         for block, entry in zip(blocks, entries, strict=True):
-            self._entries[block.id] = entry
-            self._entries.move_to_end(block.id)
-            counts[block.id] = counts.get(block.id, 0) + 1
+            block_id = block.id
+            if block_id in stored:
+                stored.move_to_end(block_id)  # same text: resolve() checked it
+            else:
+                stored[block_id] = entry
+            counts[block_id] = counts.get(block_id, 0) + 1
         while len(self._entries) > self._capacity:
             dropped, _ = self._entries.popitem(last=False)
             counts.pop(dropped, None)

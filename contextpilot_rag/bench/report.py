@@ -147,7 +147,7 @@ def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
         panels = (
             ("prefix-cache hit ratio (%)", [arm.hit_ratio * 100 for arm in result.arms]),
             (
-                "computed prompt tokens, % of unmodified (lower is better)",
+                "computed tokens, % of unmodified (lower: better)",
                 [arm.computed_tokens / base * 100 for arm in result.arms],
             ),
         )

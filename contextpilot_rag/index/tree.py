@@ -97,6 +97,7 @@ class _Node:
         "edge",
         "edge_tokens",
         "edge_total",
+        "full_path",
         "last_access",
         "parent",
         "request_ids",
@@ -110,6 +111,7 @@ class _Node:
         self.edge = edge
         self.edge_tokens = edge_tokens
         self.edge_total = sum(edge_tokens)
+        self.full_path: tuple[str, ...] | None = None
         self.children: dict[str, _Node] = {}
         self.request_ids: set[RequestId] = set()
         self.tick = 0
@@ -121,12 +123,16 @@ class _Node:
         return self.tick < other.tick
 
     def path(self) -> tuple[str, ...]:
-        parts: list[tuple[str, ...]] = []
-        node: _Node | None = self
-        while node is not None:
-            parts.append(node.edge)
-            node = node.parent
-        return tuple(itertools.chain.from_iterable(reversed(parts)))
+        """The blocks from the root to here. A live node's path never changes (a split
+        above it shortens its edge but keeps the sequence), so it is cached."""
+        if self.full_path is None:
+            parts: list[tuple[str, ...]] = []
+            node: _Node | None = self
+            while node is not None:
+                parts.append(node.edge)
+                node = node.parent
+            self.full_path = tuple(itertools.chain.from_iterable(reversed(parts)))
+        return self.full_path
 
 
 class ContextIndex:
@@ -184,7 +190,7 @@ class ContextIndex:
             if offset + run < len(node.edge):
                 return self._result(request, tuple(matched), tokens, node)
             wanted = wanted.difference(node.edge)
-        bound = None if token_counts is None else sum(token_counts[b] for b in wanted)
+        bound = None if token_counts is None else sum(map(token_counts.__getitem__, wanted))
         tip, run, path_tokens = self._best_descent(node, wanted, tokens, bound)
         if tip is node:
             return self._result(request, tuple(matched), tokens, node)
@@ -272,6 +278,11 @@ class ContextIndex:
         """Alg. 2 step 3: record that ``request_id`` was sent with blocks in ``path``
         order, then evict to the configured bounds."""
         self.check_insert(path, token_counts, request_id)
+        self._insert_checked(path, token_counts, request_id)
+
+    def _insert_checked(
+        self, path: Sequence[str], token_counts: Sequence[int], request_id: RequestId
+    ) -> None:
         now, tick = self._clock(), next(self._ticks)
         node = self._insert_path(tuple(path), tuple(token_counts), now, tick)
         node.request_ids.add(request_id)
