@@ -28,7 +28,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/pip install --quiet scipy numpy
 	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
-	$(BIN)/python benchmarks/online.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
+	$(BIN)/python benchmarks/bench.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NewType
+from typing import Any, NewType, TypeGuard
 
 from .errors import (
     BlockConflictError,
@@ -110,15 +110,17 @@ def render_block(block: ContextBlock) -> str:
     return f"[{block.label}]\n{block.text.strip()}\n\n"
 
 
+def is_list_like(value: object) -> TypeGuard[Iterable[object]]:
+    """An iterable that is not a string, bytes or a mapping: what a list argument
+    may be."""
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
+
+
 def validate_blocks(blocks: object) -> tuple[ContextBlock, ...]:
     """Check a request's blocks: a non-empty sequence of :class:`ContextBlock`, no id
     used for two different texts. Exact repeats (same id, same text) are collapsed
     to their first occurrence. Raises before anything is stored."""
-    if (
-        blocks is None
-        or isinstance(blocks, (str, bytes, Mapping))
-        or not isinstance(blocks, Iterable)
-    ):
+    if not is_list_like(blocks):
         raise InvalidBlockError(
             f"blocks must be a list of ContextBlock, got {type(blocks).__name__}"
         )

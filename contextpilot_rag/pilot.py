@@ -10,14 +10,19 @@ lock serialises the calls, so concurrent callers see a consistent index.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from .annotations import NoteTemplates, location_note, order_note
+from .batch import BatchMethod, BatchSchedule, no_progress, plan_batch
+from .batch import Progress as BatchProgress
+from .batch.progress import rich_progress
+from .batch.requests import BatchRequest, validate_batch
 from .blocks import BlockRegistry, ContextBlock, RegisteredBlock, content_id, validate_blocks
 from .conversations import (
     Conversation,
@@ -170,6 +175,38 @@ class ContextPilot:
             self._commit(plan)
             return plan.prompt
 
+    def optimize_batch(
+        self,
+        requests: Iterable[BatchRequest | tuple[Sequence[ContextBlock], str]],
+        *,
+        system: str | None = None,
+        method: BatchMethod = "greedy",
+        schedule: BatchSchedule = "prefix-tree",
+        progress: bool = False,
+    ) -> list[Prompt]:
+        """Plan a whole batch at once and return its prompts **in execution order**;
+        each prompt's ``index`` is its request's position in ``requests``.
+
+        ``requests`` are ``(blocks, query)`` or ``(blocks, query, conversation_id)``
+        tuples (or :class:`~contextpilot_rag.batch.requests.BatchRequest`). Requests
+        without a conversation are planned together (``method``, ``schedule``: see
+        :func:`contextpilot_rag.batch.plan_batch`) so that those sharing blocks share
+        a prefix and run back to back; each carries an order note like online
+        prompts. Requests of a conversation (one turn per conversation per batch)
+        are planned as :meth:`optimize` would, after the others. All prompts enter
+        the context index in execution order. Every error is raised before anything
+        is stored. ``progress`` shows progress bars (stderr) for long builds."""
+        batch = validate_batch(requests)
+        if system is not None:
+            _check_text("system", system)
+        with contextlib.ExitStack() as stack:
+            bars = stack.enter_context(rich_progress()) if progress else no_progress
+            with self._lock:
+                plans = self._plan_batch(batch, system, method, schedule, bars)
+                for plan in plans:
+                    self._commit(plan)
+        return [plan.prompt for plan in plans]
+
     def record_answer(self, conversation_id: str, text: str) -> None:
         """Append the assistant's answer to the conversation's last turn, so the next
         turn's prompt carries it as history."""
@@ -263,6 +300,104 @@ class ContextPilot:
             index_path=(*fixed_prefix, *block_ids, tail_id),
             index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
             conversation=conversation,
+        )
+
+    def _plan_batch(
+        self,
+        batch: Sequence[BatchRequest],
+        system: str | None,
+        method: BatchMethod,
+        schedule: BatchSchedule,
+        progress: BatchProgress,
+    ) -> list[_Plan]:
+        unique = {block.id: block for request in batch for block in request.blocks}
+        resolved = dict(
+            zip(
+                unique,
+                self._registry.resolve(tuple(unique.values()), self.config.max_block_tokens),
+                strict=True,
+            )
+        )  # each distinct block tokenized once for the whole batch
+        entries = [tuple(resolved[block.id] for block in request.blocks) for request in batch]
+        free = [index for index, request in enumerate(batch) if request.conversation_id is None]
+        codes: dict[str, int] = {}
+        requests = [[codes.setdefault(b.id, len(codes)) for b in batch[i].blocks] for i in free]
+        plan = plan_batch(
+            requests,
+            method=method if self.config.reorder else "greedy",
+            schedule=schedule,
+            weights=[resolved[block_id].tokens for block_id in codes],
+            progress=progress,
+        )
+        system_text = system if system is not None else self.config.system_prompt
+        fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, ())
+        seen = _PrefixTrie()
+        plans: list[_Plan] = []
+        advance = progress("batch: prompts", len(batch))
+        for slot in plan.schedule:
+            index = free[slot]
+            request, request_entries = batch[index], entries[index]
+            order = plan.orders[slot] if self.config.reorder else range(len(request.blocks))
+            final = tuple(request.blocks[position] for position in order)
+            matched = seen.longest_then_add([requests[slot][position] for position in order])
+            plans.append(
+                self._plan_fixed_order(
+                    request,
+                    request_entries,
+                    final,
+                    matched,
+                    system_text,
+                    (fixed_prefix, fixed_tokens),
+                    index,
+                )
+            )
+            advance(1)
+        for index, request in enumerate(batch):
+            if request.conversation_id is not None:
+                single = self._plan(
+                    tuple(request.blocks), request.query, request.conversation_id, system
+                )
+                plans.append(single._replace(prompt=replace(single.prompt, index=index)))
+                advance(1)
+        return plans
+
+    def _plan_fixed_order(
+        self,
+        request: BatchRequest,
+        entries: tuple[RegisteredBlock, ...],
+        final: tuple[ContextBlock, ...],
+        matched: int,
+        system_text: str | None,
+        fixed: tuple[tuple[str, ...], tuple[int, ...]],
+        index: int,
+    ) -> _Plan:
+        """A batch request's plan, its block order decided by the batch planner;
+        ``matched``: how many leading blocks an earlier request of the batch sends."""
+        blocks = tuple(request.blocks)
+        rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
+        notes, note_tokens = self._notes(blocks, final, (), entries)
+        request_id = f"cp-{next(self._request_numbers):09d}"
+        fixed_prefix, fixed_tokens = fixed
+        start_tokens = sum(fixed_tokens)
+        block_ids = tuple(block.id for block in final)
+        block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
+        prompt = self._render(
+            _Layout(blocks, final, (), notes, note_tokens, request.query, system_text, ()),
+            rendered,
+            request_id,
+            None,
+            block_ids[:matched],
+            reusable_tokens=start_tokens + sum(block_tokens[:matched]),
+            blocks_start_tokens=start_tokens,
+        )
+        tail_id = f"\x00tail:{request_id}"
+        return _Plan(
+            prompt=replace(prompt, index=index),
+            blocks=blocks,
+            entries=entries,
+            index_path=(*fixed_prefix, *block_ids, tail_id),
+            index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
+            conversation=None,
         )
 
     def _load_conversation(
@@ -469,6 +604,28 @@ class ContextPilot:
         self._index.insert(plan.index_path, plan.index_tokens, request_id)
         if plan.conversation is not None:
             self._store.put(plan.conversation)
+
+
+class _PrefixTrie:
+    """Block-code sequences seen so far; finds how much of a new one is a prefix
+    already sent."""
+
+    __slots__ = ("_root",)
+
+    def __init__(self) -> None:
+        self._root: dict[int, dict[int, Any]] = {}
+
+    def longest_then_add(self, sequence: Sequence[int]) -> int:
+        """Length of the longest prefix of ``sequence`` seen before; then record it."""
+        node, matched = self._root, 0
+        for code in sequence:
+            child = node.get(code)
+            if child is None:
+                break
+            node, matched = child, matched + 1
+        for code in sequence[matched:]:
+            node = node.setdefault(code, {})
+        return matched
 
 
 def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:

@@ -10,9 +10,12 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .batch import BatchArm, BatchResult
 from .suite import ExperimentResult, LatencyResult
 
 __all__ = [
+    "batch_markdown",
+    "batch_table",
     "experiment_markdown",
     "experiment_table",
     "latency_markdown",
@@ -163,3 +166,45 @@ def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
+
+
+_BATCH_COLUMNS = (
+    "arm",
+    "hit ratio (25% capacity)",
+    "hit ratio (unbounded)",
+    "build + schedule",
+    "optimize_batch",
+    "plan memory",
+    "note",
+)
+
+
+def _batch_row(arm: BatchArm) -> tuple[str, ...]:
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    missing = arm.plan_s is None and arm.note.startswith(("unavailable", "not "))
+    return (
+        arm.name,
+        "-" if missing else f"{arm.hit_ratio:.1%}",
+        "-" if missing else f"{arm.hit_ratio_unbounded:.1%}",
+        seconds(arm.plan_s),
+        seconds(arm.total_s),
+        "-" if arm.peak_mb is None else f"{arm.peak_mb:,.0f} MB",
+        arm.note,
+    )
+
+
+def batch_table(result: BatchResult) -> Table:
+    table = Table(title=f"batch of {result.requests:,} (capacity {result.capacity_tokens:,})")
+    for column in _BATCH_COLUMNS:
+        table.add_column(column, justify="left" if column in ("arm", "note") else "right")
+    for arm in result.arms:
+        table.add_row(*_batch_row(arm))
+    return table
+
+
+def batch_markdown(result: BatchResult) -> str:
+    lines = ["| " + " | ".join(_BATCH_COLUMNS) + " |", "|" + "---|" * len(_BATCH_COLUMNS)]
+    lines += ["| " + " | ".join(_batch_row(arm)) + " |" for arm in result.arms]
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """The online, multi-turn and latency experiments behind ``contextpilot-rag demo``
-and ``benchmarks/online.py``. Every arm of one experiment runs in the same process on
+and ``benchmarks/bench.py``. Every arm of one experiment runs in the same process on
 the same workload, so results are compared as ratios."""
 
 from __future__ import annotations

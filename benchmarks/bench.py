@@ -1,6 +1,6 @@
 """Run the benchmark suite behind docs/benchmarks.md.
 
-    python benchmarks/online.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
+    python benchmarks/bench.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
 
 Arguments are those of ``contextpilot-rag bench``; install the reference implementation
 first (``make bench`` does) to include its arm.

@@ -1,0 +1,33 @@
+"""A rich progress display for long batch builds."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .plan import Progress as ProgressFactory
+
+__all__ = ["rich_progress"]
+
+
+@contextlib.contextmanager
+def rich_progress() -> Iterator[ProgressFactory]:
+    """A ``progress(label, total) -> advance(n)`` factory drawing one bar per phase
+    (on stderr, so piped output stays clean)."""
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    ) as bars:
+
+        def start(label: str, total: int) -> Callable[[int], None]:
+            task = bars.add_task(label, total=total)
+            return lambda n: bars.advance(task, n)
+
+        yield start

@@ -1,0 +1,302 @@
+"""The batch-mode experiment: one batch of N requests planned at once, replayed in
+its execution order through the prefix-cache model.
+
+Arms: ``unmodified`` (arrival order, retrieval order), ours with each planner and
+scheduler, and the reference implementation's batch mode where it finishes in time.
+Hit ratio is measured at 25% of the unmodified prompts' distinct cacheable tokens and
+with an unbounded cache. Build + schedule time is the planner alone (block codes in,
+orders and schedule out); peak memory is measured in a fresh child process.
+
+Prompts are tokenized from cached segments (the user message's header, each block's
+rendering, its tail) instead of whole: at 100,000 requests tokenizing every prompt
+anew would dominate the run. The pieces split where tiktoken's pre-tokenizer splits
+anyway (blank lines before ``[label]``), which :func:`run_batch` checks on a sample
+against whole-prompt tokenization.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..batch import BatchMethod, BatchSchedule, plan_batch
+from ..blocks import ContextBlock, render_block
+from ..index import IndexConfig
+from ..pilot import ContextPilot, PilotConfig
+from ..prompt import Prompt
+from ..sim.prefix_cache import PrefixCacheModel, distinct_block_tokens
+from ..tokenizers import Tokenizer, default_tokenizer
+from .replay import EngineTokenizer, baseline_config
+from .workloads import Workload, online_workload
+
+__all__ = ["BatchArm", "BatchResult", "measure_plan_memory", "run_batch"]
+
+Progress = Callable[[str, int], Callable[[], None]]
+REFERENCE = "reference contextpilot 0.5.0"
+
+
+@dataclass(frozen=True)
+class BatchArm:
+    name: str
+    hit_ratio: float  # at the experiment's capacity
+    hit_ratio_unbounded: float
+    plan_s: float | None  # build + schedule, block codes in, plan out
+    total_s: float | None  # optimize_batch end to end (rendering included)
+    peak_mb: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    requests: int
+    capacity_tokens: int
+    arms: tuple[BatchArm, ...]
+
+    def arm(self, name: str) -> BatchArm:
+        return next(arm for arm in self.arms if arm.name == name)
+
+
+class SegmentEncoder:
+    """Token ids of a prompt as :class:`EngineTokenizer` would produce them, built from
+    cached pieces: earlier messages whole, the last user message as header + blocks +
+    tail."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._whole = EngineTokenizer(tokenizer)
+        self._segments: dict[str, list[int]] = {}
+
+    def __call__(self, prompt: Prompt) -> list[int]:
+        messages = prompt.messages
+        ids: list[int] = []
+        for message in messages[:-1]:
+            ids.extend(self._segment(f"<|{message['role']}|>\n{message['content']}\n"))
+        content = messages[-1]["content"]
+        role = messages[-1]["role"]
+        if not prompt.boundaries:
+            ids.extend(self._tokenizer.encode(f"<|{role}|>\n{content}\n"))
+            return ids
+        ids.extend(self._segment(f"<|{role}|>\n{content[: prompt.boundaries[0].char_start]}"))
+        for boundary in prompt.boundaries:
+            ids.extend(self._segment(content[boundary.char_start : boundary.char_end]))
+        ids.extend(self._tokenizer.encode(content[prompt.boundaries[-1].char_end :] + "\n"))
+        return ids
+
+    def whole(self, prompt: Prompt) -> list[int]:
+        return self._whole(prompt.messages)
+
+    def _segment(self, text: str) -> list[int]:
+        cached = self._segments.get(text)
+        if cached is None:
+            cached = self._segments[text] = self._tokenizer.encode(text)
+        return cached
+
+
+def run_batch(
+    n_requests: int,
+    *,
+    n_docs: int = 2000,
+    k: int = 15,
+    seed: int = 0,
+    capacity_fraction: float = 0.25,
+    arms: Sequence[tuple[str, BatchMethod, BatchSchedule]] = (
+        ("ours", "greedy", "prefix-tree"),
+        ("ours, Alg. 5 schedule", "greedy", "grouped"),
+        ("ours, Alg. 4 clustering", "cluster", "prefix-tree"),
+    ),
+    reference_timeout_s: float | None = 120.0,
+    measure_memory: bool = True,
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> BatchResult:
+    """Plan one batch of ``n_requests`` with each arm and replay it in execution order.
+    ``reference_timeout_s=None`` skips the reference implementation;
+    ``measure_memory`` measures the first arm's planner in a child process (peak
+    memory added by planning, the workload itself excluded)."""
+    tokenizer = tokenizer or default_tokenizer()
+    workload = online_workload(n_docs=n_docs, n_requests=n_requests, k=k, seed=seed)
+    blocks = {doc_id: ContextBlock(text, id=doc_id) for doc_id, text in workload.corpus.items()}
+    requests = [([blocks[d] for d in r.doc_ids], r.query) for r in workload.requests]
+    encode = SegmentEncoder(tokenizer)
+    tick = progress or (lambda label, total: lambda: None)
+
+    def unmodified() -> Iterator[Prompt]:  # rendered twice rather than held in memory
+        baseline = ContextPilot(baseline_config(), tokenizer=tokenizer)
+        for request_blocks, query in requests:
+            yield baseline.optimize(request_blocks, query, system=workload.system_prompt)
+
+    _check_segments(encode, list(itertools.islice(unmodified(), 20)))
+    distinct = distinct_block_tokens((encode(prompt) for prompt in unmodified()), 16)
+    capacity = max(16, int(distinct * capacity_fraction))
+    results = [
+        _arm("unmodified", unmodified(), encode, capacity, None, None, tick, total=n_requests)
+    ]
+
+    codes = _codes(workload)
+    coded = [[codes[d] for d in r.doc_ids] for r in workload.requests]
+    weights = [float(tokenizer.count(render_block(blocks[doc_id]))) for doc_id in codes]
+    for name, method, schedule in arms:
+        started = time.perf_counter()
+        try:
+            plan_batch(coded, method=method, schedule=schedule, weights=weights)
+        except ImportError as exc:  # an optional planner whose module is absent
+            results.append(BatchArm(name, 0.0, 0.0, None, None, note=f"unavailable: {exc}"))
+            continue
+        plan_s = time.perf_counter() - started
+        pilot = ContextPilot(
+            PilotConfig(index=IndexConfig(capacity_tokens=capacity)), tokenizer=tokenizer
+        )
+        started = time.perf_counter()
+        prompts = pilot.optimize_batch(
+            requests, system=workload.system_prompt, method=method, schedule=schedule
+        )
+        total_s = time.perf_counter() - started
+        peak_mb, note = None, ""
+        if name == arms[0][0]:
+            _check_segments(encode, prompts[:20])
+            if measure_memory:
+                memory = measure_plan_memory(
+                    n_requests, method=method, schedule=schedule, n_docs=n_docs, k=k, seed=seed
+                )
+                peak_mb = memory["plan_mb"]
+                note = f"process peak RSS {memory['peak_rss_mb']:,.0f} MB"
+        results.append(
+            _arm(name, prompts, encode, capacity, plan_s, total_s, tick, peak_mb=peak_mb, note=note)
+        )
+        del prompts
+    if reference_timeout_s is None:
+        results.append(BatchArm(REFERENCE, 0.0, 0.0, None, None, note="not run at this size"))
+    else:
+        results.append(
+            _reference_arm(
+                workload, coded, blocks, encode, capacity, reference_timeout_s, tokenizer, tick
+            )
+        )
+    return BatchResult(n_requests, capacity, tuple(results))
+
+
+def _check_segments(encode: SegmentEncoder, prompts: Sequence[Prompt]) -> None:
+    for prompt in prompts:
+        if encode(prompt) != encode.whole(prompt):
+            raise AssertionError("segment tokenization differs from whole-prompt tokenization")
+
+
+def _arm(
+    name: str,
+    prompts: Iterable[Prompt],
+    encode: SegmentEncoder,
+    capacity: int,
+    plan_s: float | None,
+    total_s: float | None,
+    tick: Progress,
+    *,
+    peak_mb: float | None = None,
+    note: str = "",
+    total: int | None = None,
+) -> BatchArm:
+    """Replay ``prompts`` in the given order into a capped and an unbounded cache."""
+    capped, unbounded = PrefixCacheModel(capacity_tokens=capacity), PrefixCacheModel()
+    count = total if total is not None else len(prompts)  # type: ignore[arg-type]
+    advance = tick(f"batch {count:,}: {name}", count)
+    for prompt in prompts:
+        stream = encode(prompt)
+        capped.admit(stream)
+        unbounded.admit(stream)
+        advance()
+    return BatchArm(name, capped.hit_ratio, unbounded.hit_ratio, plan_s, total_s, peak_mb, note)
+
+
+def _reference_arm(
+    workload: Workload,
+    coded: Sequence[Sequence[int]],
+    blocks: Mapping[str, ContextBlock],
+    encode: SegmentEncoder,
+    capacity: int,
+    timeout_s: float,
+    tokenizer: Tokenizer,
+    tick: Progress,
+) -> BatchArm:
+    """The reference batch mode (its block orders and schedule, our rendering without
+    notes), or a row saying why it is missing."""
+    name = REFERENCE
+    try:
+        from .reference_batch import run_reference_batch
+    except ImportError as exc:
+        return BatchArm(name, 0.0, 0.0, None, None, note=f"unavailable: {exc}")
+    result = run_reference_batch([list(request) for request in coded], timeout_s=timeout_s)
+    if result is None:
+        return BatchArm(
+            name, 0.0, 0.0, None, None, note=f"not installed or did not finish in {timeout_s:.0f} s"
+        )
+    doc_ids = {code: doc_id for doc_id, code in _codes(workload).items()}
+    render = ContextPilot(baseline_config(), tokenizer=tokenizer)
+    prompts = [
+        render.optimize(
+            [blocks[doc_ids[code]] for code in result.orders[index]],
+            workload.requests[index].query,
+            system=workload.system_prompt,
+        )
+        for index in result.schedule
+    ]
+    return _arm(
+        name, prompts, encode, capacity, result.seconds, None, tick, peak_mb=result.peak_rss_mb
+    )
+
+
+def _codes(workload: Workload) -> dict[str, int]:
+    codes: dict[str, int] = {}
+    for request in workload.requests:
+        for doc_id in request.doc_ids:
+            codes.setdefault(doc_id, len(codes))
+    return codes
+
+
+_MEMORY_SCRIPT = """
+import json, resource, sys, time, tracemalloc
+from contextpilot_rag.bench.workloads import online_workload
+from contextpilot_rag.batch import plan_batch
+n, n_docs, k, seed, method, schedule = json.loads(sys.argv[1])
+workload = online_workload(n_docs=n_docs, n_requests=n, k=k, seed=seed)
+codes = {}
+coded = [[codes.setdefault(d, len(codes)) for d in r.doc_ids] for r in workload.requests]
+del workload
+started = time.perf_counter()
+plan_batch(coded, method=method, schedule=schedule)
+seconds = time.perf_counter() - started
+peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+tracemalloc.start()
+plan_batch(coded, method=method, schedule=schedule)
+_, traced_peak = tracemalloc.get_traced_memory()
+print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss, "plan_mb": traced_peak / 2**20}))
+"""
+
+
+def measure_plan_memory(
+    n_requests: int,
+    *,
+    method: BatchMethod = "greedy",
+    schedule: BatchSchedule = "prefix-tree",
+    n_docs: int = 2000,
+    k: int = 15,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+) -> dict[str, float]:
+    """``plan_batch`` measured in a fresh child process: ``seconds``, ``peak_rss_mb``
+    (peak resident memory of the whole process: interpreter, workload and plan) and
+    ``plan_mb`` (peak memory allocated while planning, from tracemalloc, which also
+    sees numpy's buffers)."""
+    arguments = json.dumps([n_requests, n_docs, k, seed, method, schedule])
+    completed = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT, arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    )
+    result: dict[str, float] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return result

@@ -1,0 +1,248 @@
+"""Specification of batch mode: planners, schedulers and ContextPilot.optimize_batch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextpilot_rag import (
+    BlockConflictError,
+    ConfigError,
+    ContextBlock,
+    ContextPilot,
+    DuplicateRequestError,
+    EmptyContextError,
+    InvalidInputError,
+    OversizeBlockError,
+    PilotConfig,
+    Tokenizer,
+    render_block,
+)
+from contextpilot_rag.batch import (
+    check_plan,
+    greedy_plan,
+    grouped_schedule,
+    plan_batch,
+    prefix_tree_schedule,
+)
+from contextpilot_rag.batch.requests import BatchRequest
+
+
+def doc(name: str) -> ContextBlock:
+    return ContextBlock(f"Document {name} says that fact {name} holds.", id=name)
+
+
+DOCS = {name: doc(name) for name in "abcdefghijklmnop"}
+
+
+def blocks(names: str) -> list[ContextBlock]:
+    return [DOCS[name] for name in names]
+
+
+# Distinct codes per request, from a small pool so that requests overlap.
+requests_strategy = st.lists(
+    st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=8, unique=True),
+    min_size=0,
+    max_size=40,
+)
+
+
+# -- planners and schedulers ------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests_strategy)
+def test_greedy_plan_is_a_valid_plan(requests: list[list[int]]) -> None:
+    check_plan(greedy_plan(requests), [len(request) for request in requests])
+
+
+@settings(max_examples=50, deadline=None)
+@given(requests_strategy)
+def test_greedy_plan_is_deterministic(requests: list[list[int]]) -> None:
+    assert greedy_plan(requests) == greedy_plan([list(request) for request in requests])
+
+
+def test_requests_sharing_blocks_get_them_first_and_run_together() -> None:
+    requests = [[1, 2, 3], [9, 8, 7], [3, 5, 1], [7, 6, 9], [2, 3, 1, 4]]
+    plan = greedy_plan(requests)
+    sequences = [[requests[i][p] for p in plan.orders[i]] for i in range(len(requests))]
+    assert sequences[0][:3] == sequences[4][:3] == [1, 3, 2]  # {1,2,3}: held by 0 and 4
+    assert sequences[2][:2] == [1, 3]  # {1,3}: also held by 2
+    assert sequences[1][:2] == sequences[3][:2]  # {7,9} shared
+    position = {request: slot for slot, request in enumerate(plan.schedule)}
+    assert abs(position[0] - position[4]) == 1
+    assert abs(position[1] - position[3]) == 1
+
+
+def test_token_weights_prefer_sharing_the_longer_block() -> None:
+    # Block 0 is held by three requests, block 1 by two others' worth: 0 wins on
+    # counts, 1 wins once it is known to be 100 times longer.
+    requests = [[0, 1], [0, 5], [0, 6], [1, 7]]
+    by_count = greedy_plan(requests)
+    by_tokens = greedy_plan(requests, weights=[1, 100, 1, 1, 1, 1, 1, 1])
+    assert requests[0][by_count.orders[0][0]] == 0
+    assert requests[0][by_tokens.orders[0][0]] == 1
+    assert requests[3][by_tokens.orders[3][0]] == 1
+
+
+def test_lookahead_prefers_the_split_that_shares_more_in_total() -> None:
+    # Splitting on 0 first (three holders) still lets two of them share 1 next:
+    # 2 + 100 tokens reused, against 100 + 1 when 1 goes first.
+    requests = [[0, 1, 5], [0, 1, 6], [0, 7]]
+    plan = greedy_plan(requests, weights=[1, 100, 1, 1, 1, 1, 1, 1])
+    assert [requests[0][p] for p in plan.orders[0]][:2] == [0, 1]
+
+
+def test_empty_batch_plans_to_nothing() -> None:
+    assert greedy_plan([]) == plan_batch([])
+
+
+def test_prefix_tree_schedule_keeps_shared_prefixes_together() -> None:
+    sequences = [[1, 2], [5, 6], [1, 3], [5, 6, 7], [1, 2, 4]]
+    order = prefix_tree_schedule(sequences)
+    assert order == (0, 4, 2, 1, 3)
+
+
+def test_grouped_schedule_is_alg5() -> None:
+    sequences = [[5], [1, 2], [1], [9, 8], [1, 3, 4], [5, 6]]
+    # groups by first block: 1 → {1, 2, 4} (largest first), 5 → {0, 5}, 9 → {3};
+    # within a group longer sequences first.
+    assert grouped_schedule(sequences) == (4, 1, 2, 5, 0, 3)
+
+
+def test_unknown_method_or_schedule_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        plan_batch([[1]], method="magic")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        plan_batch([[1]], schedule="random")  # type: ignore[arg-type]
+
+
+# -- optimize_batch ----------------------------------------------------------------------
+
+
+def test_prompts_come_in_execution_order_with_their_input_index(pilot: ContextPilot) -> None:
+    batch = [(blocks("abc"), "q0"), (blocks("def"), "q1"), (blocks("cba"), "q2")]
+    prompts = pilot.optimize_batch(batch)
+    assert sorted(prompt.index for prompt in prompts if prompt.index is not None) == [0, 1, 2]
+    by_index = {prompt.index: prompt for prompt in prompts}
+    assert by_index[0].messages[-1]["content"].endswith("Question: q0")
+    slots = [prompt.index for prompt in prompts]
+    assert abs(slots.index(0) - slots.index(2)) == 1  # same blocks: back to back
+    assert [b.id for b in by_index[0].blocks] == [b.id for b in by_index[2].blocks]
+
+
+def test_moved_blocks_get_an_order_note_with_the_original_ranking(pilot: ContextPilot) -> None:
+    prompts = pilot.optimize_batch([(blocks("abc"), "q0"), (blocks("cab"), "q1")])
+    by_index = {prompt.index: prompt for prompt in prompts}
+    moved = [p for p in prompts if [b.id for b in p.blocks] != [b.id for b in p.original_blocks]]
+    assert moved
+    for prompt in moved:
+        ranking = " ".join(block.label for block in prompt.original_blocks)
+        assert f"Most relevant first: {ranking}" in prompt.messages[-1]["content"]
+    assert by_index[1].original_blocks == tuple(blocks("cab"))
+
+
+def test_later_requests_report_the_prefix_they_reuse(pilot: ContextPilot) -> None:
+    prompts = pilot.optimize_batch([(blocks("abcd"), "q0"), (blocks("dcbe"), "q1")])
+    assert prompts[0].stats.blocks_matched == 0
+    assert prompts[1].stats.blocks_matched == 3
+    assert prompts[1].stats.reusable_tokens > prompts[0].stats.reusable_tokens
+
+
+def test_batch_prompts_enter_the_context_index(pilot: ContextPilot) -> None:
+    pilot.optimize_batch([(blocks("abcd"), "q0"), (blocks("abce"), "q1")])
+    online = pilot.optimize(blocks("cbaf"), "later")
+    assert online.stats.blocks_matched == 3
+
+
+def test_conversation_requests_are_planned_like_optimize(pilot: ContextPilot) -> None:
+    pilot.optimize(blocks("ab"), "turn one", conversation_id="conv")
+    pilot.record_answer("conv", "answer one")
+    prompts = pilot.optimize_batch(
+        [(blocks("bc"), "turn two", "conv"), (blocks("de"), "other"), (blocks("ed"), "again")]
+    )
+    turn = next(prompt for prompt in prompts if prompt.index == 0)
+    assert prompts[-1] is turn  # after the requests without a conversation
+    assert [b.id for b in turn.deduplicated] == ["b"]
+    assert turn.conversation_id == "conv"
+    assert len(pilot.conversation("conv").turns) == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=6, unique=True),
+        min_size=1,
+        max_size=12,
+        unique_by=tuple,
+    )
+)
+def test_every_prompt_holds_each_of_its_blocks_exactly_once(names: list[list[str]]) -> None:
+    pilot = ContextPilot(tokenizer="chars")
+    batch = [([DOCS[name] for name in request], f"q{i}") for i, request in enumerate(names)]
+    prompts = pilot.optimize_batch(batch)
+    assert sorted(prompt.index for prompt in prompts) == list(range(len(batch)))  # type: ignore[type-var]
+    for prompt in prompts:
+        assert prompt.index is not None
+        wanted = batch[prompt.index][0]
+        content = prompt.messages[-1]["content"]
+        assert sorted(block.id for block in prompt.blocks) == sorted(block.id for block in wanted)
+        for block in wanted:
+            assert content.count(render_block(block)) == 1
+
+
+def test_reorder_off_keeps_retrieval_order(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(reorder=False), tokenizer=tokenizer)
+    prompts = pilot.optimize_batch([(blocks("abc"), "q0"), (blocks("cba"), "q1")])
+    for prompt in prompts:
+        assert prompt.blocks == prompt.original_blocks
+        assert "Most relevant first" not in prompt.messages[-1]["content"]
+
+
+def test_batch_request_tuples_and_records_are_both_accepted(pilot: ContextPilot) -> None:
+    prompts = pilot.optimize_batch([BatchRequest(blocks("ab"), "q0"), [blocks("bc"), "q1"]])
+    assert len(prompts) == 2
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("batch", "error"),
+    [
+        ([], EmptyContextError),
+        (None, InvalidInputError),
+        ("abc", InvalidInputError),
+        ([(blocks("ab"), "q"), ([], "empty")], EmptyContextError),
+        ([(blocks("ab"), "q"), (blocks("ab"), "q")], DuplicateRequestError),
+        ([(blocks("ab"), "q"), ([ContextBlock("other text", id="a")], "q2")], BlockConflictError),
+        ([(blocks("ab"),)], InvalidInputError),
+        ([(blocks("ab"), 42)], InvalidInputError),
+        ([(["not a block"], "q")], InvalidInputError),
+        ([(blocks("a"), "q", "c"), (blocks("b"), "q2", "c")], InvalidInputError),
+        ([(blocks("a"), "q", "")], InvalidInputError),
+    ],
+)
+def test_bad_batches_raise_typed_errors_and_change_nothing(
+    pilot: ContextPilot, batch: object, error: type[Exception]
+) -> None:
+    pilot.optimize(blocks("ab"), "before")
+    before = pilot.index_stats()
+    with pytest.raises(error):
+        pilot.optimize_batch(batch)  # type: ignore[arg-type]
+    assert pilot.index_stats() == before
+    assert pilot.optimize(blocks("ab"), "after").stats.blocks_matched == 2
+
+
+def test_a_block_conflicting_with_an_earlier_call_is_rejected(pilot: ContextPilot) -> None:
+    pilot.optimize(blocks("ab"), "before")
+    with pytest.raises(BlockConflictError):
+        pilot.optimize_batch([([ContextBlock("changed", id="a")], "q")])
+
+
+def test_an_oversize_block_fails_the_whole_batch(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_block_tokens=5), tokenizer=tokenizer)
+    with pytest.raises(OversizeBlockError):
+        pilot.optimize_batch([([ContextBlock("short")], "q"), (blocks("a"), "q2")])
+    assert pilot.index_stats().requests == 0
