@@ -246,3 +246,12 @@ def test_an_oversize_block_fails_the_whole_batch(tokenizer: Tokenizer) -> None:
     with pytest.raises(OversizeBlockError):
         pilot.optimize_batch([([ContextBlock("short")], "q"), (blocks("a"), "q2")])
     assert pilot.index_stats().requests == 0
+
+
+def test_progress_bars_go_to_stderr(
+    pilot: ContextPilot, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pilot.optimize_batch([(blocks("ab"), "q0"), (blocks("ba"), "q1")], progress=True)
+    captured = capsys.readouterr()
+    assert "batch: prefix tree" in captured.err and "batch: prompts" in captured.err
+    assert captured.out == ""

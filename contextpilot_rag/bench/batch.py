@@ -268,7 +268,12 @@ del workload
 started = time.perf_counter()
 plan_batch(coded, method=method, schedule=schedule)
 seconds = time.perf_counter() - started
-peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: peak of this exec'd address space (ru_maxrss would count the parent's too)
+status = open("/proc/self/status").read().split("VmHWM:")
+peak_rss = (
+    int(status[1].split()[0]) if len(status) > 1
+    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+) / 1024
 tracemalloc.start()
 plan_batch(coded, method=method, schedule=schedule)
 _, traced_peak = tracemalloc.get_traced_memory()
