@@ -6,18 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps -e integrations/langchain -e integrations/llama-index -e integrations/mem0
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/contextpilot-rag demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check contextpilot_rag tests examples benchmarks
-	$(BIN)/ruff format --check contextpilot_rag tests examples benchmarks
+	$(BIN)/ruff check contextpilot_rag integrations tests examples benchmarks
+	$(BIN)/ruff format --check contextpilot_rag integrations tests examples benchmarks
 	$(BIN)/mypy
 
 test: lint

@@ -1,0 +1,23 @@
+"""LangChain integration of contextpilot_rag: reorder, de-duplicate and annotate
+retrieved documents so inference engines reuse their prefix cache.
+
+>>> from langchain_contextpilot import ContextPilotRetriever, format_documents
+>>> retriever = ContextPilotRetriever(base_retriever=vectorstore.as_retriever())  # doctest: +SKIP
+>>> chain = retriever | format_documents  # doctest: +SKIP
+"""
+
+from ._compressor import ContextPilotCompressor
+from ._documents import ANNOTATION_KEY, ContextPilotAnnotation
+from ._format import format_documents
+from ._retriever import ContextPilotRetriever
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANNOTATION_KEY",
+    "ContextPilotAnnotation",
+    "ContextPilotCompressor",
+    "ContextPilotRetriever",
+    "__version__",
+    "format_documents",
+]

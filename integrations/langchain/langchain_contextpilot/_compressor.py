@@ -1,0 +1,45 @@
+"""``ContextPilotCompressor``: the pilot as a LangChain document compressor, for
+``ContextualCompressionRetriever`` and compressor pipelines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from typing_extensions import override
+
+from ._documents import optimize_documents
+from ._settings import PilotSettings
+
+__all__ = ["ContextPilotCompressor"]
+
+
+class ContextPilotCompressor(BaseDocumentCompressor, PilotSettings):
+    """Reorders and annotates the documents it is given, exactly as
+    :class:`ContextPilotRetriever` does with its base retriever's results (same
+    fields, same output contract). Put it last in a compressor pipeline: what comes
+    after it should not reorder the documents again.
+
+    LangChain passes no config to compressors, so the session id comes from the
+    ``session_id`` field only.
+    """
+
+    @override
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        return optimize_documents(self.pilot, documents, query, self.pilot_options(self.session_id))
+
+    @override
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        # No I/O: the pilot works in memory, so no executor hop is needed.
+        return self.compress_documents(documents, query, callbacks)

@@ -1,0 +1,56 @@
+"""Documents → the context text of a prompt, byte-stable for prefix caching."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from langchain_core.documents import Document
+
+from contextpilot_rag import ContextBlock, render_block
+from contextpilot_rag.errors import InvalidBlockError
+
+from ._documents import ANNOTATION_KEY, NOTE_SEPARATOR, check_documents, document_to_block
+
+__all__ = ["format_documents"]
+
+
+def format_documents(documents: Sequence[Document]) -> str:
+    """The context text for a prompt: each document rendered as the core renders a
+    block (``[label]``, its text, a blank line), in the given order, then the
+    order / location notes of the documents, each followed by a blank line.
+
+    Deterministic: identical documents give identical bytes, and a document renders
+    the same at any position, so a prefix shared by two lists of documents is a
+    shared prefix of their texts. This is exactly the part of the core's user
+    message between its context header and its question.
+
+    Documents returned by :class:`ContextPilotRetriever` or
+    :class:`ContextPilotCompressor` carry their block id and notes in
+    ``metadata["contextpilot"]``; those marked ``deduplicated`` contribute no text
+    (the location note names them; see the dedup caveat in the docs), and a
+    document whose rendering already appeared is rendered once. Other documents
+    are labelled by ``Document.id``, else by a hash of their text. An empty list
+    gives ``""``; a document without text raises :class:`InvalidBlockError`.
+    """
+    rendered: dict[str, None] = {}
+    notes: dict[str, None] = {}
+    for position, doc in enumerate(check_documents(documents)):
+        annotation = doc.metadata.get(ANNOTATION_KEY)
+        if isinstance(annotation, Mapping):
+            for key in ("order_note", "location_note"):
+                note = annotation.get(key)
+                if isinstance(note, str) and note:
+                    notes.setdefault(note)
+            if annotation.get("deduplicated"):
+                continue
+        rendered.setdefault(render_block(_block_of(doc, position, annotation)))
+    return "".join(rendered) + "".join(note + NOTE_SEPARATOR for note in notes)
+
+
+def _block_of(doc: Document, position: int, annotation: object) -> ContextBlock:
+    if not isinstance(annotation, Mapping) or not isinstance(annotation.get("block_id"), str):
+        return document_to_block(doc, position)
+    try:
+        return ContextBlock(doc.page_content, id=annotation["block_id"])
+    except InvalidBlockError as exc:
+        raise InvalidBlockError(f"document {position} cannot be formatted: {exc}") from exc

@@ -1,0 +1,283 @@
+"""The LlamaIndex node postprocessor: retrieved nodes in, the same nodes out, in the
+order :meth:`ContextPilot.optimize` chose, annotated.
+
+The adapter is thin: it turns each :class:`NodeWithScore` into a
+:class:`~contextpilot_rag.ContextBlock` (id: the node id or ``metadata[id_key]``;
+text: what LlamaIndex shows the LLM), lets the pilot decide order, de-duplication and
+notes, and maps the result back onto copies of the caller's nodes.
+
+Invariant: every retrieved node comes back exactly once (exact repeats — same id,
+same text — once, at their first position), with its score, and each node renders
+to the same LLM text in every request (only the note carrier differs, after its
+content), so the order the pilot chose becomes a shared token prefix in the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, Node, NodeWithScore, QueryBundle, TextNode
+
+from contextpilot_rag import ContextBlock, ContextPilot, Prompt
+from contextpilot_rag.errors import (
+    ConfigError,
+    ContextPilotError,
+    InvalidBlockError,
+    InvalidInputError,
+)
+
+__all__ = [
+    "ANNOTATION_KEYS",
+    "DEDUPLICATED_KEY",
+    "LABEL_KEY",
+    "MATCHED_KEY",
+    "NOTES_KEY",
+    "RANK_KEY",
+    "REQUEST_ID_KEY",
+    "ContextPilotNodePostprocessor",
+]
+
+logger = logging.getLogger(__name__)
+
+LABEL_KEY = "contextpilot_label"
+"""The block label the pilot's notes cite; shown to the LLM when ``annotate``."""
+RANK_KEY = "contextpilot_rank"
+"""0-based position of the node in the retriever's order (0 = most relevant)."""
+MATCHED_KEY = "contextpilot_matched"
+"""``True`` when the node is in the prefix an earlier prompt already sent (cached)."""
+REQUEST_ID_KEY = "contextpilot_request_id"
+"""The context-index request id (what :meth:`ContextPilot.evict` takes)."""
+NOTES_KEY = "contextpilot_notes"
+"""The request's order / location notes (``""`` when there are none)."""
+DEDUPLICATED_KEY = "contextpilot_deduplicated"
+"""``True`` when the node was already sent in an earlier turn of ``session_id``."""
+ANNOTATION_KEYS = (
+    LABEL_KEY,
+    RANK_KEY,
+    MATCHED_KEY,
+    DEDUPLICATED_KEY,
+    NOTES_KEY,
+    REQUEST_ID_KEY,
+)
+
+
+class ContextPilotNodePostprocessor(BaseNodePostprocessor):
+    """Reorders retrieved nodes so that prompts share cached prefixes, and annotates
+    them, through a shared :class:`~contextpilot_rag.ContextPilot`.
+
+    Returns new :class:`NodeWithScore` objects (shallow copies of the nodes with
+    fresh ``metadata``; the caller's nodes are never modified), scores kept. Each
+    carries :data:`ANNOTATION_KEYS` in ``metadata``, all hidden from the embedding
+    view and, except :data:`LABEL_KEY` when ``annotate``, from the LLM view.
+
+    ``annotate``: each node shows its label to the LLM, and the pilot's notes
+    (relevance ranking, blocks of earlier turns) follow the content of the last node
+    the pilot sends in full (through that copy's ``text_template``). ``dedup``: flag
+    nodes already sent in ``session_id``'s earlier turns (:data:`DEDUPLICATED_KEY`)
+    and move them after the others; they are never dropped — see
+    docs/integrations/llama-index.md for when dropping them is safe. ``id_key``:
+    take block ids from this metadata key instead of the node id. Works without a
+    query (the order never depends on the query text).
+    """
+
+    pilot: ContextPilot = Field(
+        default_factory=ContextPilot,
+        exclude=True,
+        description="Owns the context index: share one per process (per engine).",
+    )
+    session_id: str | None = Field(
+        default=None, description="Conversation id for dedup; needs dedup=True."
+    )
+    dedup: bool = Field(default=False, description="Flag (never drop) nodes sent in earlier turns.")
+    annotate: bool = Field(
+        default=True, description="Show labels and the pilot's notes to the LLM."
+    )
+    id_key: str | None = Field(
+        default=None, description="Metadata key holding the block id (default: node id)."
+    )
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        self._check_options()  # here, not in a validator: pydantic would wrap ConfigError
+
+    def _check_options(self) -> None:
+        if self.dedup and not self.session_id:
+            raise ConfigError("dedup=True needs a session_id (the conversation to dedup in)")
+        if self.session_id is not None and not self.dedup:
+            raise ConfigError(
+                "session_id is used only for dedup: set dedup=True or leave session_id unset"
+            )
+        if self.id_key is not None and not self.id_key:
+            raise ConfigError("id_key must be a non-empty metadata key or None")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ContextPilotNodePostprocessor"
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        return self._optimize(nodes, query_bundle)
+
+    async def _apostprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        # In-memory CPU work of a millisecond or so: run it inline, no thread hop.
+        return self._optimize(nodes, query_bundle)
+
+    def _optimize(
+        self, nodes: Sequence[NodeWithScore], query_bundle: QueryBundle | None
+    ) -> list[NodeWithScore]:
+        self._check_options()  # fields may have been reassigned since __init__
+        query = _query_text(query_bundle)
+        blocks = [self._block_of(position, item) for position, item in enumerate(_checked(nodes))]
+        if not blocks:
+            return []
+        prompt = self.pilot.optimize(
+            blocks, query, conversation_id=self.session_id if self.dedup else None
+        )
+        logger.debug(
+            "%s: %d nodes, %d matched, %d deduplicated",
+            prompt.request_id,
+            prompt.stats.blocks_total,
+            prompt.stats.blocks_matched,
+            prompt.stats.blocks_deduplicated,
+        )
+        first_of: dict[str, NodeWithScore] = {}
+        for block, item in zip(blocks, nodes, strict=True):
+            first_of.setdefault(block.id, item)
+        return self._annotated(prompt, first_of, _notes_of(prompt, self.pilot, query))
+
+    def _block_of(self, position: int, item: NodeWithScore) -> ContextBlock:
+        """The block for one node: its LLM view as text, so that one id with two
+        renderings is the core's ``BlockConflictError``."""
+        node = item.node
+        if not node.get_content(metadata_mode=MetadataMode.NONE).strip():
+            raise InvalidBlockError(
+                f"nodes[{position}] ({type(node).__name__} {node.node_id!r}) has no text; "
+                "ContextPilotNodePostprocessor orders text context only: give the node a "
+                "text (e.g. an image caption) or filter such nodes out before it"
+            )
+        return ContextBlock(
+            node.get_content(metadata_mode=MetadataMode.LLM),
+            id=self._id_of(position, item),
+            score=item.score,
+        )
+
+    def _id_of(self, position: int, item: NodeWithScore) -> str:
+        if self.id_key is None:
+            return item.node.node_id
+        value = item.node.metadata.get(self.id_key)
+        if not isinstance(value, str) or not value:
+            raise InvalidBlockError(
+                f"nodes[{position}] ({item.node.node_id!r}) has no non-empty str "
+                f"metadata[{self.id_key!r}] to use as its id (id_key={self.id_key!r})"
+            )
+        return value
+
+    def _annotated(
+        self, prompt: Prompt, first_of: dict[str, NodeWithScore], notes: str
+    ) -> list[NodeWithScore]:
+        """Copies of the nodes: first those the pilot sends in full, in its order,
+        then those it de-duplicated, in retrieval order. The notes follow the last
+        node sent in full (or the last node, when every one was de-duplicated)."""
+        ranks = {block.id: rank for rank, block in enumerate(prompt.original_blocks)}
+        matched = {block.id for block in prompt.blocks[: prompt.stats.blocks_matched]}
+        flagged = {block.id for block in prompt.deduplicated}
+        order = [*prompt.blocks, *prompt.deduplicated]
+        carrier = (prompt.blocks or prompt.deduplicated)[-1].id
+        return [
+            _annotated_copy(
+                first_of[block.id],
+                {
+                    LABEL_KEY: block.label,
+                    RANK_KEY: ranks[block.id],
+                    MATCHED_KEY: block.id in matched,
+                    DEDUPLICATED_KEY: block.id in flagged,
+                    NOTES_KEY: notes,
+                    REQUEST_ID_KEY: prompt.request_id,
+                },
+                visible_note=notes if self.annotate and block.id == carrier else "",
+                show_label=self.annotate,
+            )
+            for block in order
+        ]
+
+
+def _query_text(query_bundle: QueryBundle | None) -> str:
+    if query_bundle is None:
+        return ""
+    if not isinstance(query_bundle, QueryBundle):
+        raise InvalidInputError(
+            f"query_bundle must be a QueryBundle or None, got {type(query_bundle).__name__}"
+        )
+    return query_bundle.query_str
+
+
+def _checked(nodes: object) -> list[NodeWithScore]:
+    """``nodes`` as a list of text-capable :class:`NodeWithScore` (``TextNode`` and
+    ``Node`` families: the ones with a ``text_template`` to carry the notes)."""
+    if not isinstance(nodes, (list, tuple)):
+        raise InvalidInputError(
+            f"nodes must be a list of NodeWithScore, got {type(nodes).__name__}"
+        )
+    for position, item in enumerate(nodes):
+        if not isinstance(item, NodeWithScore):
+            raise InvalidInputError(
+                f"nodes[{position}] is {type(item).__name__}, expected NodeWithScore"
+            )
+        if not isinstance(item.node, (TextNode, Node)):
+            raise InvalidBlockError(
+                f"nodes[{position}] is a {type(item.node).__name__}; "
+                "ContextPilotNodePostprocessor handles TextNode and Node subclasses"
+            )
+    return list(nodes)
+
+
+def _notes_of(prompt: Prompt, pilot: ContextPilot, query: str) -> str:
+    """The notes the pilot rendered for this request: the text of its last user
+    message between the last block sent in full and the question."""
+    content = prompt.messages[-1]["content"]
+    question = pilot.config.question_template.format(query=query)
+    header = pilot.config.context_header
+    start = prompt.boundaries[-1].char_end if prompt.boundaries else len(header)
+    end = len(content) - len(question)
+    if not content.endswith(question) or start > end:
+        raise ContextPilotError(
+            f"unexpected prompt layout from the pilot (request {prompt.request_id}); "
+            "the notes could not be located"
+        )
+    return content[start:end].strip()
+
+
+def _annotated_copy(
+    item: NodeWithScore, annotations: dict[str, Any], *, visible_note: str, show_label: bool
+) -> NodeWithScore:
+    """A copy of ``item`` with ``annotations`` in fresh metadata (label first, so it
+    reads like the pilot's ``[label]`` header), hidden from the views that must not
+    change, and ``visible_note`` appended to the ``text_template``: after the content
+    wherever metadata is rendered (LLM view; the embedding view too, which nothing
+    downstream of retrieval re-embeds)."""
+    node = item.node
+    own = {key: value for key, value in node.metadata.items() if key not in annotations}
+    metadata = {LABEL_KEY: annotations[LABEL_KEY], **own, **annotations}
+    hidden_from_llm = [key for key in ANNOTATION_KEYS if not (show_label and key == LABEL_KEY)]
+    update: dict[str, Any] = {
+        "metadata": metadata,
+        "excluded_llm_metadata_keys": _extended(node.excluded_llm_metadata_keys, hidden_from_llm),
+        "excluded_embed_metadata_keys": _extended(
+            node.excluded_embed_metadata_keys, ANNOTATION_KEYS
+        ),
+    }
+    if visible_note and isinstance(node, (TextNode, Node)):  # _checked() made sure
+        escaped = visible_note.replace("{", "{{").replace("}", "}}")
+        update["text_template"] = f"{node.text_template}\n\n{escaped}"
+    return NodeWithScore(node=node.model_copy(update=update), score=item.score)
+
+
+def _extended(keys: Sequence[str], more: Sequence[str]) -> list[str]:
+    return [*keys, *(key for key in more if key not in keys)]

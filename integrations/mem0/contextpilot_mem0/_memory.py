@@ -1,0 +1,153 @@
+"""Wrappers that run a mem0 memory's search results through a :class:`ContextPilot`.
+
+``search`` calls the wrapped memory's own ``search`` with every argument unchanged,
+then returns a copy of mem0's response whose ``results`` are reordered for prefix
+reuse and annotated. Every other attribute is the wrapped memory's own. mem0 itself
+is never imported here: anything with mem0's ``search`` contract can be wrapped
+(``Memory``, ``MemoryClient``, their async twins).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from contextpilot_rag import ConfigError, ContextPilot, InvalidInputError
+
+from ._results import read_response, rebuild_response
+
+__all__ = ["AsyncContextPilotMemory", "ContextPilotMemory"]
+
+
+class _PilotMemory:
+    """What both wrappers share: construction checks, the optimization of one
+    response, and attribute pass-through. State: the wrapped memory and the pilot
+    (thread-safe), nothing else."""
+
+    _async_search = False
+
+    def __init__(
+        self, memory: Any, pilot: ContextPilot | None = None, *, dedup: bool = False
+    ) -> None:
+        _check_search(memory, is_async=self._async_search)
+        if pilot is not None and not isinstance(pilot, ContextPilot):
+            raise InvalidInputError(f"pilot must be a ContextPilot, got {type(pilot).__name__}")
+        if not isinstance(dedup, bool):
+            raise InvalidInputError(f"dedup must be a bool, got {dedup!r}")
+        pilot = pilot if pilot is not None else ContextPilot()
+        if dedup and not pilot.config.dedup:
+            raise ConfigError("dedup=True needs a pilot whose PilotConfig.dedup is True")
+        self._memory = memory
+        self.pilot: ContextPilot = pilot
+        self.dedup = dedup
+
+    @property
+    def memory(self) -> Any:
+        """The wrapped mem0 memory."""
+        return self._memory
+
+    def record_answer(self, conversation_id: str, text: str) -> None:
+        """Append the assistant's answer to the conversation (dedup mode): the next
+        search's ``messages`` carry it as history. See ContextPilot.record_answer."""
+        self.pilot.record_answer(conversation_id, text)
+
+    def _check_conversation(self, conversation_id: str | None) -> None:
+        """Before mem0 is called: a conversation id only means something with dedup."""
+        if conversation_id is None:
+            return
+        if not self.dedup:
+            raise InvalidInputError(
+                "conversation_id is used only for de-duplication, which is off: construct "
+                f"{type(self).__name__}(..., dedup=True) and send the returned messages "
+                "(see the dedup section of docs/integrations/mem0.md)"
+            )
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise InvalidInputError(
+                f"conversation_id must be a non-empty str, got {conversation_id!r}"
+            )
+
+    def _optimize(
+        self, response: object, query: str, conversation_id: str | None
+    ) -> dict[str, Any]:
+        read = read_response(response)
+        prompt = (
+            self.pilot.optimize(read.blocks, query, conversation_id=conversation_id)
+            if read.blocks
+            else None
+        )
+        return rebuild_response(
+            read,
+            prompt,
+            query=query,
+            conversation_id=conversation_id,
+            config=self.pilot.config,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_memory" or name.startswith("__"):  # not set yet (copy, unpickling)
+            raise AttributeError(name)
+        return getattr(self._memory, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self._memory)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._memory!r}, dedup={self.dedup})"
+
+
+def _check_search(memory: object, *, is_async: bool) -> None:
+    """``memory`` has a ``search`` method, async exactly when the wrapper is."""
+    search = getattr(memory, "search", None)
+    name = type(memory).__name__
+    if not callable(search):
+        raise InvalidInputError(
+            f"expected a mem0 Memory (anything with a search() method), got {name}"
+        )
+    if inspect.iscoroutinefunction(search) and not is_async:
+        raise InvalidInputError(f"{name}.search is async; wrap it with AsyncContextPilotMemory")
+    if is_async and not inspect.iscoroutinefunction(search):
+        raise InvalidInputError(f"{name}.search is not async; wrap it with ContextPilotMemory")
+
+
+class ContextPilotMemory(_PilotMemory):
+    """A mem0 ``Memory`` whose ``search`` results come back in prefix-sharing order.
+
+    ``ContextPilotMemory(memory, pilot=None, *, dedup=False)``: ``pilot`` defaults to a
+    new ``ContextPilot()``; share one pilot per process (and per engine). ``dedup``
+    (off by default) lets ``search(..., conversation_id=...)`` replace memories already
+    sent in that conversation by a note; it is safe only when the application sends
+    the returned ``messages`` (see ``docs/integrations/mem0.md``).
+    """
+
+    def search(
+        self, query: str, *, conversation_id: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """``memory.search(query, **kwargs)`` (mem0's own arguments: ``filters=``,
+        ``top_k=``, ``threshold=``, ``rerank=``, ...; ``conversation_id`` is never
+        passed on), its ``results`` reordered and annotated.
+
+        Returns mem0's response with every top-level key kept, ``results`` holding the
+        same memories (copies, each with ``"contextpilot": {"rank", "moved", "status",
+        "label"}``) and ``"contextpilot"`` at the top level: ``request_id``,
+        ``order_note``, ``location_note``, ``notes``, ``messages``, ``stats``,
+        ``conversation_id``. An exception from mem0 propagates and nothing is stored.
+        """
+        self._check_conversation(conversation_id)
+        response = self._memory.search(query, **kwargs)
+        return self._optimize(response, query, conversation_id)
+
+
+class AsyncContextPilotMemory(_PilotMemory):
+    """:class:`ContextPilotMemory` for mem0's ``AsyncMemory`` (or ``AsyncMemoryClient``):
+    ``await search(...)``; pass-through attributes are the async memory's own."""
+
+    _async_search = True
+
+    async def search(
+        self, query: str, *, conversation_id: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """``await memory.search(query, **kwargs)``, reordered and annotated exactly as
+        :meth:`ContextPilotMemory.search` does."""
+        self._check_conversation(conversation_id)
+        response = await self._memory.search(query, **kwargs)
+        return self._optimize(response, query, conversation_id)

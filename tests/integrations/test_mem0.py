@@ -1,0 +1,551 @@
+"""contextpilot_mem0 against a real mem0 ``Memory``/``AsyncMemory``, fully offline.
+
+mem0 runs with a FAISS store and its history database in a temporary directory, an
+offline hashing embedder put in place of the configured one, and memories added with
+``infer=False`` (stored as given, no LLM). The configured LLM and embedder point at a
+loopback server that records every request: the tests check it receives none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import os
+import re
+import runpy
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+os.environ["MEM0_TELEMETRY"] = "False"  # read by mem0 at import time
+os.environ.setdefault("MEM0_DIR", str(Path(tempfile.gettempdir()) / "contextpilot-mem0-tests"))
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "integrations" / "mem0") not in sys.path:  # until the package is installed
+    sys.path.insert(0, str(ROOT / "integrations" / "mem0"))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from contextpilot_mem0 import (  # noqa: E402
+    ANNOTATION_KEY,
+    AsyncContextPilotMemory,
+    ContextPilotMemory,
+    Mem0ResponseError,
+    format_memories,
+    memory_block_id,
+)
+from mem0 import AsyncMemory, Memory  # noqa: E402
+from mem0.embeddings.base import EmbeddingBase  # noqa: E402
+
+from contextpilot_rag import (  # noqa: E402
+    ConfigError,
+    ContextBlock,
+    ContextPilot,
+    InvalidInputError,
+    PilotConfig,
+    content_id,
+)
+from contextpilot_rag.sim import PrefixCacheModel  # noqa: E402
+
+DIMS = 128
+USER = {"user_id": "alice"}
+MEMORIES = [
+    "Alice drinks green tea every morning and avoids coffee after noon.",
+    "Alice lives in Lyon, France, in a small flat near the Saone river.",
+    "Alice's dog is a border collie called Rex who loves long walks in the park.",
+    "Alice works as a night nurse at the Lyon university hospital.",
+    "Alice is allergic to peanuts and always carries an epinephrine pen.",
+    "Alice plays the cello in an amateur orchestra every Thursday evening.",
+    "Alice's favourite tea is jasmine green tea with a slice of lemon.",
+    "Alice is learning Japanese for a trip to Kyoto next spring.",
+]
+QUERIES = [
+    "What tea does Alice drink in the morning?",
+    "Which green tea would Alice like in Kyoto?",
+    "Where does Alice live and work?",
+    "What should a Lyon host know about Alice's tea and peanuts?",
+    "Does Alice walk her dog in the morning before tea?",
+]
+
+
+class HashingEmbedder(EmbeddingBase):  # type: ignore[misc]
+    """Offline and deterministic: words hashed into buckets, plus a constant component
+    (so a blank text has a vector too), L2-normalised."""
+
+    def embed(self, text: Any, memory_action: Any = None) -> list[float]:
+        vector = np.zeros(DIMS)
+        vector[0] = 1.0
+        for word in re.findall(r"[a-z0-9]+", str(text).lower()):
+            digest = hashlib.sha256(word.encode()).digest()
+            vector[1 + int.from_bytes(digest[:4], "big") % (DIMS - 1)] += 1.0
+        return list(vector / np.linalg.norm(vector))
+
+
+class Recorder:
+    """A loopback HTTP server standing in for the LLM and embedding endpoints: it
+    records every request and answers 400, which the OpenAI client does not retry."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        recorded = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                recorded.append(self.path)
+                body = json.dumps({"error": {"message": "no LLM in tests"}}).encode()
+                self.send_response(400)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def mem0_config(directory: Path, endpoint_url: str) -> dict[str, Any]:
+    """mem0 fully local: FAISS and history in ``directory``; the LLM and the embedder
+    configured against ``endpoint_url`` (the embedder is replaced after construction,
+    the LLM is never called with ``infer=False``)."""
+    unused = {"api_key": "unused", "openai_base_url": endpoint_url}
+    return {
+        "vector_store": {
+            "provider": "faiss",
+            "config": {
+                "path": str(directory / "faiss"),
+                "collection_name": "memories",
+                "embedding_model_dims": DIMS,
+                "distance_strategy": "cosine",
+            },
+        },
+        "llm": {"provider": "openai", "config": {"model": "never-called", **unused}},
+        "embedder": {"provider": "openai", "config": {"embedding_dims": DIMS, **unused}},
+        "history_db_path": str(directory / "history.db"),
+    }
+
+
+@dataclass
+class SearchCall:
+    query: str
+    kwargs: dict[str, Any]
+    response: Any  # the object mem0 returned
+    snapshot: Any  # a deep copy taken before anyone else saw it
+
+
+class RecordingMemory(Memory):  # type: ignore[misc]
+    """The real mem0 Memory, remembering what its search received and returned."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[SearchCall] = []
+
+    def search(self, query: str, **kwargs: Any) -> Any:
+        response = super().search(query, **kwargs)
+        self.calls.append(SearchCall(query, dict(kwargs), response, copy.deepcopy(response)))
+        return response
+
+
+class ListResponseMemory(Memory):  # type: ignore[misc]
+    """mem0 as it answered before 2.x: a bare list of results."""
+
+    def search(self, query: str, **kwargs: Any) -> Any:
+        return super().search(query, **kwargs)["results"]
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[Recorder]:
+    server = Recorder()
+    yield server
+    server.close()
+
+
+def build(cls: Any, tmp_path: Path, recorder: Recorder, memories: list[str] = MEMORIES) -> Any:
+    memory = cls.from_config(mem0_config(tmp_path, recorder.url))
+    memory.embedding_model = HashingEmbedder()
+    for text in memories:
+        memory.add(text, **USER, infer=False)
+    return memory
+
+
+@pytest.fixture
+def memory(tmp_path: Path, recorder: Recorder) -> Iterator[RecordingMemory]:
+    memory = build(RecordingMemory, tmp_path, recorder)
+    yield memory
+    assert recorder.requests == [], "mem0 called the LLM or embedding endpoint"
+
+
+def core_blocks(response: dict[str, Any]) -> list[ContextBlock]:
+    """mem0 results as blocks, the way the docs say the wrapper converts them."""
+    return [
+        ContextBlock(r["memory"], id=f"{r['id']}:{content_id(r['memory'])[:8]}", score=r["score"])
+        for r in response["results"]
+    ]
+
+
+def ids(response: dict[str, Any]) -> list[str]:
+    return [result["id"] for result in response["results"]]
+
+
+def strip_annotations(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in result.items() if key != ANNOTATION_KEY}
+
+
+# -- search: same memories, the core's order --------------------------------------------
+
+
+def test_search_returns_mem0_memories_in_the_order_the_core_chooses(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory)
+    core = ContextPilot()
+    for query in QUERIES:
+        response = wrapped.search(query, filters=USER, top_k=4)
+        raw = memory.calls[-1].snapshot
+        assert sorted(ids(response)) == sorted(ids(raw))  # none lost, none added
+        prompt = core.optimize(core_blocks(raw), query)
+        assert [f"{r['id']}:{content_id(r['memory'])[:8]}" for r in response["results"]] == [
+            block.id for block in prompt.blocks
+        ]
+        assert response[ANNOTATION_KEY]["messages"] == prompt.to_openai()
+
+
+def test_a_later_search_starts_with_the_order_an_earlier_one_sent(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory)
+    first = wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    second = wrapped.search(QUERIES[1], filters=USER, top_k=len(MEMORIES), threshold=0.0)
+    assert len(second["results"]) == len(MEMORIES)
+    assert ids(second)[:3] == ids(first)
+    assert second[ANNOTATION_KEY]["stats"]["blocks_matched"] == 3
+    raw_second = ids(memory.calls[-1].snapshot)
+    assert ids(second) != raw_second  # mem0 ranks differently; the pilot restores the prefix
+    assert second[ANNOTATION_KEY]["order_note"] is not None
+
+
+def test_each_result_keeps_mem0_fields_and_gains_an_annotation(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory)
+    wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    response = wrapped.search(QUERIES[1], filters=USER, top_k=5)
+    raw = memory.calls[-1].snapshot
+    by_id = {result["id"]: result for result in raw["results"]}
+    content = response[ANNOTATION_KEY]["messages"][-1]["content"]
+    for position, result in enumerate(response["results"]):
+        annotation = result[ANNOTATION_KEY]
+        assert strip_annotations(result) == by_id[result["id"]]
+        assert raw["results"][annotation["rank"]]["id"] == result["id"]
+        assert annotation["moved"] == (annotation["rank"] != position)
+        assert annotation["status"] == "sent"
+        assert f"[{annotation['label']}]\n{result['memory']}\n\n" in content
+    assert len(response["results"]) == len(raw["results"]) == 5
+    summary = response[ANNOTATION_KEY]
+    assert set(summary) == {
+        "request_id",
+        "conversation_id",
+        "order_note",
+        "location_note",
+        "notes",
+        "messages",
+        "stats",
+    }
+    assert summary["request_id"].startswith("cp-")
+    if summary["order_note"] is not None:
+        ranked = sorted(response["results"], key=lambda r: r[ANNOTATION_KEY]["rank"])
+        expected = " ".join(r[ANNOTATION_KEY]["label"] for r in ranked)
+        assert summary["order_note"] == f"Most relevant first: {expected}"
+        assert summary["notes"] == [summary["order_note"]]
+
+
+def test_other_top_level_keys_of_the_mem0_response_are_kept(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    class WithRelations(Memory):  # type: ignore[misc]
+        """mem0 with a graph store adds "relations" next to "results"."""
+
+        def search(self, query: str, **kwargs: Any) -> Any:
+            return {**super().search(query, **kwargs), "relations": [{"source": "alice"}]}
+
+    wrapped = ContextPilotMemory(build(WithRelations, tmp_path, recorder))
+    response = wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    assert response["relations"] == [{"source": "alice"}]
+    assert len(response["results"]) == 3
+
+
+def test_the_response_mem0_returned_is_not_mutated(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory)
+    for query in QUERIES[:3]:
+        response = wrapped.search(query, filters=USER, top_k=4)
+        call = memory.calls[-1]
+        assert call.response == call.snapshot
+        assert response is not call.response
+        assert all(ANNOTATION_KEY not in result for result in call.response["results"])
+
+
+def test_hit_ratio_in_the_prefix_cache_model_equals_calling_the_core(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory)
+    core = ContextPilot()
+    tokenizer = core.tokenizer
+    through_wrapper, through_core = PrefixCacheModel(), PrefixCacheModel()
+    for query in QUERIES * 2:
+        response = wrapped.search(query, filters=USER, top_k=4)
+        prompt = core.optimize(core_blocks(memory.calls[-1].snapshot), query)
+        wrapper_text = "\n\n".join(m["content"] for m in response[ANNOTATION_KEY]["messages"])
+        through_wrapper.admit(tokenizer.encode(wrapper_text))
+        through_core.admit(tokenizer.encode(prompt.text))
+    assert through_wrapper.hit_ratio == through_core.hit_ratio > 0
+
+
+# -- arguments: mem0's pass through, conversation_id never does ------------------------
+
+
+def test_mem0_arguments_pass_through_and_conversation_id_never_does(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    filters = {"user_id": "alice"}
+    wrapped.search(QUERIES[0], conversation_id="chat-1", filters=filters, top_k=3, threshold=0.05)
+    call = memory.calls[-1]
+    assert call.query == QUERIES[0]
+    assert call.kwargs == {"filters": {"user_id": "alice"}, "top_k": 3, "threshold": 0.05}
+    assert call.kwargs["filters"] is filters
+    assert "conversation_id" not in json.dumps(call.kwargs)
+
+
+def test_conversation_id_without_dedup_is_rejected_before_mem0_is_called(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory)
+    with pytest.raises(InvalidInputError, match="dedup=True"):
+        wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER)
+    assert memory.calls == []
+
+
+def test_dedup_needs_a_pilot_that_deduplicates(memory: RecordingMemory) -> None:
+    with pytest.raises(ConfigError, match=r"PilotConfig\.dedup"):
+        ContextPilotMemory(memory, ContextPilot(PilotConfig(dedup=False)), dedup=True)
+
+
+# -- dedup ------------------------------------------------------------------------------
+
+
+def test_dedup_names_memories_already_sent_in_the_conversation(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    first = wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER, top_k=3)
+    wrapped.record_answer("chat-1", "Green tea.")
+    second = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=5)
+
+    assert sorted(ids(second)) == sorted(ids(memory.calls[-1].snapshot))  # none lost
+    repeated = set(ids(first)) & set(ids(second))
+    assert repeated
+    statuses = [r[ANNOTATION_KEY]["status"] for r in second["results"]]
+    sent = len(statuses) - len(repeated)
+    assert statuses == ["sent"] * sent + ["deduplicated"] * len(repeated)  # sent ones first
+    assert set(ids(second)[sent:]) == repeated
+    summary = second[ANNOTATION_KEY]
+    assert summary["conversation_id"] == "chat-1"
+    labels = [r[ANNOTATION_KEY]["label"] for r in second["results"] if r["id"] in repeated]
+    assert summary["location_note"] is not None
+    assert all(label in summary["location_note"] for label in labels)
+    messages = summary["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"] == first[ANNOTATION_KEY]["messages"][-1]["content"]
+    section = format_memories(second)
+    assert section in messages[-1]["content"]
+    assert all(f"[{label}]" not in section for label in labels)
+    assert all(f"[{label}]" in messages[1]["content"] for label in labels)
+
+
+def test_dedup_never_crosses_conversations(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER, top_k=3)
+    other = wrapped.search(QUERIES[1], conversation_id="chat-2", filters=USER, top_k=5)
+    assert {r[ANNOTATION_KEY]["status"] for r in other["results"]} == {"sent"}
+    assert other[ANNOTATION_KEY]["location_note"] is None
+
+
+def test_without_a_conversation_nothing_is_deduplicated(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    again = wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    assert {r[ANNOTATION_KEY]["status"] for r in again["results"]} == {"sent"}
+
+
+# -- pass-through -------------------------------------------------------------------------
+
+
+def test_every_other_call_is_the_wrapped_memory_own(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory)
+    added = wrapped.add("Alice's sister Clara lives in Montreal.", **USER, infer=False)
+    memory_id = added["results"][0]["id"]
+    listed = wrapped.get_all(filters=USER)
+    assert memory_id in {result["id"] for result in listed["results"]}
+    assert len(listed["results"]) == len(MEMORIES) + 1
+    assert wrapped.get(memory_id)["memory"] == "Alice's sister Clara lives in Montreal."
+    wrapped.update(memory_id, text="Alice's sister Clara lives in Quebec City.")
+    assert [event["event"] for event in wrapped.history(memory_id)] == ["ADD", "UPDATE"]
+    wrapped.delete(memory_id)
+    assert wrapped.get(memory_id) is None
+    assert wrapped.config is memory.config
+    assert wrapped.memory is memory
+    assert "get_all" in dir(wrapped)
+    with pytest.raises(AttributeError):
+        _ = wrapped.no_such_attribute
+
+
+def test_an_updated_memory_is_a_new_block_not_a_conflict(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory)
+    before = wrapped.search(QUERIES[0], filters=USER, top_k=1)["results"][0]
+    wrapped.update(before["id"], text="Alice drinks green tea every morning, never coffee.")
+    after = wrapped.search(QUERIES[0], filters=USER, top_k=1)["results"][0]
+    assert after["id"] == before["id"]
+    assert after[ANNOTATION_KEY]["label"] != before[ANNOTATION_KEY]["label"]
+    assert memory_block_id(after["id"], after["memory"]) != memory_block_id(
+        before["id"], before["memory"]
+    )
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def test_objects_without_a_matching_search_are_rejected(
+    tmp_path: Path, recorder: Recorder, memory: RecordingMemory
+) -> None:
+    with pytest.raises(TypeError, match="search"):
+        ContextPilotMemory(object())
+    with pytest.raises(TypeError, match="AsyncContextPilotMemory"):
+        ContextPilotMemory(build(AsyncMemory, tmp_path / "async", recorder, []))
+    with pytest.raises(TypeError, match="ContextPilotMemory"):
+        AsyncContextPilotMemory(memory)
+    with pytest.raises(TypeError, match="ContextPilot"):
+        ContextPilotMemory(memory, pilot="not a pilot")  # type: ignore[arg-type]
+
+
+def test_a_failing_search_propagates_and_stores_nothing(memory: RecordingMemory) -> None:
+    pilot = ContextPilot()
+    wrapped = ContextPilotMemory(memory, pilot)
+    with pytest.raises(ValueError, match="filters must contain"):
+        wrapped.search(QUERIES[0], top_k=3)  # mem0 requires filters in 2.x
+    assert pilot.index_stats().requests == 0
+
+
+def test_no_memories_found_passes_through(memory: RecordingMemory) -> None:
+    pilot = ContextPilot()
+    response = ContextPilotMemory(memory, pilot).search(QUERIES[0], filters={"user_id": "bob"})
+    assert response["results"] == []
+    assert response[ANNOTATION_KEY]["request_id"] is None
+    assert response[ANNOTATION_KEY]["messages"] == []
+    assert pilot.index_stats().requests == 0
+    assert format_memories(response) == ""
+
+
+def test_a_blank_memory_is_kept_last_and_not_sent(memory: RecordingMemory) -> None:
+    memory.add("   ", **USER, infer=False)
+    wrapped = ContextPilotMemory(memory)
+    response = wrapped.search(QUERIES[0], filters=USER, top_k=len(MEMORIES) + 1, threshold=0.0)
+    assert sorted(ids(response)) == sorted(ids(memory.calls[-1].snapshot))
+    last = response["results"][-1]
+    assert last["memory"] == "   "
+    assert last[ANNOTATION_KEY]["status"] == "skipped"
+    assert last[ANNOTATION_KEY]["label"] is None
+    assert {r[ANNOTATION_KEY]["status"] for r in response["results"][:-1]} == {"sent"}
+    assert len(format_memories(response).split("\n\n")) == len(MEMORIES) + 2
+
+
+def test_a_pre_2x_list_response_is_a_typed_error(tmp_path: Path, recorder: Recorder) -> None:
+    pilot = ContextPilot()
+    wrapped = ContextPilotMemory(build(ListResponseMemory, tmp_path, recorder), pilot)
+    with pytest.raises(Mem0ResponseError, match="results"):
+        wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    assert pilot.index_stats().requests == 0
+
+
+# -- format_memories ------------------------------------------------------------------------
+
+
+def test_format_memories_is_the_prompt_memory_section(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory)
+    wrapped.search(QUERIES[0], filters=USER, top_k=3)
+    response = wrapped.search(QUERIES[1], filters=USER, top_k=5)
+    section = format_memories(response)
+    assert section == format_memories(copy.deepcopy(response))
+    content = response[ANNOTATION_KEY]["messages"][-1]["content"]
+    header, question = PilotConfig().context_header, f"Question: {QUERIES[1]}"
+    assert content == header + section + question
+    without_notes = format_memories(response["results"])
+    assert section.startswith(without_notes)
+    assert format_memories(response, notes=False) == without_notes
+
+
+def test_format_memories_renders_a_plain_mem0_response_in_its_order(
+    memory: RecordingMemory,
+) -> None:
+    raw = memory.search(QUERIES[0], filters=USER, top_k=3)
+    section = format_memories(raw)
+    assert [line for line in section.split("\n") if line.startswith("[")] == [
+        f"[{block.label}]" for block in core_blocks(raw)
+    ]
+    with pytest.raises(Mem0ResponseError):
+        format_memories({"memories": []})
+
+
+# -- async ------------------------------------------------------------------------------------
+
+
+def test_async_memory_gives_the_same_order_as_the_core(tmp_path: Path, recorder: Recorder) -> None:
+    async def scenario() -> None:
+        memory = AsyncMemory.from_config(mem0_config(tmp_path, recorder.url))
+        memory.embedding_model = HashingEmbedder()
+        wrapped = AsyncContextPilotMemory(memory)
+        for text in MEMORIES:
+            await wrapped.add(text, **USER, infer=False)  # passes through, awaitable
+        core = ContextPilot()
+        for query in QUERIES[:3]:
+            response = await wrapped.search(query, filters=USER, top_k=4)
+            raw = await memory.search(query, filters=USER, top_k=4)
+            prompt = core.optimize(core_blocks(raw), query)
+            assert response[ANNOTATION_KEY]["messages"] == prompt.to_openai()
+            assert sorted(ids(response)) == sorted(ids(raw))
+
+    asyncio.run(scenario())
+    assert recorder.requests == []
+
+
+# -- offline --------------------------------------------------------------------------------
+
+
+def test_the_recorder_would_see_an_llm_call(tmp_path: Path) -> None:
+    """Control for the offline checks: with ``infer=True`` mem0 does call its LLM,
+    and the loopback recorder sees it."""
+    own = Recorder()
+    try:
+        memory = build(Memory, tmp_path, own, [])
+        with pytest.raises(Exception, match="LLM"):
+            memory.add("Alice likes tea.", **USER, infer=True)
+        assert own.requests == ["/v1/chat/completions"]
+    finally:
+        own.close()
+
+
+def test_the_example_runs_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    namespace = runpy.run_path(str(ROOT / "examples" / "mem0_memory.py"))
+    result = namespace["main"]()
+    out = capsys.readouterr().out
+    assert result["hit_ratio"]["contextpilot"] >= result["hit_ratio"]["mem0 order"]
+    assert "Most relevant first:" in out
