@@ -538,6 +538,7 @@ class ContextPilot:
             boundaries=tuple(boundaries),
             stats=stats,
             conversation_id=conversation_id,
+            notes=layout.notes,
         )
 
     def _render_user_message(

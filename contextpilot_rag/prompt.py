@@ -45,7 +45,8 @@ class Prompt:
     """``messages`` is OpenAI chat format; ``blocks`` the blocks sent in full, in
     final order; ``deduplicated`` the blocks replaced by a location note;
     ``original_blocks`` the retriever's order. ``index`` is the position in the input
-    of :meth:`ContextPilot.optimize_batch` (``None`` online)."""
+    of :meth:`ContextPilot.optimize_batch` (``None`` online). ``notes`` are the order
+    and location notes as rendered after the blocks (empty when none)."""
 
     messages: tuple[Mapping[str, str], ...]
     blocks: tuple[ContextBlock, ...]
@@ -56,6 +57,7 @@ class Prompt:
     stats: PromptStats
     conversation_id: str | None = None
     index: int | None = None
+    notes: tuple[str, ...] = ()
 
     def to_openai(self) -> list[dict[str, str]]:
         """Fresh, mutable copies of ``messages`` for an OpenAI-compatible client."""

@@ -220,3 +220,11 @@ def test_annotate_off_adds_no_notes(tokenizer: Tokenizer) -> None:
     prompt = pilot.optimize([B, A], "two")
     content = prompt.messages[-1]["content"]
     assert content[prompt.boundaries[-1].char_end :] == "Question: two"
+
+
+def test_prompt_exposes_its_notes_as_rendered(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B, C], "first")
+    prompt = pilot.optimize([C, B, A], "second")
+    assert prompt.notes == ("Most relevant first: c b a",)
+    assert prompt.messages[-1]["content"].endswith("Most relevant first: c b a\n\nQuestion: second")
+    assert pilot.optimize([D], "third").notes == ()

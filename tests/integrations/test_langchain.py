@@ -410,9 +410,21 @@ def test_base_retriever_runs_as_a_child_of_the_wrapper(pilot: ContextPilot) -> N
 # -- the compressor --------------------------------------------------------------------------
 
 
+def test_compressor_inside_a_contextual_compression_retriever(tokenizer: Tokenizer) -> None:
+    # In LangChain 1.x, ContextualCompressionRetriever lives in langchain-classic.
+    compression = pytest.importorskip("langchain_classic.retrievers")
+    results = {"a": docs("doc-0", "doc-1", "doc-2"), "b": docs("doc-2", "doc-3", "doc-0")}
+    expected = wrap(ContextPilot(tokenizer=tokenizer), results)
+    retriever = compression.ContextualCompressionRetriever(
+        base_compressor=ContextPilotCompressor(pilot=ContextPilot(tokenizer=tokenizer)),
+        base_retriever=ListRetriever(results=results),
+    )
+    for query in results:
+        assert retriever.invoke(query) == expected.invoke(query)
+    assert ids(retriever.invoke("b"))[:2] == ["doc-0", "doc-2"]  # shares "a"'s prefix
+
+
 def test_compressor_orders_like_the_retriever(tokenizer: Tokenizer) -> None:
-    # ContextualCompressionRetriever lives in `langchain` (langchain-classic), not in
-    # langchain-core, so the compressor is exercised through its own interface.
     results = {"a": docs("doc-0", "doc-1", "doc-2"), "b": docs("doc-2", "doc-3", "doc-0")}
     retriever = wrap(ContextPilot(tokenizer=tokenizer), results)
     compressor = ContextPilotCompressor(pilot=ContextPilot(tokenizer=tokenizer))
