@@ -100,7 +100,8 @@ class _Layout(NamedTuple):
     original: tuple[ContextBlock, ...]
     final: tuple[ContextBlock, ...]
     duplicated: tuple[tuple[ContextBlock, int], ...]
-    notes: tuple[str, ...]
+    order_note: str | None
+    location_note: str | None
     note_tokens: int
     query: str
     system_text: str | None
@@ -267,10 +268,12 @@ class ContextPilot:
         matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
         final = self._reorder(kept, matched, after_history=bool(visible))
         rendered: dict[str, RegisteredBlock] = dict(zip(tokens_of, entries, strict=True))
-        notes, note_tokens = self._notes(blocks, final, duplicated, entries)
+        order, location, note_tokens = self._notes(blocks, final, duplicated, entries)
         request_id = f"cp-{next(self._request_numbers):09d}"
         prompt = self._render(
-            _Layout(blocks, final, duplicated, notes, note_tokens, query, system_text, visible),
+            _Layout(
+                blocks, final, duplicated, order, location, note_tokens, query, system_text, visible
+            ),
             rendered,
             request_id,
             conversation_id,
@@ -375,14 +378,16 @@ class ContextPilot:
         ``matched``: how many leading blocks an earlier request of the batch sends."""
         blocks = tuple(request.blocks)
         rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
-        notes, note_tokens = self._notes(blocks, final, (), entries)
+        order, location, note_tokens = self._notes(blocks, final, (), entries)
         request_id = f"cp-{next(self._request_numbers):09d}"
         fixed_prefix, fixed_tokens = fixed
         start_tokens = sum(fixed_tokens)
         block_ids = tuple(block.id for block in final)
         block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         prompt = self._render(
-            _Layout(blocks, final, (), notes, note_tokens, request.query, system_text, ()),
+            _Layout(
+                blocks, final, (), order, location, note_tokens, request.query, system_text, ()
+            ),
             rendered,
             request_id,
             None,
@@ -473,25 +478,22 @@ class ContextPilot:
         final: tuple[ContextBlock, ...],
         duplicated: Sequence[tuple[ContextBlock, int]],
         entries: Sequence[RegisteredBlock],
-    ) -> tuple[tuple[str, ...], int]:
-        """The notes and their token count. The order note recurs with every
-        reordering, so its count is estimated from cached pieces (template text and
-        each label's tokens) instead of tokenizing it anew."""
+    ) -> tuple[str | None, str | None, int]:
+        """The order note, the location note and their token count. The order note
+        recurs with every reordering, so its count is estimated from cached pieces
+        (template text and each label's tokens) instead of tokenizing it anew."""
         if not self.config.annotate:
-            return (), 0
+            return None, None, 0
         templates = self.config.notes
-        notes: list[str] = []
         tokens = 0
         order = order_note(original, final, templates)
         if order is not None:
-            notes.append(order)
             tokens += self._count_segment(templates.order.format(labels="") + "\n\n")
             tokens += sum(entry.label_tokens for entry in entries)
         location = location_note(duplicated, templates)
         if location is not None:
-            notes.append(location)
             tokens += self.tokenizer.count(location + "\n\n")
-        return tuple(notes), tokens
+        return order, location, tokens
 
     # -- rendering --------------------------------------------------------------------
 
@@ -538,7 +540,8 @@ class ContextPilot:
             boundaries=tuple(boundaries),
             stats=stats,
             conversation_id=conversation_id,
-            notes=layout.notes,
+            order_note=layout.order_note,
+            location_note=layout.location_note,
         )
 
     def _render_user_message(
@@ -564,7 +567,9 @@ class ContextPilot:
                 )
             )
             chars, tokens = end_chars, end_tokens
-        parts.extend(note + "\n\n" for note in layout.notes)
+        parts.extend(
+            note + "\n\n" for note in (layout.order_note, layout.location_note) if note is not None
+        )
         parts.append(self.config.question_template.format(query=layout.query))
         return "".join(parts), boundaries
 

@@ -45,8 +45,9 @@ class Prompt:
     """``messages`` is OpenAI chat format; ``blocks`` the blocks sent in full, in
     final order; ``deduplicated`` the blocks replaced by a location note;
     ``original_blocks`` the retriever's order. ``index`` is the position in the input
-    of :meth:`ContextPilot.optimize_batch` (``None`` online). ``notes`` are the order
-    and location notes as rendered after the blocks (empty when none)."""
+    of :meth:`ContextPilot.optimize_batch` (``None`` online). ``order_note`` restores
+    the retriever's ranking (``None`` when nothing moved or notes are off);
+    ``location_note`` names the de-duplicated blocks (``None`` when none)."""
 
     messages: tuple[Mapping[str, str], ...]
     blocks: tuple[ContextBlock, ...]
@@ -57,7 +58,13 @@ class Prompt:
     stats: PromptStats
     conversation_id: str | None = None
     index: int | None = None
-    notes: tuple[str, ...] = ()
+    order_note: str | None = None
+    location_note: str | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes as rendered after the blocks, in order (order note, location note)."""
+        return tuple(note for note in (self.order_note, self.location_note) if note is not None)
 
     def to_openai(self) -> list[dict[str, str]]:
         """Fresh, mutable copies of ``messages`` for an OpenAI-compatible client."""

@@ -14,7 +14,6 @@ from langchain_core.documents import Document
 from typing_extensions import TypedDict
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
-from contextpilot_rag.annotations import order_note
 from contextpilot_rag.errors import InvalidBlockError, InvalidInputError
 
 __all__ = [
@@ -158,19 +157,8 @@ def _document_id(document: Document, id_key: str | None) -> str | None:
 
 
 def _notes(prompt: Prompt, config: PilotConfig, query: str) -> tuple[str | None, str | None]:
-    """The order note and location note the pilot wrote into this turn's user
-    message, between the last block and the question."""
-    if not config.annotate:
-        return None, None
-    content = prompt.messages[-1]["content"]
-    start = prompt.boundaries[-1].char_end if prompt.boundaries else len(config.context_header)
-    end = len(content) - len(config.question_template.format(query=query))
-    region = content[start:end]
-    order = order_note(prompt.original_blocks, prompt.blocks, config.notes)
-    if order is not None:
-        region = region.removeprefix(order + NOTE_SEPARATOR)
-    location = region.removesuffix(NOTE_SEPARATOR) if prompt.deduplicated else None
-    return order, location
+    """The order note and location note the pilot wrote into this turn's prompt."""
+    return prompt.order_note, prompt.location_note
 
 
 def _output_order(blocks: list[ContextBlock], prompt: Prompt) -> list[int]:

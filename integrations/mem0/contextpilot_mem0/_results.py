@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeGuard
 
 from contextpilot_rag import ContextBlock, PilotConfig, Prompt, content_id
-from contextpilot_rag.annotations import order_note
 
 from ._errors import Mem0ResponseError
 
@@ -164,19 +163,8 @@ def _empty_summary() -> dict[str, Any]:
 
 
 def _notes(prompt: Prompt, query: str, config: PilotConfig) -> tuple[str | None, str | None]:
-    """The order and location notes as the prompt renders them. The core writes them,
-    each ending in a blank line, between the last block and the question; the order
-    note comes first and is recomputed here from the prompt's public fields."""
-    if not config.annotate:
-        return None, None
-    order = order_note(prompt.original_blocks, prompt.blocks, config.notes)
-    if not prompt.deduplicated:
-        return order, None
-    content = prompt.messages[-1]["content"]
-    start = prompt.boundaries[-1].char_end if prompt.boundaries else len(config.context_header)
-    end = len(content) - len(config.question_template.format(query=query))
-    section = content[start:end].removeprefix(order + _NOTE_END if order else "")
-    return order, section.removesuffix(_NOTE_END) or None
+    """The order and location notes as the prompt renders them."""
+    return prompt.order_note, prompt.location_note
 
 
 def _as_result(result: object, position: int) -> Mapping[str, Any]:

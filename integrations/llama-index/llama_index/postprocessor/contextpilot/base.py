@@ -25,7 +25,6 @@ from llama_index.core.schema import MetadataMode, Node, NodeWithScore, QueryBund
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.errors import (
     ConfigError,
-    ContextPilotError,
     InvalidBlockError,
     InvalidInputError,
 )
@@ -239,19 +238,8 @@ def _checked(nodes: object) -> list[NodeWithScore]:
 
 
 def _notes_of(prompt: Prompt, pilot: ContextPilot, query: str) -> str:
-    """The notes the pilot rendered for this request: the text of its last user
-    message between the last block sent in full and the question."""
-    content = prompt.messages[-1]["content"]
-    question = pilot.config.question_template.format(query=query)
-    header = pilot.config.context_header
-    start = prompt.boundaries[-1].char_end if prompt.boundaries else len(header)
-    end = len(content) - len(question)
-    if not content.endswith(question) or start > end:
-        raise ContextPilotError(
-            f"unexpected prompt layout from the pilot (request {prompt.request_id}); "
-            "the notes could not be located"
-        )
-    return content[start:end].strip()
+    """The notes the pilot rendered for this request, as they appear in the prompt."""
+    return "\n\n".join(prompt.notes)
 
 
 def _annotated_copy(
