@@ -1,0 +1,118 @@
+"""The routing protocol: what a policy sees (a request and the fleet's state), what it
+decides, and what it learns from afterwards.
+
+A policy is any object with ``name``, ``choose(request, fleet) -> Decision`` and
+``observe(outcome)``. The fleet simulator (``contextpilot_rag.sim.fleet``) and the
+routing client drive policies only through this protocol, so built-in and external
+policies (e.g. a wrapper around ``gorgo-lb``) plug in the same way.
+
+Prompts are described by **chained block hashes**: ``block_hashes[i]`` identifies the
+whole prefix up to and including block ``i`` (``block_tokens`` tokens per block), so
+equal hashes mean equal prefixes. For a real prompt they come from its tokens (the
+engine's block size); for a Mooncake trace they are the trace's ``hash_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "Decision",
+    "FleetView",
+    "Outcome",
+    "Policy",
+    "ReplicaState",
+    "RouteRequest",
+]
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """One request to place.
+
+    ``block_hashes``: chained hashes of the prompt's full blocks, first block first.
+    ``boundaries``: block counts at which the client knows a block/message boundary
+    exactly (e.g. after the system prompt, after each context block, aligned down to
+    the engine block) — where learned routes may be recorded. ``session``: a session
+    key for affinity policies. ``features``: cheap request features for accuracy
+    models (e.g. ``language``, ``task``, ``length_bucket``). ``logical_id`` and
+    ``attempt`` identify retries of one logical request; ``excluded`` holds the
+    ``(replica_id, model)`` pairs already tried for it."""
+
+    request_id: str
+    prompt_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    block_tokens: int = 16
+    expected_output_tokens: int = 128
+    boundaries: tuple[int, ...] = ()
+    session: str | None = None
+    arrival_s: float = 0.0
+    features: Mapping[str, str | float] = field(default_factory=dict)
+    logical_id: str | None = None
+    attempt: int = 0
+    excluded: frozenset[tuple[str, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """What the router knows of one replica (one model served by one engine) now."""
+
+    replica_id: str
+    model: str
+    region: str = "local"
+    rtt_s: float = 0.0  # smoothed network round trip from the client
+    in_flight: int = 0  # requests sent and not finished
+    queued_tokens: int = 0  # prompt tokens sent and not yet prefilled (estimate)
+    prefill_tokens_per_s: float = 10_000.0
+    decode_tokens_per_s: float = 50.0
+    healthy: bool = True
+
+
+class FleetView(Protocol):
+    """The fleet as the router sees it at decision time."""
+
+    @property
+    def now(self) -> float: ...
+
+    @property
+    def replicas(self) -> Sequence[ReplicaState]: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where to send a request, why, and what the policy expected (for feedback)."""
+
+    replica_id: str
+    model: str
+    reason: str
+    predicted_cached_tokens: int = 0
+    predicted_ttft_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened: measured TTFT / end-to-end latency, the cached prompt tokens the
+    engine reported, correctness when known (TTCA experiments), or an error."""
+
+    request: RouteRequest
+    decision: Decision
+    ttft_s: float
+    e2e_s: float
+    cached_tokens: int = 0
+    correct: bool | None = None
+    error: str | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A routing policy. ``choose`` must be cheap (it runs on every request) and must
+    return a healthy replica not in ``request.excluded`` when one exists;
+    ``observe`` receives every outcome, in completion order."""
+
+    name: str
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision: ...
+
+    def observe(self, outcome: Outcome) -> None: ...
