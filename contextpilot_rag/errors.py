@@ -63,3 +63,12 @@ class ConversationStateError(ContextPilotError, ValueError):
 
 class DuplicateRequestError(ContextPilotError, ValueError):
     """A request id is already present in the context index."""
+
+
+class NoReplicaAvailableError(ContextPilotError, RuntimeError):
+    """No healthy replica exists to route a request to."""
+
+
+class InvalidDecisionError(ContextPilotError, ValueError):
+    """A policy chose a replica that does not exist, is unhealthy, serves another
+    model, or was excluded for the request although another replica was available."""

@@ -1,6 +1,80 @@
 """Routing: policies that pick the replica (and model) for each request, and the
-protocol they share (:mod:`contextpilot_rag.routing.types`)."""
+protocol they share (:mod:`contextpilot_rag.routing.types`).
 
+Policies by name (the names are a contract): ``random``, ``round-robin``,
+``least-request``, ``least-load``, ``session``, ``prefix`` (baselines), ``ranvier``
+(learned prefix routes), ``gorgo`` (cache + RTT + queue cost, optionally tuned) and
+``gorgo-lb`` (the original GORGO package, if installed). ``laar`` and ``combined``
+are not implemented yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+from .baselines import (
+    LeastLoadPolicy,
+    LeastRequestPolicy,
+    PrefixCachePolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+    SessionAffinityPolicy,
+)
+from .gorgo import CostPolicy
+from .ranvier import RanvierConfig, RanvierPolicy, RouteTable
+from .tuner import CostWeights, TunerBounds, WeightTuner
 from .types import Decision, FleetView, Outcome, Policy, ReplicaState, RouteRequest
 
-__all__ = ["Decision", "FleetView", "Outcome", "Policy", "ReplicaState", "RouteRequest"]
+__all__ = [
+    "POLICY_NAMES",
+    "CostPolicy",
+    "CostWeights",
+    "Decision",
+    "FleetView",
+    "LeastLoadPolicy",
+    "LeastRequestPolicy",
+    "Outcome",
+    "Policy",
+    "PrefixCachePolicy",
+    "RandomPolicy",
+    "RanvierConfig",
+    "RanvierPolicy",
+    "ReplicaState",
+    "RoundRobinPolicy",
+    "RouteRequest",
+    "RouteTable",
+    "SessionAffinityPolicy",
+    "TunerBounds",
+    "WeightTuner",
+    "make_policy",
+]
+
+
+def _gorgo_lb(**options: Any) -> Policy:
+    from .external import GorgoLbPolicy
+
+    return GorgoLbPolicy(**options)
+
+
+_FACTORIES: dict[str, Callable[..., Policy]] = {
+    "random": RandomPolicy,
+    "round-robin": RoundRobinPolicy,
+    "least-request": LeastRequestPolicy,
+    "least-load": LeastLoadPolicy,
+    "session": SessionAffinityPolicy,
+    "prefix": PrefixCachePolicy,
+    "ranvier": RanvierPolicy,
+    "gorgo": CostPolicy,
+    "gorgo-lb": _gorgo_lb,
+}
+POLICY_NAMES = tuple(_FACTORIES)
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """A new policy by its contract name; ``options`` go to its constructor."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown routing policy {name!r}; choose one of {list(POLICY_NAMES)}")
+    return factory(**options)

@@ -1,6 +1,19 @@
 """Simulators: models of inference-engine behaviour used to evaluate prompt orders
 without a GPU."""
 
+from .fleet import Replica, SimResult, SimSummary, default_fleet, simulate
 from .prefix_cache import CacheResult, PrefixCacheModel, distinct_block_tokens
+from .traces import load_mooncake, load_scbench_kv
 
-__all__ = ["CacheResult", "PrefixCacheModel", "distinct_block_tokens"]
+__all__ = [
+    "CacheResult",
+    "PrefixCacheModel",
+    "Replica",
+    "SimResult",
+    "SimSummary",
+    "default_fleet",
+    "distinct_block_tokens",
+    "load_mooncake",
+    "load_scbench_kv",
+    "simulate",
+]

@@ -1,0 +1,208 @@
+"""Baseline routing policies: random, round-robin, least-request, least-load, session
+affinity and prefix-cache (AIBrix-style). Each implements
+:class:`~contextpilot_rag.routing.types.Policy`, is deterministic (randomness comes
+from an explicit seed) and never picks an unhealthy replica. Replicas whose
+``(replica_id, model)`` pair is in ``request.excluded`` are skipped unless every
+healthy replica is excluded, in which case the healthy ones are used again (a retry
+beats a failure)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from ..errors import ConfigError, NoReplicaAvailableError
+from .common import candidate_replicas
+from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
+
+__all__ = [
+    "LeastLoadPolicy",
+    "LeastRequestPolicy",
+    "NoReplicaAvailableError",
+    "PrefixCachePolicy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "SessionAffinityPolicy",
+    "candidate_replicas",
+    "session_key",
+]
+
+
+def _decide(replica: ReplicaState, reason: str, cached_tokens: int = 0) -> Decision:
+    return Decision(replica.replica_id, replica.model, reason, cached_tokens)
+
+
+class _NoFeedback:
+    def observe(self, outcome: Outcome) -> None:
+        """Baselines learn nothing from outcomes."""
+
+
+class RandomPolicy(_NoFeedback):
+    """Uniformly random among candidates, from a seeded generator."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        return _decide(self._rng.choice(candidate_replicas(request, fleet)), "random")
+
+
+class RoundRobinPolicy(_NoFeedback):
+    """The i-th request goes to candidate ``i mod len(candidates)``: with a stable,
+    healthy fleet it cycles through the replicas in fleet order."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._counter = 0
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        candidates = candidate_replicas(request, fleet)
+        replica = candidates[self._counter % len(candidates)]
+        self._counter += 1
+        return _decide(replica, "round-robin")
+
+
+class _LeastBy(_NoFeedback):
+    """The candidate with the smallest ``key``; ties rotate (a counter picks among the
+    tied replicas) so an idle fleet is not routed to its first replica only."""
+
+    name = ""
+    _reason = ""
+
+    def __init__(self) -> None:
+        self._counter = 0
+
+    def _key(self, replica: ReplicaState) -> int:
+        raise NotImplementedError
+
+    def pick(self, candidates: Sequence[ReplicaState]) -> ReplicaState:
+        """The least-keyed replica among ``candidates`` (rotating among ties)."""
+        best = min(self._key(r) for r in candidates)
+        tied = [r for r in candidates if self._key(r) == best]
+        self._counter += 1
+        return tied[(self._counter - 1) % len(tied)]
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        return _decide(self.pick(candidate_replicas(request, fleet)), self._reason)
+
+
+class LeastRequestPolicy(_LeastBy):
+    """Fewest requests in flight."""
+
+    name = "least-request"
+    _reason = "least-request"
+
+    def _key(self, replica: ReplicaState) -> int:
+        return replica.in_flight
+
+
+class LeastLoadPolicy(_LeastBy):
+    """Fewest prompt tokens queued (sent and not yet prefilled)."""
+
+    name = "least-load"
+    _reason = "least-load"
+
+    def _key(self, replica: ReplicaState) -> int:
+        return replica.queued_tokens
+
+
+def _rendezvous_score(key: str, replica_id: str) -> int:
+    """A process-independent 64-bit score (Python's ``hash`` of str is salted)."""
+    digest = hashlib.blake2b(f"{key}\x00{replica_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def session_key(request: RouteRequest) -> str:
+    """The affinity key: the session, else the first block's hash, else the request id."""
+    if request.session is not None:
+        return f"session:{request.session}"
+    if request.block_hashes:
+        return f"block:{request.block_hashes[0]}"
+    return f"request:{request.request_id}"
+
+
+class SessionAffinityPolicy(_NoFeedback):
+    """Rendezvous (highest-random-weight) hashing of :func:`session_key` over the
+    candidates: a key sticks to one replica while it stays a candidate, and when a
+    replica leaves only its keys move."""
+
+    name = "session"
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        key = session_key(request)
+        replica = max(
+            candidate_replicas(request, fleet),
+            key=lambda r: _rendezvous_score(key, r.replica_id),
+        )
+        return _decide(replica, "session")
+
+
+class PrefixCachePolicy(_NoFeedback):
+    """Router-side prefix table (AIBrix ``prefix-cache`` style).
+
+    The table maps a chained block hash to the replica that last received it, bounded
+    to ``capacity_blocks`` entries with LRU eviction. A request goes to the candidate
+    owning its longest matched prefix (walking its blocks from the first until the
+    first miss), unless that replica's ``in_flight`` exceeds the fleet minimum by more
+    than ``imbalance_threshold`` (default 8, AIBrix's default absolute imbalance
+    count); then, and when nothing matches, it falls back to least-request. After each
+    decision every block of the request is recorded for the chosen replica."""
+
+    name = "prefix"
+
+    def __init__(self, *, capacity_blocks: int = 200_000, imbalance_threshold: int = 8) -> None:
+        if capacity_blocks < 1:
+            raise ConfigError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        if imbalance_threshold < 0:
+            raise ConfigError(f"imbalance_threshold must be >= 0, got {imbalance_threshold}")
+        self._capacity_blocks = capacity_blocks
+        self._imbalance_threshold = imbalance_threshold
+        # Least recently used first. Invariant: len(self._table) <= capacity_blocks.
+        self._table: OrderedDict[int, str] = OrderedDict()
+        self._fallback = LeastRequestPolicy()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        candidates = candidate_replicas(request, fleet)
+        by_id = {r.replica_id: r for r in candidates}
+        matched, owner = self._longest_match(request.block_hashes, by_id.__contains__)
+        min_in_flight = min(r.in_flight for r in candidates)
+        if owner is None:
+            decision = _decide(self._fallback.pick(candidates), "prefix-miss:least-request")
+        elif by_id[owner].in_flight - min_in_flight > self._imbalance_threshold:
+            decision = _decide(self._fallback.pick(candidates), "prefix-imbalance:least-request")
+        else:
+            cached = min(matched * request.block_tokens, request.prompt_tokens)
+            decision = _decide(by_id[owner], f"prefix-match:{matched}", cached)
+        self._record(request.block_hashes, decision.replica_id)
+        return decision
+
+    def _longest_match(
+        self, block_hashes: Sequence[int], is_candidate: Callable[[str], bool]
+    ) -> tuple[int, str | None]:
+        """(matched blocks, owner) of the deepest block in the leading run of known
+        blocks whose owner is a candidate; (0, None) when there is none."""
+        matched, owner = 0, None
+        for depth, block_hash in enumerate(block_hashes, start=1):
+            replica_id = self._table.get(block_hash)
+            if replica_id is None:
+                break
+            if is_candidate(replica_id):
+                matched, owner = depth, replica_id
+        return matched, owner
+
+    def _record(self, block_hashes: Sequence[int], replica_id: str) -> None:
+        # Tail first, so the head of a prompt is most recently used and evicted last.
+        table = self._table
+        for block_hash in reversed(block_hashes):
+            table[block_hash] = replica_id
+            table.move_to_end(block_hash)
+        while len(table) > self._capacity_blocks:
+            table.popitem(last=False)

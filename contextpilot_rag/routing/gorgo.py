@@ -1,0 +1,166 @@
+"""Cost routing (GORGO): pick the replica with the lowest expected time to first token.
+
+Per replica ``u``::
+
+    cost(u) = prefill_weight · uncached_tokens(u) / prefill_rate(u)
+            + rtt_weight     · rtt_s(u)
+            + queue_weight   · queued_tokens(u) / prefill_rate(u)
+
+Every term is in seconds, so weights of 1.0 make ``cost`` the physical TTFT estimate
+(network + queue drain + own prefill). ``uncached_tokens`` comes from a router-side
+estimate, :class:`PrefixLocations`: which replicas were sent which boundary prefixes.
+Weights are fixed, or tuned online by :class:`~contextpilot_rag.routing.tuner.WeightTuner`
+and then frozen.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ..errors import ConfigError
+from .common import candidate_replicas
+from .tuner import CostWeights, WeightTuner
+from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
+
+__all__ = ["CostPolicy", "PrefixLocations"]
+
+
+class _Holders:
+    """Replicas sent one boundary prefix, and when it was last sent anywhere."""
+
+    __slots__ = ("replicas", "stamp")
+
+    def __init__(self, stamp: float, replicas: dict[str, int]) -> None:
+        self.stamp = stamp
+        self.replicas = replicas
+
+
+class PrefixLocations:
+    """Bounded LRU map: boundary block hash → {replica_id: blocks} of replicas sent it.
+
+    Invariant: at most ``capacity`` keys; an entry older than ``ttl_s`` is never used."""
+
+    def __init__(self, capacity: int = 100_000, ttl_s: float = 600.0) -> None:
+        if capacity < 1 or ttl_s <= 0:
+            raise ConfigError("PrefixLocations needs capacity >= 1 and ttl_s > 0")
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[int, _Holders] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def cached_blocks(
+        self, block_hashes: Sequence[int], boundaries: Sequence[int], now: float
+    ) -> dict[str, int]:
+        """Longest known cached prefix (in blocks) per replica, probing boundaries
+        longest first; replicas absent from the result have nothing cached."""
+        found: dict[str, int] = {}
+        n = len(block_hashes)
+        for b in sorted(boundaries, reverse=True):
+            if not 1 <= b <= n:
+                continue
+            entry = self._entries.get(block_hashes[b - 1])
+            if entry is None or now - entry.stamp > self.ttl_s:
+                continue
+            for replica_id in entry.replicas:
+                if replica_id not in found:
+                    found[replica_id] = b
+        return found
+
+    def record(
+        self, block_hashes: Sequence[int], boundaries: Sequence[int], replica_id: str, now: float
+    ) -> None:
+        """Note that ``replica_id`` was sent the prefixes ending at ``boundaries``."""
+        n = len(block_hashes)
+        entries = self._entries
+        for b in boundaries:
+            if not 1 <= b <= n:
+                continue
+            key = block_hashes[b - 1]
+            entry = entries.get(key)
+            if entry is None or now - entry.stamp > self.ttl_s:
+                entries[key] = _Holders(now, {replica_id: b})
+            else:
+                entry.stamp = now
+                entry.replicas[replica_id] = b
+            entries.move_to_end(key)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def forget(self, key: int, replica_id: str) -> None:
+        """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.replicas.pop(replica_id, None)
+
+
+class CostPolicy:
+    """Minimum-cost replica; weights from ``weights`` or, while tuning, from ``tuner``."""
+
+    name = "gorgo"
+
+    def __init__(
+        self,
+        weights: CostWeights | None = None,
+        *,
+        tuner: WeightTuner | None = None,
+        locations: PrefixLocations | None = None,
+    ) -> None:
+        self.tuner = tuner
+        self._fixed = weights or CostWeights()
+        self.locations = locations or PrefixLocations()
+
+    @property
+    def weights(self) -> CostWeights:
+        """The weights the next decision uses."""
+        return self.tuner.weights if self.tuner is not None else self._fixed
+
+    def freeze(self) -> CostWeights:
+        """Stop tuning; route with the best weights found (or the fixed ones)."""
+        if self.tuner is not None:
+            self._fixed = self.tuner.freeze()
+            self.tuner = None
+        return self._fixed
+
+    def costs(
+        self, request: RouteRequest, replicas: Sequence[ReplicaState], now: float
+    ) -> dict[str, tuple[float, int]]:
+        """``replica_id → (cost_s, predicted cached tokens)`` for each replica."""
+        w = self.weights
+        wp, wr, wq = w.prefill_weight, w.rtt_weight, w.queue_weight
+        tokens, block_tokens = request.prompt_tokens, request.block_tokens
+        known = self.locations.cached_blocks(request.block_hashes, request.boundaries, now)
+        result: dict[str, tuple[float, int]] = {}
+        for r in replicas:
+            cached = min(known.get(r.replica_id, 0) * block_tokens, tokens)
+            cost = (wp * (tokens - cached) + wq * r.queued_tokens) / r.prefill_tokens_per_s
+            result[r.replica_id] = (cost + wr * r.rtt_s, cached)
+        return result
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        """The cheapest healthy, non-excluded replica (ties: first in fleet order)."""
+        candidates = candidate_replicas(request, fleet)
+        costs = self.costs(request, candidates, fleet.now)
+        best = candidates[0]
+        best_cost, best_cached = costs[best.replica_id]
+        for r in candidates:
+            cost, cached = costs[r.replica_id]
+            if cost < best_cost:
+                best, best_cost, best_cached = r, cost, cached
+        self.locations.record(request.block_hashes, request.boundaries, best.replica_id, fleet.now)
+        return Decision(best.replica_id, best.model, "min-cost", best_cached, best_cost)
+
+    def observe(self, outcome: Outcome) -> None:
+        """Feed the tuner; forget prefixes the engine reported as not cached."""
+        request, decision = outcome.request, outcome.decision
+        if self.tuner is not None and outcome.error is None:
+            self.tuner.record(outcome.ttft_s, outcome.e2e_s)
+        if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
+            return
+        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
+        hashes = request.block_hashes
+        for b in request.boundaries:
+            if kept < b <= len(hashes):
+                self.locations.forget(hashes[b - 1], decision.replica_id)

@@ -1,0 +1,407 @@
+"""A deterministic discrete-event simulator of a fleet of LLM replicas, to compare
+routing policies without a GPU fleet.
+
+Service model (every replica, per request):
+
+- The client decides at ``arrival_s`` (``policy.choose``); the request reaches the
+  replica ``rtt_s / 2`` later and joins the replica's FIFO queue.
+- The head of the queue starts when a batch slot is free (at most ``max_batch``
+  requests in service) **and** the replica's prefill unit is idle: prefill is
+  compute-bound, so one prompt is prefilled at a time (as with chunked prefill, the
+  replica's prefill throughput is shared, not multiplied by the batch).
+- ``cached_tokens`` is the longest cached prefix of the request's blocks at the start
+  of prefill (:class:`PrefixCacheModel` over block hashes, ``block_size=1``; as in
+  vLLM the last block is always recomputed), capped at ``prompt_tokens``.
+- ``prefill_s = (prompt_tokens - cached_tokens) / prefill_tokens_per_s``; the blocks
+  enter the replica's cache when prefill ends.
+- ``decode_s = expected_output_tokens / decode_tokens_per_s``; decoding requests run
+  side by side at the full rate (the batch slot is held until decode ends).
+- ``TTFT = rtt_s/2 + queue_wait + prefill_s + rtt_s/2`` and ``E2E = TTFT + decode_s``.
+
+The fleet state shown to the policy (:class:`SimFleetView`) counts a request as
+``in_flight`` from the decision until its last token reaches the client, and its
+prompt as ``queued_tokens`` from the decision until its prefill ends.
+``policy.observe`` receives every outcome when its last token reaches the client.
+Nothing in the service model is random; ``seed`` is recorded for the stochastic
+parts still to come (accuracy draws for TTCA runs).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from ..errors import ConfigError, InvalidDecisionError
+from ..routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
+from .prefix_cache import PrefixCacheModel
+
+__all__ = [
+    "GORGO_REGIONS",
+    "InvalidDecisionError",
+    "Replica",
+    "RequestRecord",
+    "SimFleetView",
+    "SimResult",
+    "SimSummary",
+    "default_fleet",
+    "simulate",
+]
+
+# Client-to-region round trips measured by GORGO (seconds): near, mid, far.
+GORGO_REGIONS: tuple[tuple[str, float], ...] = (
+    ("region-near", 0.037),
+    ("region-mid", 0.279),
+    ("region-far", 0.456),
+)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One simulated replica (one model on one engine). Validated on construction."""
+
+    replica_id: str
+    model: str = "sim-8b"
+    region: str = "local"
+    rtt_s: float = 0.0
+    prefill_tokens_per_s: float = 20_000.0
+    decode_tokens_per_s: float = 50.0
+    kv_capacity_tokens: int = 5_000_000
+    max_batch: int = 16
+    block_tokens: int = 16
+    healthy: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise ConfigError("replica_id must be a non-empty string")
+        if self.rtt_s < 0:
+            raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s!r}")
+        if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
+            raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
+        if self.kv_capacity_tokens < 0:
+            raise ConfigError(f"kv_capacity_tokens must be >= 0, got {self.kv_capacity_tokens}")
+        if self.max_batch < 1 or self.block_tokens < 1:
+            raise ConfigError("max_batch and block_tokens must be >= 1")
+
+
+def default_fleet(
+    regions: int = 3, replicas_per_region: int = 1, *, block_tokens: int = 16, model: str = "sim-8b"
+) -> list[Replica]:
+    """``regions`` × ``replicas_per_region`` identical replicas, with the GORGO RTTs
+    (37 / 279 / 456 ms; regions beyond the third reuse them cyclically)."""
+    if regions < 1 or replicas_per_region < 1:
+        raise ConfigError("regions and replicas_per_region must be >= 1")
+    fleet = []
+    for r in range(regions):
+        name, rtt_s = GORGO_REGIONS[r % len(GORGO_REGIONS)]
+        region = name if r < len(GORGO_REGIONS) else f"{name}-{r}"
+        for k in range(replicas_per_region):
+            fleet.append(
+                Replica(
+                    replica_id=f"{region}/{k}",
+                    model=model,
+                    region=region,
+                    rtt_s=rtt_s,
+                    block_tokens=block_tokens,
+                )
+            )
+    return fleet
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What happened to one request. Times in seconds, ``decision_us`` wall-clock."""
+
+    request_id: str
+    replica_id: str
+    model: str
+    arrival_s: float
+    start_s: float  # prefill start, at the replica
+    ttft_s: float
+    e2e_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    decision_us: float
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default); 0.0 for no values."""
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """The benchmark's JSON fields for one run (percentiles interpolate linearly)."""
+
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    ttft_p99_ms: float
+    e2e_p95_s: float
+    hit_ratio: float  # cached prompt tokens / prompt tokens
+    max_replica_share: float  # largest share of requests sent to one replica
+    decision_us_p50: float
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> SimSummary:
+        """Summary metrics of ``records`` (all zero for an empty run)."""
+        ttft_ms = [r.ttft_s * 1000.0 for r in records]
+        prompt = sum(r.prompt_tokens for r in records)
+        shares = Counter(r.replica_id for r in records)
+        return cls(
+            ttft_p50_ms=_percentile(ttft_ms, 50),
+            ttft_p95_ms=_percentile(ttft_ms, 95),
+            ttft_p99_ms=_percentile(ttft_ms, 99),
+            e2e_p95_s=_percentile([r.e2e_s for r in records], 95),
+            hit_ratio=sum(r.cached_tokens for r in records) / prompt if prompt else 0.0,
+            max_replica_share=max(shares.values()) / len(records) if records else 0.0,
+            decision_us_p50=_percentile([r.decision_us for r in records], 50),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """The fields as a plain dict (for ``--json`` output)."""
+        return {name: float(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Per-request records in completion order, and their summary."""
+
+    policy: str
+    seed: int
+    records: tuple[RequestRecord, ...]
+    summary: SimSummary
+
+
+@dataclass(frozen=True)
+class _Job:
+    request: RouteRequest
+    decision: Decision
+    decision_us: float
+    start_s: float = 0.0
+    cached_tokens: int = 0
+
+
+@dataclass
+class _ReplicaRuntime:
+    """Mutable state of one replica; owned by :func:`simulate`.
+
+    Invariant: ``in_service <= config.max_batch``; at most one prefill runs at a time."""
+
+    config: Replica
+    cache: PrefixCacheModel
+    queue: deque[_Job] = field(default_factory=deque)
+    in_service: int = 0
+    prefilling: bool = False
+    in_flight: int = 0
+    queued_tokens: int = 0
+
+    def state(self) -> ReplicaState:
+        c = self.config
+        return ReplicaState(
+            replica_id=c.replica_id,
+            model=c.model,
+            region=c.region,
+            rtt_s=c.rtt_s,
+            in_flight=self.in_flight,
+            queued_tokens=self.queued_tokens,
+            prefill_tokens_per_s=c.prefill_tokens_per_s,
+            decode_tokens_per_s=c.decode_tokens_per_s,
+            healthy=c.healthy,
+        )
+
+
+@dataclass(frozen=True)
+class SimFleetView:
+    """A snapshot of the fleet at one decision (implements ``FleetView``)."""
+
+    now: float
+    replicas: tuple[ReplicaState, ...]
+
+
+class _Event(IntEnum):
+    # At equal times, work that frees capacity runs before work that uses it.
+    COMPLETE = 0
+    DECODE_DONE = 1
+    PREFILL_DONE = 2
+    ENQUEUE = 3
+    ARRIVE = 4
+
+
+class _Simulation:
+    """One run: an event heap ordered by (time, event kind, sequence number)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        replicas: Sequence[Replica],
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self.policy = policy
+        self.clock_ns = clock_ns
+        self.runtimes = {
+            r.replica_id: _ReplicaRuntime(
+                r,
+                PrefixCacheModel(
+                    block_size=1, capacity_tokens=r.kv_capacity_tokens // r.block_tokens
+                ),
+            )
+            for r in replicas
+        }
+        self.heap: list[tuple[float, int, int, str, _Job | RouteRequest]] = []
+        self.seq = 0
+        self.records: list[RequestRecord] = []
+
+    def push(self, at_s: float, kind: _Event, replica_id: str, item: _Job | RouteRequest) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at_s, int(kind), self.seq, replica_id, item))
+
+    def run(self, requests: Sequence[RouteRequest]) -> list[RequestRecord]:
+        for request in requests:
+            self.push(request.arrival_s, _Event.ARRIVE, "", request)
+        handlers: dict[int, Callable[[float, str, _Job], None]] = {
+            _Event.COMPLETE: self.complete,
+            _Event.DECODE_DONE: self.decode_done,
+            _Event.PREFILL_DONE: self.prefill_done,
+            _Event.ENQUEUE: self.enqueue,
+        }
+        while self.heap:
+            now, kind, _, replica_id, item = heapq.heappop(self.heap)
+            if isinstance(item, RouteRequest):
+                self.arrive(now, item)
+            else:
+                handlers[kind](now, replica_id, item)
+        return self.records
+
+    def arrive(self, now: float, request: RouteRequest) -> None:
+        view = SimFleetView(now, tuple(rt.state() for rt in self.runtimes.values()))
+        started = self.clock_ns()
+        decision = self.policy.choose(request, view)
+        decision_us = (self.clock_ns() - started) / 1000.0
+        runtime = self._validated(request, decision)
+        runtime.in_flight += 1
+        runtime.queued_tokens += request.prompt_tokens
+        job = _Job(request, decision, decision_us)
+        self.push(now + runtime.config.rtt_s / 2, _Event.ENQUEUE, runtime.config.replica_id, job)
+
+    def _validated(self, request: RouteRequest, decision: Decision) -> _ReplicaRuntime:
+        runtime = self.runtimes.get(decision.replica_id)
+        if runtime is None or not runtime.config.healthy:
+            raise InvalidDecisionError(
+                f"policy {self.policy.name!r} chose unknown or unhealthy replica "
+                f"{decision.replica_id!r} for request {request.request_id!r}"
+            )
+        if decision.model != runtime.config.model:
+            raise InvalidDecisionError(
+                f"replica {decision.replica_id!r} serves {runtime.config.model!r}, "
+                f"not {decision.model!r}"
+            )
+        pair = (decision.replica_id, decision.model)
+        if pair in request.excluded and any(
+            rt.config.healthy and (rt.config.replica_id, rt.config.model) not in request.excluded
+            for rt in self.runtimes.values()
+        ):
+            raise InvalidDecisionError(
+                f"policy {self.policy.name!r} chose excluded {pair!r} for "
+                f"request {request.request_id!r} although another replica was available"
+            )
+        return runtime
+
+    def enqueue(self, now: float, replica_id: str, job: _Job) -> None:
+        runtime = self.runtimes[replica_id]
+        runtime.queue.append(job)
+        self.try_start(now, runtime)
+
+    def try_start(self, now: float, runtime: _ReplicaRuntime) -> None:
+        config = runtime.config
+        if runtime.prefilling or runtime.in_service >= config.max_batch or not runtime.queue:
+            return
+        job = runtime.queue.popleft()
+        request = job.request
+        cached_blocks = runtime.cache.lookup(request.block_hashes)
+        cached = min(cached_blocks * request.block_tokens, request.prompt_tokens)
+        runtime.prefilling = True
+        runtime.in_service += 1
+        prefill_s = (request.prompt_tokens - cached) / config.prefill_tokens_per_s
+        started = _Job(request, job.decision, job.decision_us, now, cached)
+        self.push(now + prefill_s, _Event.PREFILL_DONE, config.replica_id, started)
+
+    def prefill_done(self, now: float, replica_id: str, job: _Job) -> None:
+        runtime = self.runtimes[replica_id]
+        runtime.cache.admit(job.request.block_hashes)
+        runtime.prefilling = False
+        runtime.queued_tokens -= job.request.prompt_tokens
+        decode_s = job.request.expected_output_tokens / runtime.config.decode_tokens_per_s
+        self.push(now + decode_s, _Event.DECODE_DONE, replica_id, job)
+        self.try_start(now, runtime)
+
+    def decode_done(self, now: float, replica_id: str, job: _Job) -> None:
+        runtime = self.runtimes[replica_id]
+        runtime.in_service -= 1
+        self.push(now + runtime.config.rtt_s / 2, _Event.COMPLETE, replica_id, job)
+        self.try_start(now, runtime)
+
+    def complete(self, now: float, replica_id: str, job: _Job) -> None:
+        runtime = self.runtimes[replica_id]
+        runtime.in_flight -= 1
+        config = runtime.config
+        request = job.request
+        prefill_s = (request.prompt_tokens - job.cached_tokens) / config.prefill_tokens_per_s
+        ttft_s = job.start_s + prefill_s + config.rtt_s / 2 - request.arrival_s
+        record = RequestRecord(
+            request_id=request.request_id,
+            replica_id=replica_id,
+            model=config.model,
+            arrival_s=request.arrival_s,
+            start_s=job.start_s,
+            ttft_s=ttft_s,
+            e2e_s=now - request.arrival_s,
+            prompt_tokens=request.prompt_tokens,
+            cached_tokens=job.cached_tokens,
+            decision_us=job.decision_us,
+        )
+        self.records.append(record)
+        self.policy.observe(
+            Outcome(request, job.decision, ttft_s, record.e2e_s, cached_tokens=job.cached_tokens)
+        )
+
+
+def _validate_inputs(requests: Sequence[RouteRequest], replicas: Sequence[Replica]) -> None:
+    ids = [r.replica_id for r in replicas]
+    if not ids:
+        raise ConfigError("the fleet needs at least one replica")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"replica ids must be unique, got {ids}")
+    request_ids = [r.request_id for r in requests]
+    if len(set(request_ids)) != len(request_ids):
+        raise ConfigError("request ids must be unique within one simulation")
+    block_sizes = {r.block_tokens for r in replicas} | {r.block_tokens for r in requests}
+    if len(block_sizes) > 1:
+        raise ConfigError(
+            f"requests and replicas must share one block size, got {sorted(block_sizes)}"
+        )
+
+
+def simulate(
+    requests: Iterable[RouteRequest],
+    policy: Policy,
+    replicas: Sequence[Replica],
+    *,
+    seed: int = 0,
+    clock_ns: Callable[[], int] = time.perf_counter_ns,
+) -> SimResult:
+    """Replay ``requests`` (in arrival order; ties keep input order) through
+    ``replicas``, routed by ``policy``. Every request completes exactly once.
+
+    ``clock_ns`` times ``policy.choose`` (wall clock, nanoseconds); inject a fake
+    clock to make ``decision_us`` deterministic. Raises :class:`ConfigError` for an
+    invalid fleet or request set and :class:`InvalidDecisionError` for an invalid
+    decision."""
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    _validate_inputs(ordered, replicas)
+    records = _Simulation(policy, replicas, clock_ns).run(ordered)
+    return SimResult(policy.name, seed, tuple(records), SimSummary.of(records))

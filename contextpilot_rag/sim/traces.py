@@ -1,0 +1,275 @@
+"""Trace loaders: turn request traces into :class:`RouteRequest` lists for the fleet
+simulator.
+
+- :func:`load_mooncake`: the Mooncake trace format (``timestamp`` ms,
+  ``input_length``, ``output_length``, ``hash_ids`` of 512-token chained blocks).
+- :func:`load_scbench_kv`: SCBench-style KV lookups (``{id, context, multi_turns:
+  [{input, answer}]}``); one request per turn, prompted with SCBench's template, the
+  turns of a record sharing its context as a prefix (and a session).
+- :func:`from_workload`: the core's benchmark workloads (online / multi-turn), through
+  a prompt builder (an arm of :mod:`contextpilot_rag.bench.replay`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, InvalidInputError
+from ..routing.types import RouteRequest
+from ..tokenizers import Tokenizer, default_tokenizer
+
+if TYPE_CHECKING:  # bench imports sim; importing it here at runtime would be circular
+    from ..bench.workloads import Workload, WorkloadRequest
+
+Messages = Sequence[Mapping[str, str]]
+
+__all__ = [
+    "SCBENCH_PROMPT",
+    "chained_block_hashes",
+    "detect_language",
+    "from_workload",
+    "length_bucket",
+    "load_mooncake",
+    "load_scbench_kv",
+]
+
+SCBENCH_PROMPT = (
+    "Extract the value corresponding to the specified key in the JSON object below."
+    "\n\n{context}\n\n{input}"
+)
+_KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_TOKEN_COUNT_FIELDS = ("prompt_tokens", "input_length", "num_tokens")
+
+
+def _json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidInputError(f"{path}:{line_no}: not valid JSON ({exc})") from None
+            if not isinstance(record, dict):
+                raise InvalidInputError(f"{path}:{line_no}: expected a JSON object")
+            yield line_no, record
+
+
+def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = record.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidInputError(f"{where}: field {name!r} missing or of the wrong type")
+    return value
+
+
+def load_mooncake(
+    path: str | Path, *, limit: int | None = None, block_tokens: int = 512
+) -> list[RouteRequest]:
+    """Requests of a Mooncake-format ``.jsonl`` trace, in file order.
+
+    ``arrival_s = timestamp / 1000``; ``block_hashes`` are the trace's ``hash_ids``
+    (already chained: equal ids mean equal prefixes) and every block end is a known
+    boundary. ``limit`` keeps the first requests only."""
+    if block_tokens < 1:
+        raise ConfigError(f"block_tokens must be >= 1, got {block_tokens}")
+    requests: list[RouteRequest] = []
+    for line_no, record in _json_lines(path):
+        if limit is not None and len(requests) >= limit:
+            break
+        where = f"{path}:{line_no}"
+        hash_ids = _field(record, "hash_ids", list, where)
+        if not all(isinstance(h, int) for h in hash_ids):
+            raise InvalidInputError(f"{where}: 'hash_ids' must be integers")
+        requests.append(
+            RouteRequest(
+                request_id=f"mooncake-{len(requests)}",
+                prompt_tokens=_field(record, "input_length", int, where),
+                block_hashes=tuple(hash_ids),
+                block_tokens=block_tokens,
+                expected_output_tokens=_field(record, "output_length", int, where),
+                boundaries=tuple(range(1, len(hash_ids) + 1)),
+                arrival_s=_field(record, "timestamp", (int, float), where) / 1000.0,
+            )
+        )
+    return requests
+
+
+def detect_language(text: str) -> str:
+    """``"en"`` for latin-script text, ``"ja"`` for CJK text with kana (at least a
+    tenth of its CJK characters), ``"zh"`` for other CJK text. Text counts as CJK when
+    at least a tenth of its non-space characters are kana or Han ideographs."""
+    kana = len(_KANA.findall(text))
+    cjk = kana + len(_HAN.findall(text))
+    visible = sum(1 for ch in text if not ch.isspace())
+    if cjk == 0 or cjk * 10 < visible:
+        return "en"
+    return "ja" if kana * 10 >= cjk else "zh"
+
+
+def length_bucket(tokens: int) -> str:
+    """The smallest of 4k, 8k, 16k, 32k, 64k holding ``tokens`` (``"64k+"`` above)."""
+    for limit_k in (4, 8, 16, 32, 64):
+        if tokens <= limit_k * 1024:
+            return f"{limit_k}k"
+    return "64k+"
+
+
+def chained_block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
+    """Chained hashes of the full ``block_tokens`` blocks of ``token_ids``: entry ``i``
+    identifies the whole prefix up to block ``i`` (stable across processes, since
+    hashes of int tuples are not salted)."""
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
+        parent = hash((parent, tuple(token_ids[start : start + block_tokens])))
+        hashes.append(parent)
+    return tuple(hashes)
+
+
+def _token_count(record: dict[str, Any], fallback: int) -> int:
+    for name in _TOKEN_COUNT_FIELDS:
+        value = record.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return fallback
+
+
+def load_scbench_kv(
+    path: str | Path,
+    *,
+    tokenizer: Tokenizer | None = None,
+    block_tokens: int = 16,
+    interarrival_s: float = 0.5,
+) -> list[RouteRequest]:
+    """One request per ``multi_turns`` entry of an SCBench KV-lookup ``.jsonl``.
+
+    The prompt is SCBench's template around the record's context and the turn's
+    input, tokenized with ``tokenizer`` (default: the core's default tokenizer, a
+    character estimate when no offline tokenizer is installed); ``block_hashes`` are
+    its chained ``block_tokens``-token blocks, so the turns of one record share their
+    context blocks. ``prompt_tokens`` is the record's token count when it carries one
+    (``prompt_tokens`` / ``input_length`` / ``num_tokens``), else the tokenized
+    length. ``session`` is the record id; ``expected_output_tokens`` the answer's
+    length; features are ``language``, ``length_bucket`` and ``task="kv"``. Requests
+    arrive every ``interarrival_s`` seconds in file order."""
+    if block_tokens < 1 or interarrival_s < 0:
+        raise ConfigError("block_tokens must be >= 1 and interarrival_s >= 0")
+    tok = tokenizer if tokenizer is not None else default_tokenizer()
+    requests: list[RouteRequest] = []
+    for line_no, record in _json_lines(path):
+        where = f"{path}:{line_no}"
+        context = _field(record, "context", str, where)
+        record_id = str(record.get("id", line_no))
+        context_ids = tok.encode(SCBENCH_PROMPT.split("{input}")[0].format(context=context))
+        context_hashes = chained_block_hashes(context_ids, block_tokens)
+        for turn_no, turn in enumerate(_field(record, "multi_turns", list, where)):
+            if not isinstance(turn, dict) or not isinstance(turn.get("input"), str):
+                raise InvalidInputError(f"{where}: turn {turn_no} needs a string 'input'")
+            requests.append(
+                _scbench_request(
+                    tok,
+                    record,
+                    context,
+                    context_hashes,
+                    turn,
+                    f"scbench-{record_id}",
+                    turn_no,
+                    block_tokens,
+                )
+            )
+    return [_with_arrival(r, i * interarrival_s) for i, r in enumerate(requests)]
+
+
+def _scbench_request(
+    tok: Tokenizer,
+    record: dict[str, Any],
+    context: str,
+    context_hashes: tuple[int, ...],
+    turn: dict[str, Any],
+    session: str,
+    turn_no: int,
+    block_tokens: int,
+) -> RouteRequest:
+    text = SCBENCH_PROMPT.format(context=context, input=turn["input"])
+    token_ids = tok.encode(text)
+    block_hashes = chained_block_hashes(token_ids, block_tokens)
+    prompt_tokens = _token_count(record, len(token_ids))
+    answer = turn.get("answer")
+    request_id = f"{session}-{turn_no}"
+    return RouteRequest(
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+        block_hashes=block_hashes,
+        block_tokens=block_tokens,
+        expected_output_tokens=max(tok.count(answer), 1) if isinstance(answer, str) else 32,
+        boundaries=_boundaries(context_hashes, block_hashes),
+        session=session,
+        features={
+            "language": detect_language(text),
+            "length_bucket": length_bucket(prompt_tokens),
+            "task": "kv",
+        },
+        logical_id=request_id,
+    )
+
+
+def _boundaries(context_hashes: Sequence[int], block_hashes: Sequence[int]) -> tuple[int, ...]:
+    """The end of the shared context (the blocks the prompt has in common with the
+    tokenized template head + context) and the end of the prompt's full blocks."""
+    shared = 0
+    for ours, theirs in zip(context_hashes, block_hashes, strict=False):
+        if ours != theirs:
+            break
+        shared += 1
+    return tuple(sorted({b for b in (shared, len(block_hashes)) if b > 0}))
+
+
+def _with_arrival(request: RouteRequest, arrival_s: float) -> RouteRequest:
+    return replace(request, arrival_s=arrival_s)
+
+
+def from_workload(
+    workload: Workload,
+    build: Callable[[WorkloadRequest], Messages],
+    encode: Callable[[Messages], Sequence[int]],
+    *,
+    block_tokens: int = 16,
+    interarrival_s: float = 0.05,
+    output_tokens: int = 32,
+) -> list[RouteRequest]:
+    """Requests of a core benchmark workload, in workload order.
+
+    ``build`` renders each request's chat messages (e.g. a ``bench.replay`` arm:
+    baseline or ContextPilot-optimized), ``encode`` turns messages into token ids as
+    the engine sees them (e.g. ``bench.replay.EngineTokenizer``). Block hashes chain
+    the full ``block_tokens`` blocks; boundaries are the end of every message but the
+    last (aligned down to a block) and the end of the prompt's full blocks. Sessions
+    are the workload's conversation ids; request ``i`` arrives at
+    ``i * interarrival_s``."""
+    if block_tokens < 1 or interarrival_s < 0 or output_tokens < 1:
+        raise ConfigError("block_tokens and output_tokens must be >= 1, interarrival_s >= 0")
+    requests = []
+    for i, item in enumerate(workload.requests):
+        messages = build(item)
+        token_ids = encode(messages)
+        head_blocks = len(encode(messages[:-1])) // block_tokens if len(messages) > 1 else 0
+        block_hashes = chained_block_hashes(token_ids, block_tokens)
+        requests.append(
+            RouteRequest(
+                request_id=f"{workload.name}-{i}",
+                prompt_tokens=len(token_ids),
+                block_hashes=block_hashes,
+                block_tokens=block_tokens,
+                expected_output_tokens=output_tokens,
+                boundaries=tuple(sorted({b for b in (head_blocks, len(block_hashes)) if b > 0})),
+                session=item.session,
+                arrival_s=i * interarrival_s,
+            )
+        )
+    return requests

@@ -1,0 +1,322 @@
+"""Specification of the fleet simulator and the trace loaders."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextpilot_rag.bench.replay import EngineTokenizer
+from contextpilot_rag.bench.workloads import WorkloadRequest, multiturn_workload
+from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.routing.baselines import RandomPolicy, RoundRobinPolicy
+from contextpilot_rag.routing.types import Decision, FleetView, Outcome, RouteRequest
+from contextpilot_rag.sim.fleet import (
+    InvalidDecisionError,
+    Replica,
+    SimSummary,
+    default_fleet,
+    simulate,
+)
+from contextpilot_rag.sim.traces import (
+    detect_language,
+    from_workload,
+    length_bucket,
+    load_mooncake,
+    load_scbench_kv,
+)
+from contextpilot_rag.tokenizers import default_tokenizer
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+MOONCAKE = DATA / "mooncake" / "synthetic_trace.jsonl"
+SCBENCH = DATA / "scbench_kv" / "kv_150pairs_n10_seed0.jsonl"
+
+
+def _ticks() -> Iterator[int]:
+    tick = 0
+    while True:
+        tick += 1000
+        yield tick
+
+
+def clock_ns() -> Callable[[], int]:
+    """A nanosecond clock advancing 1 µs per reading."""
+    return _ticks().__next__
+
+
+def replica(replica_id: str = "r0", **overrides: object) -> Replica:
+    config: dict[str, object] = {
+        "rtt_s": 0.2,
+        "prefill_tokens_per_s": 1000.0,
+        "decode_tokens_per_s": 10.0,
+        "max_batch": 1,
+        "block_tokens": 100,
+    }
+    config.update(overrides)
+    return Replica(replica_id, **config)  # type: ignore[arg-type]
+
+
+def request(
+    request_id: str, blocks: tuple[int, ...], arrival_s: float = 0.0, output: int = 10
+) -> RouteRequest:
+    return RouteRequest(
+        request_id,
+        prompt_tokens=100 * len(blocks),
+        block_hashes=blocks,
+        block_tokens=100,
+        expected_output_tokens=output,
+        arrival_s=arrival_s,
+    )
+
+
+class Fixed:
+    """Sends everything to one replica and remembers what it saw."""
+
+    name = "fixed"
+
+    def __init__(self, replica_id: str = "r0", model: str = "sim-8b") -> None:
+        self.replica_id = replica_id
+        self.model = model
+        self.views: list[dict[str, tuple[int, int]]] = []
+        self.outcomes: list[Outcome] = []
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        self.views.append({r.replica_id: (r.in_flight, r.queued_tokens) for r in fleet.replicas})
+        return Decision(self.replica_id, self.model, "fixed")
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def random_requests(seed: int, count: int) -> list[RouteRequest]:
+    rng = random.Random(seed)
+    prefixes = [tuple(rng.randrange(10**6) for _ in range(3)) for _ in range(4)]
+    return [
+        request(
+            f"q{i}",
+            rng.choice(prefixes) + tuple(rng.randrange(10**6) for _ in range(rng.randrange(4))),
+            arrival_s=rng.uniform(0, 5),
+            output=rng.randrange(1, 20),
+        )
+        for i in range(count)
+    ]
+
+
+def test_hand_computed_two_requests_on_one_replica() -> None:
+    # A: arrives at the replica at 0.1, prefill 0.3 s, decode 1 s, ends at the client at 1.5.
+    # B: queued (max_batch=1) until 1.4, 2 of 3 blocks cached, prefill 0.1 s.
+    requests = [request("a", (1, 2, 3)), request("b", (1, 2, 4), arrival_s=0.2)]
+    result = simulate(requests, Fixed(), [replica()], clock_ns=clock_ns())
+    a, b = result.records
+    assert a.request_id == "a" and a.cached_tokens == 0
+    assert (a.ttft_s, a.e2e_s) == pytest.approx((0.5, 1.5))
+    assert b.start_s == pytest.approx(1.4)
+    assert b.cached_tokens == 200
+    assert b.ttft_s == pytest.approx(1.4)
+    assert b.e2e_s == pytest.approx(2.4)
+    summary = result.summary
+    assert summary.ttft_p50_ms == pytest.approx(950.0)
+    assert summary.e2e_p95_s == pytest.approx(1.5 + 0.95 * 0.9)
+    assert summary.hit_ratio == pytest.approx(200 / 600)
+    assert summary.max_replica_share == 1.0
+    assert summary.decision_us_p50 == pytest.approx(1.0)
+
+
+def test_same_seed_gives_the_same_results() -> None:
+    fleet = [replica(f"r{i}", rtt_s=0.05 * i, max_batch=2) for i in range(3)]
+    runs = [
+        simulate(random_requests(1, 60), RandomPolicy(7), fleet, seed=3, clock_ns=clock_ns())
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), count=st.integers(0, 40), batch=st.integers(1, 3))
+def test_every_request_completes_exactly_once(seed: int, count: int, batch: int) -> None:
+    requests = random_requests(seed, count)
+    fleet = [replica(f"r{i}", max_batch=batch) for i in range(2)]
+    policy = RoundRobinPolicy()
+    result = simulate(requests, policy, fleet)
+    assert sorted(r.request_id for r in result.records) == sorted(q.request_id for q in requests)
+    assert all(r.e2e_s >= r.ttft_s > 0 for r in result.records)
+
+
+def test_a_repeated_prefix_on_the_same_replica_has_lower_ttft() -> None:
+    requests = [request("cold", (1, 2, 3, 4)), request("warm", (1, 2, 3, 4), arrival_s=10.0)]
+    cold, warm = simulate(requests, Fixed(), [replica()]).records
+    assert warm.cached_tokens == 300
+    assert warm.ttft_s < cold.ttft_s
+    assert cold.ttft_s - warm.ttft_s == pytest.approx(300 / 1000.0)
+
+
+def test_kv_capacity_bounds_the_cache() -> None:
+    requests = [
+        request("a", (1, 2, 3)),
+        request("b", (7, 8, 9), arrival_s=10.0),
+        request("c", (1, 2, 3), arrival_s=20.0),
+    ]
+    records = simulate(requests, Fixed(), [replica(kv_capacity_tokens=300)]).records
+    assert records[2].cached_tokens == 0
+
+
+def test_concurrency_limit_and_fifo_order_are_respected() -> None:
+    requests = [request(f"q{i}", (100 + i,), output=20) for i in range(6)]
+    records = simulate(requests, Fixed(), [replica(max_batch=2)]).records
+    starts = {r.request_id: r.start_s for r in records}
+    assert [starts[f"q{i}"] for i in range(6)] == sorted(starts.values())
+    intervals = [(r.start_s, r.arrival_s + r.e2e_s - 0.1) for r in records]
+    for start, _ in intervals:
+        assert sum(s <= start + 1e-9 < e for s, e in intervals) <= 2
+
+
+def test_prefill_runs_one_prompt_at_a_time_while_decodes_overlap() -> None:
+    requests = [request("a", (1, 2, 3)), request("b", (4, 5))]
+    a, b = simulate(requests, Fixed(), [replica(max_batch=2)]).records
+    assert b.start_s == pytest.approx(a.start_s + 0.3)  # a's prefill: 300 tokens at 1000/s
+    assert b.e2e_s - a.e2e_s == pytest.approx(0.2)  # decodes overlap: only prefill delays b
+
+
+def test_round_trip_time_is_added_to_ttft_and_e2e() -> None:
+    near = simulate([request("a", (1,))], Fixed(), [replica(rtt_s=0.0)]).records[0]
+    far = simulate([request("a", (1,))], Fixed(), [replica(rtt_s=0.4)]).records[0]
+    assert far.ttft_s - near.ttft_s == pytest.approx(0.4)
+    assert far.e2e_s - near.e2e_s == pytest.approx(0.4)
+
+
+def test_policy_sees_live_load_and_observes_every_outcome() -> None:
+    policy = Fixed()
+    requests = [request("a", (1, 2)), request("b", (3,), arrival_s=0.05)]
+    simulate(requests, policy, [replica(), replica("r1")])
+    assert policy.views[1]["r0"] == (1, 200)
+    assert policy.views[1]["r1"] == (0, 0)
+    assert [o.request.request_id for o in policy.outcomes] == ["a", "b"]
+
+
+def test_choosing_an_unknown_or_unhealthy_replica_is_an_error() -> None:
+    with pytest.raises(InvalidDecisionError):
+        simulate([request("a", (1,))], Fixed("nope"), [replica()])
+    with pytest.raises(InvalidDecisionError):
+        simulate([request("a", (1,))], Fixed(), [replica(healthy=False), replica("r1")])
+    with pytest.raises(InvalidDecisionError):
+        simulate([request("a", (1,))], Fixed(model="other"), [replica()])
+
+
+def test_choosing_an_excluded_replica_is_an_error_when_another_exists() -> None:
+    excluded = RouteRequest("a", 100, (1,), 100, excluded=frozenset({("r0", "sim-8b")}))
+    with pytest.raises(InvalidDecisionError):
+        simulate([excluded], Fixed(), [replica(), replica("r1")])
+    assert len(simulate([excluded], Fixed(), [replica()]).records) == 1
+
+
+def test_invalid_inputs_are_rejected_before_running() -> None:
+    with pytest.raises(ConfigError):
+        simulate([request("a", (1,)), request("a", (2,))], Fixed(), [replica()])
+    with pytest.raises(ConfigError):
+        simulate([request("a", (1,))], Fixed(), [replica(block_tokens=16)])
+    with pytest.raises(ConfigError):
+        simulate([], Fixed(), [])
+    with pytest.raises(ConfigError):
+        Replica("r", prefill_tokens_per_s=0)
+
+
+def test_default_fleet_uses_the_gorgo_round_trips() -> None:
+    fleet = default_fleet(3, 2, block_tokens=512)
+    assert len(fleet) == 6
+    assert sorted({r.rtt_s for r in fleet}) == [0.037, 0.279, 0.456]
+    assert len({r.replica_id for r in fleet}) == 6
+
+
+def test_empty_run_has_zero_summary() -> None:
+    assert SimSummary.of([]).as_dict() == dict.fromkeys(SimSummary.__dataclass_fields__, 0.0)
+
+
+def test_mooncake_loader_parses_an_inline_sample(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lines = [
+        {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]},
+        {"timestamp": 1500, "input_length": 600, "output_length": 7, "hash_ids": [0, 2]},
+    ]
+    trace.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    first, second = load_mooncake(trace)
+    assert (first.prompt_tokens, first.expected_output_tokens) == (1000, 5)
+    assert first.block_hashes == (0, 1) and first.boundaries == (1, 2)
+    assert second.arrival_s == 1.5 and second.block_tokens == 512
+    assert len(load_mooncake(trace, limit=1)) == 1
+
+
+def test_mooncake_loader_rejects_malformed_records(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": "x", "hash_ids": []}) + "\n")
+    with pytest.raises(InvalidInputError, match="input_length"):
+        load_mooncake(trace)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason=f"shared trace not found at {MOONCAKE}")
+def test_mooncake_loader_parses_the_shared_trace() -> None:
+    requests = load_mooncake(MOONCAKE)
+    assert len(requests) == 3993
+    assert all(len(r.block_hashes) == -(-r.prompt_tokens // 512) for r in requests)
+    assert [r.arrival_s for r in requests] == sorted(r.arrival_s for r in requests)
+
+
+def test_scbench_loader_makes_one_request_per_turn_sharing_the_context(tmp_path: Path) -> None:
+    record = {
+        "id": 3,
+        "context": "JSON data:\n" + json.dumps({f"key-{i}": f"value-{i}" for i in range(60)}),
+        "multi_turns": [
+            {"input": 'Key: "key-1"\nThe value is: ', "answer": "value-1"},
+            {"input": 'Key: "key-2"\nThe value is: ', "answer": "value-2"},
+        ],
+    }
+    path = tmp_path / "kv.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    first, second = load_scbench_kv(path, interarrival_s=2.0)
+    assert first.session == second.session == "scbench-3"
+    assert second.arrival_s == 2.0
+    shared = first.boundaries[0]
+    assert shared > 0 and first.block_hashes[:shared] == second.block_hashes[:shared]
+    assert first.features == {"language": "en", "length_bucket": "4k", "task": "kv"}
+
+
+@pytest.mark.skipif(not SCBENCH.exists(), reason=f"shared KV data not found at {SCBENCH}")
+def test_scbench_loader_parses_the_shared_file() -> None:
+    requests = load_scbench_kv(SCBENCH)
+    assert len(requests) == 50
+    assert all(r.features["task"] == "kv" and r.prompt_tokens > 4000 for r in requests)
+    assert len({r.session for r in requests}) == 10
+
+
+def test_language_comes_from_character_classes() -> None:
+    assert detect_language("The value associated with the key") == "en"
+    assert detect_language("これは日本語の文章です。キーの値を答えてください。") == "ja"
+    assert detect_language("请找出与指定键对应的值。这是中文文本。") == "zh"
+
+
+def test_length_buckets() -> None:
+    assert [length_bucket(n) for n in (100, 5000, 20_000, 70_000)] == ["4k", "8k", "32k", "64k+"]
+
+
+def test_workload_requests_keep_sessions_and_share_the_system_prompt_blocks() -> None:
+    workload = multiturn_workload(n_sessions=3, turns=2, k=3, n_docs=40, seed=0)
+
+    def build(item: WorkloadRequest) -> list[dict[str, str]]:
+        docs = "\n".join(workload.corpus[d] for d in item.doc_ids)
+        return [
+            {"role": "system", "content": workload.system_prompt},
+            {"role": "user", "content": f"{docs}\n{item.query}"},
+        ]
+
+    requests = from_workload(workload, build, EngineTokenizer(default_tokenizer()))
+    assert len(requests) == 6
+    assert {r.session for r in requests} == {q.session for q in workload.requests}
+    head = requests[0].boundaries[0]
+    assert head > 0 and all(
+        r.block_hashes[:head] == requests[0].block_hashes[:head] for r in requests
+    )
+    assert all(r.prompt_tokens >= 16 * len(r.block_hashes) for r in requests)

@@ -1,0 +1,178 @@
+"""Ranvier learned prefix routes: table semantics, policy behaviour, decision cost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextpilot_rag.routing.measure import measure_decision_cost
+from contextpilot_rag.routing.ranvier import RanvierConfig, RanvierPolicy, Route, RouteTable
+from contextpilot_rag.routing.types import Decision, Outcome, ReplicaState, RouteRequest
+
+
+@dataclass(frozen=True)
+class Fleet:
+    now: float
+    replicas: Sequence[ReplicaState]
+
+
+def chain(tokens: Sequence[int]) -> tuple[int, ...]:
+    hashes, h = [], 0
+    for t in tokens:
+        h = hash((h, t))
+        hashes.append(h)
+    return tuple(hashes)
+
+
+def fleet(n: int = 4, now: float = 0.0, **overrides: ReplicaState) -> Fleet:
+    replicas = [ReplicaState(f"r{k}", "m") for k in range(n)]
+    replicas = [overrides.get(r.replica_id, r) for r in replicas]
+    return Fleet(now, tuple(replicas))
+
+
+def request(blocks: Sequence[int], boundaries: Sequence[int], rid: str = "q") -> RouteRequest:
+    return RouteRequest(
+        rid, len(blocks) * 16, block_hashes=chain(blocks), boundaries=tuple(boundaries)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    learned=st.lists(
+        st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.sampled_from("abc")),
+        max_size=6,
+    ),
+    query=st.lists(st.integers(0, 2), min_size=1, max_size=8),
+)
+def test_longest_prefix_match_equals_brute_force(
+    learned: list[tuple[list[int], str]], query: list[int]
+) -> None:
+    table = RouteTable()
+    reference: dict[tuple[int, ...], str] = {}
+    for blocks, replica in learned:
+        table.learn(chain(blocks), range(1, len(blocks) + 1), replica, now=0.0)
+        for b in range(1, len(blocks) + 1):
+            reference[tuple(blocks[:b])] = replica
+    match = table.lookup(chain(query), range(1, len(query) + 1), now=0.0)
+    expected = max(
+        ((len(p), r) for p, r in reference.items() if tuple(query[: len(p)]) == p), default=None
+    )
+    got = None if match is None else (match.route.blocks, match.route.replica_id)
+    assert got == expected
+
+
+def test_table_is_bounded_and_evicts_least_recently_used() -> None:
+    table = RouteTable(capacity=3)
+    for key in range(5):
+        table.put(key, Route("a", 1, 0.0))
+    assert len(table) == 3
+    assert table.get(0, 0.0) is None and table.get(4, 0.0) is not None
+
+
+def test_routes_expire_after_ttl() -> None:
+    table = RouteTable(ttl_s=10.0)
+    table.put(1, Route("a", 1, learned_s=0.0))
+    assert table.get(1, now=10.0) is not None
+    assert table.get(1, now=10.5) is None
+
+
+def test_peer_routes_are_evicted_before_local_ones() -> None:
+    table = RouteTable(capacity=2)
+    table.put(1, Route("a", 1, 0.0))
+    assert table.import_routes([(2, Route("b", 1, 0.0))]) == 1
+    table.put(3, Route("c", 1, 0.0))
+    assert table.get(1, 0.0) is not None and table.get(3, 0.0) is not None
+    assert table.get(2, 0.0) is None
+
+
+def test_peer_route_never_replaces_local_route() -> None:
+    table = RouteTable()
+    table.put(1, Route("a", 1, 0.0))
+    assert table.import_routes([(1, Route("b", 1, 0.0))]) == 0
+    route = table.get(1, 0.0)
+    assert route is not None and route.replica_id == "a" and route.trust == "local"
+
+
+def test_policy_follows_learned_route() -> None:
+    policy = RanvierPolicy()
+    first = policy.choose(request([1, 2, 3, 4], [2, 4], "a"), fleet())
+    second = policy.choose(request([1, 2, 9, 9], [2, 4], "b"), fleet())
+    assert second.replica_id == first.replica_id
+    assert second.reason == "route" and second.predicted_cached_tokens == 2 * 16
+
+
+def test_load_override_when_preferred_far_above_median() -> None:
+    policy = RanvierPolicy(RanvierConfig(load_factor=2.0, load_slack=4))
+    first = policy.choose(request([1, 2], [2], "a"), fleet())
+    busy = ReplicaState(first.replica_id, "m", in_flight=4)  # 4 <= 2 * median 0 + slack 4
+    assert policy.choose(request([1, 2], [2], "b"), fleet(**{first.replica_id: busy})).reason == (
+        "route"
+    )
+    hot = ReplicaState(first.replica_id, "m", in_flight=50)
+    decision = policy.choose(request([1, 2], [2], "c"), fleet(**{first.replica_id: hot}))
+    assert decision.reason == "load-override" and decision.replica_id != first.replica_id
+
+
+def test_independent_policies_converge_on_first_block() -> None:
+    for first_block in range(20):
+        a = RanvierPolicy().choose(request([first_block, 1], [2], "x"), fleet(8))
+        b = RanvierPolicy().choose(request([first_block, 7], [2], "y"), fleet(8))
+        assert (a.reason, a.replica_id) == ("hash", b.replica_id)
+
+
+def test_hash_fallback_respects_load_bound() -> None:
+    policy = RanvierPolicy(RanvierConfig(hash_load_factor=1.25))
+    in_flight = {f"r{k}": 0 for k in range(4)}
+    for i in range(200):
+        view = Fleet(0.0, tuple(ReplicaState(r, "m", in_flight=n) for r, n in in_flight.items()))
+        decision = policy.choose(request([0, i], [], f"q{i}"), view)  # same first block
+        in_flight[decision.replica_id] += 1
+        bound = -(-1.25 * sum(in_flight.values()) // 4)
+        assert max(in_flight.values()) <= bound
+
+
+def test_feedback_trims_disproved_routes() -> None:
+    policy = RanvierPolicy()
+    req = request([1, 2, 3, 4], [1, 2, 4], "a")
+    policy.choose(req, fleet())
+    decision = policy.choose(request([1, 2, 3, 4], [1, 2, 4], "b"), fleet())
+    assert decision.predicted_cached_tokens == 64
+    policy.observe(Outcome(req, decision, ttft_s=0.1, e2e_s=1.0, cached_tokens=16))
+    again = policy.choose(request([1, 2, 3, 4], [1, 2, 4], "c"), fleet())
+    assert again.predicted_cached_tokens == 16
+
+
+def test_unhealthy_and_excluded_replicas_are_skipped() -> None:
+    policy = RanvierPolicy()
+    first = policy.choose(request([1, 2], [2], "a"), fleet())
+    sick = ReplicaState(first.replica_id, "m", healthy=False)
+    assert policy.choose(request([1, 2], [2]), fleet(**{first.replica_id: sick})).replica_id != (
+        first.replica_id
+    )
+    excluded = RouteRequest(
+        "b", 32, block_hashes=chain([1, 2]), boundaries=(2,),
+        excluded=frozenset({(first.replica_id, "m")}),
+    )  # fmt: skip
+    assert policy.choose(excluded, fleet()).replica_id != first.replica_id
+
+
+def test_capacity_model_stops_routes_to_evicted_prefixes() -> None:
+    policy = RanvierPolicy(RanvierConfig(capacity_tokens_per_replica=64))
+    only = Fleet(0.0, (ReplicaState("r0", "m"),))
+    policy.choose(request([1, 2, 3, 4], [2, 4], "a"), only)
+    policy.choose(request([7, 8, 9, 10], [2, 4], "b"), only)  # evicts prefix [1, 2, 3, 4]
+    decision = policy.choose(request([1, 2, 3, 4], [2, 4], "c"), only)
+    assert decision.reason == "hash" and decision.predicted_cached_tokens == 0
+
+
+def test_decision_cost_is_measured() -> None:
+    result = measure_decision_cost(RanvierPolicy(), requests=50, warmup=10, prompt_tokens=4_000)
+    assert result["decisions"] == 50 and 0 < result["p50_us"] <= result["p99_us"]
+
+
+def test_decision_reports_cached_tokens_within_prompt() -> None:
+    decision: Decision = RanvierPolicy().choose(request([1], [1]), fleet())
+    assert 0 <= decision.predicted_cached_tokens <= 16

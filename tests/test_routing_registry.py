@@ -1,0 +1,41 @@
+"""Every policy name of the contract builds a policy that routes a real trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.routing import POLICY_NAMES, Policy, make_policy
+from contextpilot_rag.sim import default_fleet, load_mooncake, simulate
+
+MOONCAKE = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+)
+
+
+def test_the_contract_names_are_registered() -> None:
+    expected = {"random", "round-robin", "least-request", "least-load", "session", "prefix"}
+    assert expected | {"ranvier", "gorgo", "gorgo-lb"} == set(POLICY_NAMES)
+
+
+def test_an_unknown_name_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown routing policy"):
+        make_policy("fastest")
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/data/mooncake is not present")
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_each_policy_routes_the_mooncake_trace(name: str) -> None:
+    if name == "gorgo-lb":
+        pytest.importorskip("gorgo", reason="gorgo-lb is an optional comparison")
+    policy = make_policy(name)
+    assert isinstance(policy, Policy) and policy.name == name
+    requests = load_mooncake(MOONCAKE, limit=150, block_tokens=512)
+    result = simulate(requests, policy, default_fleet(3, 1, block_tokens=512))
+    assert len(result.records) == len(requests)
+    summary = result.summary
+    assert 0 < summary.ttft_p50_ms <= summary.ttft_p95_ms <= summary.ttft_p99_ms
+    assert 0.0 <= summary.hit_ratio < 1.0
+    assert 1 / 3 <= summary.max_replica_share <= 1.0
