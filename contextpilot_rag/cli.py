@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -55,7 +56,28 @@ def _parser() -> argparse.ArgumentParser:
         "4,000 requests take ~3 min on 2 cores, 12,000 do not finish in 10 min)",
     )
     bench.add_argument("--seed", type=int, default=0)
+    _add_route_sim(commands)
     return parser
+
+
+def _add_route_sim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    route = commands.add_parser(
+        "route-sim",
+        help="compare routing policies on a trace in the fleet simulator",
+    )
+    route.add_argument("--trace", type=Path, required=True, help="Mooncake-format .jsonl trace")
+    route.add_argument(
+        "--policies",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+        default=None,
+        help="comma-separated policy names (default: every registered policy installed here)",
+    )
+    route.add_argument("--regions", type=int, default=3)
+    route.add_argument("--replicas-per-region", type=int, default=1)
+    route.add_argument("--tune-fraction", type=float, default=0.5)
+    route.add_argument("--seed", type=int, default=0)
+    route.add_argument("--json", action="store_true", help="print the results as JSON only")
+    route.add_argument("--plot", type=Path, help="write a p95 TTFT / E2E bar chart (PNG)")
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
@@ -165,6 +187,47 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _route_sim(args: argparse.Namespace, console: Console) -> int:
+    from .bench.routing import route_sim_progress, route_sim_table, run_route_sim
+    from .errors import ConfigError
+
+    errors = Console(stderr=True)  # stdout carries only the table or the JSON
+    try:
+        with route_sim_progress(errors) as progress:
+            rows = run_route_sim(
+                args.trace,
+                policies=args.policies,
+                regions=args.regions,
+                replicas_per_region=args.replicas_per_region,
+                tune_fraction=args.tune_fraction,
+                seed=args.seed,
+                progress=progress,
+            )
+    except (ConfigError, OSError) as exc:
+        errors.print(f"[red]route-sim: {exc}[/red]")
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        title = (
+            f"{args.trace.name}: {args.regions} regions x {args.replicas_per_region} "
+            f"replicas, held-out {1 - args.tune_fraction:.0%} of the trace"
+        )
+        console.print(route_sim_table(rows, title))
+    if args.plot:
+        _plot_route_sim(rows, args.plot, errors)
+    return 0
+
+
+def _plot_route_sim(rows: list[dict[str, Any]], path: Path, errors: Console) -> None:
+    from .bench.routing import plot_route_sim
+
+    if plot_route_sim(rows, path):
+        errors.print(f"wrote {path}")
+    else:
+        errors.print("[yellow]matplotlib is not installed; no plot written[/yellow]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``contextpilot-rag`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -174,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "demo":
         return _demo(args, console)
+    if args.command == "route-sim":
+        return _route_sim(args, console)
     return _bench(args, console)
 
 

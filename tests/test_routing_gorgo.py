@@ -120,3 +120,12 @@ def test_gorgo_lb_wrapper_produces_valid_decisions() -> None:
         policy.observe(Outcome(r, decision, 0.1, 1.0))
     excluded = RouteRequest("x", 16, block_hashes=(1,), excluded=frozenset({("a", "m")}))
     assert policy.choose(excluded, Fleet(9.0, replicas)).replica_id == "c"
+
+
+def test_route_update_records_a_bounded_spread_including_the_longest_prefix() -> None:
+    policy = CostPolicy(recorded_boundaries=8)
+    view = Fleet(0.0, (ReplicaState("a", "m"),))
+    policy.choose(req("w", list(range(100))), view)
+    assert len(policy.locations) == 8
+    decision = policy.choose(req("q", list(range(100))), view)
+    assert decision.predicted_cached_tokens == 100 * 16

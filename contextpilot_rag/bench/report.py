@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -22,6 +23,7 @@ __all__ = [
     "latency_table",
     "plot_hit_ratios",
     "progress_bars",
+    "save_figure",
 ]
 
 _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs unmodified")
@@ -161,11 +163,7 @@ def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
             axis.set_title(f"{result.name}, capacity {result.capacity_tokens:,} tokens")
             axis.invert_yaxis()
             axis.margins(x=0.15)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return save_figure(figure, path)
 
 
 _BATCH_COLUMNS = (
@@ -208,3 +206,14 @@ def batch_markdown(result: BatchResult) -> str:
     lines = ["| " + " | ".join(_BATCH_COLUMNS) + " |", "|" + "---|" * len(_BATCH_COLUMNS)]
     lines += ["| " + " | ".join(_batch_row(arm)) + " |" for arm in result.arms]
     return "\n".join(lines)
+
+
+def save_figure(figure: Any, path: Path) -> bool:
+    """Lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True

@@ -4,8 +4,9 @@ protocol they share (:mod:`contextpilot_rag.routing.types`).
 Policies by name (the names are a contract): ``random``, ``round-robin``,
 ``least-request``, ``least-load``, ``session``, ``prefix`` (baselines), ``ranvier``
 (learned prefix routes), ``gorgo`` (cache + RTT + queue cost, optionally tuned) and
-``gorgo-lb`` (the original GORGO package, if installed). ``laar`` and ``combined``
-are not implemented yet.
+``gorgo-lb`` (the original GORGO package, if installed), ``laar`` (accuracy-aware:
+latency / predicted accuracy per model) and ``combined`` (expected time to a correct
+answer: RTT + queue + uncached prefill + decode, divided by predicted accuracy).
 """
 
 from __future__ import annotations
@@ -22,17 +23,22 @@ from .baselines import (
     RoundRobinPolicy,
     SessionAffinityPolicy,
 )
+from .combined import CombinedPolicy
 from .gorgo import CostPolicy
+from .laar import AccuracyModel, LaarPolicy
 from .ranvier import RanvierConfig, RanvierPolicy, RouteTable
 from .tuner import CostWeights, TunerBounds, WeightTuner
 from .types import Decision, FleetView, Outcome, Policy, ReplicaState, RouteRequest
 
 __all__ = [
     "POLICY_NAMES",
+    "AccuracyModel",
+    "CombinedPolicy",
     "CostPolicy",
     "CostWeights",
     "Decision",
     "FleetView",
+    "LaarPolicy",
     "LeastLoadPolicy",
     "LeastRequestPolicy",
     "Outcome",
@@ -68,6 +74,8 @@ _FACTORIES: dict[str, Callable[..., Policy]] = {
     "ranvier": RanvierPolicy,
     "gorgo": CostPolicy,
     "gorgo-lb": _gorgo_lb,
+    "laar": LaarPolicy,
+    "combined": CombinedPolicy,
 }
 POLICY_NAMES = tuple(_FACTORIES)
 

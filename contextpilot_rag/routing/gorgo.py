@@ -9,6 +9,11 @@ Per replica ``u``::
 Every term is in seconds, so weights of 1.0 make ``cost`` the physical TTFT estimate
 (network + queue drain + own prefill). ``uncached_tokens`` comes from a router-side
 estimate, :class:`PrefixLocations`: which replicas were sent which boundary prefixes.
+Each dispatch records at most ``recorded_boundaries`` of the prompt's boundaries (the
+longest, the first and evenly spaced ones between, plus the prefix the decision relied
+on), so the route update costs O(1) rather than O(boundaries): a later request sharing
+a prefix is credited the longest recorded boundary inside it, an underestimate of at
+most one spacing.
 Weights are fixed, or tuned online by :class:`~contextpilot_rag.routing.tuner.WeightTuner`
 and then frozen.
 """
@@ -23,7 +28,17 @@ from .common import candidate_replicas
 from .tuner import CostWeights, WeightTuner
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
-__all__ = ["CostPolicy", "PrefixLocations"]
+__all__ = ["CostPolicy", "PrefixLocations", "spread_boundaries"]
+
+
+def spread_boundaries(boundaries: Sequence[int], blocks: int, keep: int) -> list[int]:
+    """At most ``keep`` (>= 2) of the valid ``boundaries`` (``1..blocks``), ascending:
+    all of them if few enough, else the first, the last and evenly spaced ones between."""
+    valid = sorted({b for b in boundaries if 0 < b <= blocks})
+    last = len(valid) - 1
+    if last < keep:
+        return valid
+    return [valid[i * last // (keep - 1)] for i in range(keep)]
 
 
 class _Holders:
@@ -58,15 +73,15 @@ class PrefixLocations:
         longest first; replicas absent from the result have nothing cached."""
         found: dict[str, int] = {}
         n = len(block_hashes)
+        lookup, oldest = self._entries.get, now - self.ttl_s
         for b in sorted(boundaries, reverse=True):
             if not 1 <= b <= n:
                 continue
-            entry = self._entries.get(block_hashes[b - 1])
-            if entry is None or now - entry.stamp > self.ttl_s:
+            entry = lookup(block_hashes[b - 1])
+            if entry is None or entry.stamp < oldest:
                 continue
             for replica_id in entry.replicas:
-                if replica_id not in found:
-                    found[replica_id] = b
+                found.setdefault(replica_id, b)
         return found
 
     def record(
@@ -107,7 +122,11 @@ class CostPolicy:
         *,
         tuner: WeightTuner | None = None,
         locations: PrefixLocations | None = None,
+        recorded_boundaries: int = 8,
     ) -> None:
+        if recorded_boundaries < 2:
+            raise ConfigError(f"recorded_boundaries must be >= 2, got {recorded_boundaries}")
+        self.recorded_boundaries = recorded_boundaries
         self.tuner = tuner
         self._fixed = weights or CostWeights()
         self.locations = locations or PrefixLocations()
@@ -140,17 +159,33 @@ class CostPolicy:
         return result
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
-        """The cheapest healthy, non-excluded replica (ties: first in fleet order)."""
+        """The cheapest healthy, non-excluded replica (ties: first in fleet order);
+        the same costs as :meth:`costs`, computed in one pass without the dict."""
         candidates = candidate_replicas(request, fleet)
-        costs = self.costs(request, candidates, fleet.now)
-        best = candidates[0]
-        best_cost, best_cached = costs[best.replica_id]
+        w = self.weights
+        wp, wr, wq = w.prefill_weight, w.rtt_weight, w.queue_weight
+        tokens, block_tokens = request.prompt_tokens, request.block_tokens
+        known = self.locations.cached_blocks(request.block_hashes, request.boundaries, fleet.now)
+        best, best_cost, best_cached = candidates[0], float("inf"), 0
         for r in candidates:
-            cost, cached = costs[r.replica_id]
+            cached = min(known.get(r.replica_id, 0) * block_tokens, tokens)
+            cost = (wp * (tokens - cached) + wq * r.queued_tokens) / r.prefill_tokens_per_s
+            cost += wr * r.rtt_s
             if cost < best_cost:
                 best, best_cost, best_cached = r, cost, cached
-        self.locations.record(request.block_hashes, request.boundaries, best.replica_id, fleet.now)
+        self._record_route(request, best.replica_id, known.get(best.replica_id, 0), fleet.now)
         return Decision(best.replica_id, best.model, "min-cost", best_cached, best_cost)
+
+    def _record_route(
+        self, request: RouteRequest, replica_id: str, relied_on: int, now: float
+    ) -> None:
+        """Record a bounded spread of boundaries and the prefix (``relied_on`` blocks)
+        the decision counted as cached, so the reused route stays fresh."""
+        hashes = request.block_hashes
+        recorded = spread_boundaries(request.boundaries, len(hashes), self.recorded_boundaries)
+        if relied_on and relied_on not in recorded:
+            recorded.append(relied_on)
+        self.locations.record(hashes, recorded, replica_id, now)
 
     def observe(self, outcome: Outcome) -> None:
         """Feed the tuner; forget prefixes the engine reported as not cached."""

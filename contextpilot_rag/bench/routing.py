@@ -1,0 +1,293 @@
+"""The routing benchmark behind ``contextpilot-rag route-sim``: replay a trace through the
+fleet simulator once per policy and report the issue's JSON fields.
+
+Protocol (deterministic by ``seed``, except the wall-clock ``decision_us_p50``):
+
+1. Load the Mooncake-format trace and split it by arrival order at ``tune_fraction``.
+2. Tune what is tunable on the first part: ``gorgo`` runs a :class:`CostPolicy` with a
+   :class:`WeightTuner` through the simulator, then freezes its weights.
+3. Evaluate every policy on the held-out rest, each with a fresh fleet (empty caches,
+   empty queues) and a fresh policy. Only *learned parameters* (gorgo's weights) carry
+   over: route tables and prefix locations learned on the tune part would point at
+   caches the fresh fleet does not hold, so every policy starts its routing state empty.
+
+An SCBench-style KV-lookup trace selects the TTCA experiment, not implemented yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..errors import ConfigError
+from ..routing import POLICY_NAMES, CostPolicy, Policy, RouteRequest, WeightTuner, make_policy
+from ..sim.fleet import Replica, SimResult, default_fleet, simulate
+from ..sim.traces import load_mooncake
+from .report import save_figure
+
+__all__ = [
+    "PLANNED_POLICIES",
+    "RESULT_FIELDS",
+    "ProgressFactory",
+    "default_policies",
+    "plot_route_sim",
+    "resolve_policies",
+    "route_sim_progress",
+    "route_sim_results",
+    "route_sim_table",
+    "run_route_sim",
+    "split_trace",
+    "trace_kind",
+]
+
+logger = logging.getLogger(__name__)
+
+ProgressFactory = Callable[[str, int], Callable[[], None]]
+"""``progress(label, total)`` returns an ``advance()`` callback (see ``report.progress_bars``)."""
+
+PLANNED_POLICIES = ("laar", "combined")
+"""Contract names whose policies are not in the registry yet: skipped with a note."""
+
+RESULT_FIELDS = (
+    "policy",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "e2e_p95_s",
+    "hit_ratio",
+    "max_replica_share",
+    "ttca_mean_s",
+    "success_rate",
+    "decision_us_p50",
+)
+
+
+def trace_kind(path: str | Path) -> str:
+    """``"mooncake"`` or ``"scbench_kv"``, from the first record of a ``.jsonl`` trace."""
+    with open(path, encoding="utf-8") as handle:
+        first = next((line for line in handle if line.strip()), None)
+    if first is None:
+        raise ConfigError(f"{path}: the trace is empty")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: the first line is not valid JSON ({exc})") from None
+    if isinstance(record, dict) and "hash_ids" in record:
+        return "mooncake"
+    if isinstance(record, dict) and "context" in record and "multi_turns" in record:
+        return "scbench_kv"
+    raise ConfigError(
+        f"{path}: neither a Mooncake trace (hash_ids) nor an SCBench KV trace "
+        "(context, multi_turns)"
+    )
+
+
+def _installed(name: str) -> bool:
+    try:
+        make_policy(name)
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(runnable names, notes on the skipped ones)``. Raises :class:`ConfigError` for
+    a name that is neither registered nor planned."""
+    known = set(POLICY_NAMES) | set(PLANNED_POLICIES)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"unknown routing policies {unknown}; choose from {list(POLICY_NAMES)} "
+            f"(planned, not implemented yet: {list(PLANNED_POLICIES)})"
+        )
+    runnable, notes = [], []
+    for name in dict.fromkeys(names):
+        if name not in POLICY_NAMES:
+            notes.append(f"skipped {name!r}: not implemented yet")
+        elif not _installed(name):
+            notes.append(f"skipped {name!r}: its optional package is not installed")
+        else:
+            runnable.append(name)
+    return runnable, notes
+
+
+def default_policies() -> list[str]:
+    """Every registered policy that can run here (``gorgo-lb`` only if installed)."""
+    return resolve_policies(POLICY_NAMES)[0]
+
+
+def split_trace(
+    requests: Sequence[RouteRequest], tune_fraction: float
+) -> tuple[list[RouteRequest], list[RouteRequest]]:
+    """``(tune part, held-out part)`` by arrival order (ties keep trace order)."""
+    if not 0.0 <= tune_fraction < 1.0:
+        raise ConfigError(f"tune_fraction must be in [0, 1), got {tune_fraction}")
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    cut = int(len(ordered) * tune_fraction)
+    if cut >= len(ordered):
+        raise ConfigError("the held-out part of the trace is empty; lower tune_fraction")
+    return ordered[:cut], ordered[cut:]
+
+
+def _tuned_gorgo(
+    tune: Sequence[RouteRequest], fleet: Callable[[], list[Replica]], seed: int
+) -> Policy:
+    """A frozen :class:`CostPolicy` whose weights were tuned on ``tune``; a fresh one
+    (fresh prefix locations) routes the held-out part."""
+    learner = CostPolicy(tuner=WeightTuner(seed=seed))
+    if tune:
+        simulate(tune, learner, fleet(), seed=seed)
+    return CostPolicy(learner.freeze())
+
+
+def route_sim_results(
+    requests: Sequence[RouteRequest],
+    *,
+    policies: Sequence[str] | None = None,
+    regions: int = 3,
+    replicas_per_region: int = 1,
+    tune_fraction: float = 0.5,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> list[SimResult]:
+    """One :class:`SimResult` per runnable policy, on the held-out part only."""
+    wanted = [*POLICY_NAMES, *PLANNED_POLICIES] if policies is None else policies
+    names, notes = resolve_policies(wanted)
+    for note in notes:
+        logger.warning(note)
+    tune, held_out = split_trace(requests, tune_fraction)
+    block_tokens = held_out[0].block_tokens
+
+    def fleet() -> list[Replica]:
+        return default_fleet(regions, replicas_per_region, block_tokens=block_tokens)
+
+    advance = progress("route-sim policies", len(names)) if progress else None
+    results = []
+    for name in names:
+        policy = _tuned_gorgo(tune, fleet, seed) if name == "gorgo" else make_policy(name)
+        results.append(simulate(held_out, policy, fleet(), seed=seed))
+        if advance:
+            advance()
+    return results
+
+
+def _result_row(name: str, result: SimResult) -> dict[str, Any]:
+    row: dict[str, Any] = {"policy": name, **result.summary.as_dict()}
+    row["ttca_mean_s"] = row["success_rate"] = None  # no correctness in Mooncake traces
+    return {field: row[field] for field in RESULT_FIELDS}
+
+
+def run_route_sim(
+    trace_path: str | Path,
+    *,
+    policies: Sequence[str] | None = None,
+    regions: int = 3,
+    replicas_per_region: int = 1,
+    tune_fraction: float = 0.5,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """The benchmark's rows (:data:`RESULT_FIELDS`) for a Mooncake-format trace;
+    ``policies`` defaults to every registered policy that can run here, and ``limit``
+    keeps the first requests of the trace. Raises :class:`ConfigError` for an
+    SCBench KV trace (TTCA experiment not implemented yet) or an invalid setting."""
+    if trace_kind(trace_path) == "scbench_kv":
+        raise ConfigError(
+            f"{trace_path}: SCBench KV-lookup trace — TTCA experiment not implemented yet"
+        )
+    requests = load_mooncake(trace_path, limit=limit)
+    if not requests:
+        raise ConfigError(f"{trace_path}: the trace has no requests")
+    results = route_sim_results(
+        requests,
+        policies=policies,
+        regions=regions,
+        replicas_per_region=replicas_per_region,
+        tune_fraction=tune_fraction,
+        seed=seed,
+        progress=progress,
+    )
+    return [_result_row(result.policy, result) for result in results]
+
+
+@contextlib.contextmanager
+def route_sim_progress(console: Console) -> Iterator[ProgressFactory]:
+    """A ``progress(label, total)`` factory drawing rich bars on ``console`` (the CLI
+    passes stderr, so ``--json`` output on stdout stays clean)."""
+    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
+
+        def start(label: str, total: int) -> Callable[[], None]:
+            task = bars.add_task(label, total=total)
+            return lambda: bars.advance(task)
+
+        yield start
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+_TABLE_COLUMNS = (
+    ("policy", "", "s"),
+    ("TTFT p50 ms", "ttft_p50_ms", ",.0f"),
+    ("TTFT p95 ms", "ttft_p95_ms", ",.0f"),
+    ("TTFT p99 ms", "ttft_p99_ms", ",.0f"),
+    ("E2E p95 s", "e2e_p95_s", ".2f"),
+    ("hit ratio", "hit_ratio", ".1%"),
+    ("max share", "max_replica_share", ".1%"),
+    ("TTCA s", "ttca_mean_s", ".2f"),
+    ("success", "success_rate", ".1%"),
+    ("decision µs p50", "decision_us_p50", ",.1f"),
+)
+
+
+def route_sim_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    """The benchmark rows as a rich table."""
+    columns = [  # TTCA columns only when some row has them (not for Mooncake traces)
+        column
+        for column in _TABLE_COLUMNS
+        if any(row[column[1] or "policy"] is not None for row in rows)
+    ]
+    table = Table(title=title)
+    for header, _, _ in columns:
+        if header == "policy":
+            table.add_column(header, no_wrap=True, min_width=13)
+        else:
+            table.add_column(header, justify="right")
+    for row in rows:
+        table.add_row(*(_cell(row[key or "policy"], fmt) for _, key, fmt in columns))
+    return table
+
+
+def plot_route_sim(rows: Sequence[dict[str, Any]], path: Path) -> bool:
+    """Bar charts of p95 TTFT and p95 E2E per policy; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [row["policy"] for row in rows]
+    figure, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.5))
+    panels = (
+        ("p95 TTFT (s, lower: better)", [row["ttft_p95_ms"] / 1000 for row in rows]),
+        ("p95 E2E (s, lower: better)", [row["e2e_p95_s"] for row in rows]),
+    )
+    for axis, (label, values) in zip(axes, panels, strict=True):
+        bars = axis.barh(names, values, color="#4c72b0")
+        axis.bar_label(bars, fmt="%.2f")
+        axis.set_xlabel(label)
+        axis.invert_yaxis()
+        axis.margins(x=0.15)
+    return save_figure(figure, path)

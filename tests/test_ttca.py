@@ -1,0 +1,192 @@
+"""TTCA: accuracy profiles, the LAAR accuracy model and policy, the combined policy,
+and the retry simulation."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from contextpilot_rag.routing import LeastLoadPolicy, SessionAffinityPolicy
+from contextpilot_rag.routing.combined import CombinedPolicy
+from contextpilot_rag.routing.laar import AccuracyModel, LaarPolicy
+from contextpilot_rag.routing.types import Policy, ReplicaState, RouteRequest
+from contextpilot_rag.sim.accuracy import DEFAULT_MODELS, ModelProfile, correct
+from contextpilot_rag.sim.ttca import fit_accuracy, run_ttca, synthetic_requests
+
+KV_FILE = Path(__file__).resolve().parents[2] / "shared/data/scbench_kv/kv_150pairs_n10_seed0.jsonl"
+K = 1024
+LOGGER = logging.getLogger(__name__)
+
+
+def _profile(name: str) -> ModelProfile:
+    return next(m for m in DEFAULT_MODELS if m.name == name)
+
+
+def _best(language: str, tokens: int) -> str:
+    return max(DEFAULT_MODELS, key=lambda m: m.accuracy(language, tokens)).name
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    now: float
+    replicas: tuple[ReplicaState, ...]
+
+
+def _request(language: str = "en", tokens: int = 8 * K, **changes: object) -> RouteRequest:
+    base = RouteRequest(
+        request_id="r",
+        prompt_tokens=tokens,
+        block_hashes=tuple(range(1, tokens // 16 + 1)),
+        boundaries=(tokens // 16,),
+        features={"language": language, "length_bucket": "8k", "task": "kv"},
+        logical_id="r",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+# Profiles: the LAAR paper's qualitative findings hold.
+
+
+def test_no_single_model_is_best_everywhere() -> None:
+    cells = [(lang, t * K) for lang in ("en", "ja", "zh") for t in (4, 8, 16, 32, 64)]
+    assert len({_best(lang, tokens) for lang, tokens in cells}) >= 3
+
+
+def test_small_model_is_strongest_at_mid_lengths() -> None:
+    small = _profile("small-1.5b")
+    peak = max((4, 8, 16, 32, 64), key=lambda t: small.accuracy("en", t * K))
+    assert peak in (8, 16)
+    assert _best("en", 8 * K) == "small-1.5b"
+
+
+def test_2b_overtakes_its_8b_sibling_at_32k_and_beyond() -> None:
+    small, big = _profile("family-2b"), _profile("family-8b")
+    assert small.accuracy("en", 4 * K) < big.accuracy("en", 4 * K)
+    for tokens in (32 * K, 48 * K, 64 * K):
+        assert small.accuracy("en", tokens) > big.accuracy("en", tokens)
+
+
+def test_one_8b_model_collapses_beyond_16k() -> None:
+    collapse = _profile("collapse-8b")
+    assert collapse.accuracy("en", 32 * K) < 0.5 * collapse.accuracy("en", 16 * K)
+
+
+def test_language_shifts_the_ranking() -> None:
+    assert any(_best("en", t * K) != _best("ja", t * K) for t in (4, 8, 16, 32, 64))
+
+
+def test_correctness_is_fixed_per_model_and_logical_request() -> None:
+    model = _profile("family-8b")
+    first = _request(request_id="a#0", logical_id="lr-1", attempt=0)
+    retry = _request(request_id="a#1", logical_id="lr-1", attempt=1)
+    assert correct(model, first, seed=3) == correct(model, retry, seed=3)
+    draws = [correct(model, _request(logical_id=f"lr-{i}"), seed=0) for i in range(400)]
+    assert 0.55 < sum(draws) / len(draws) < 0.9  # accuracy at 8K is 0.72
+
+
+# The accuracy model.
+
+
+def test_logistic_fit_learns_a_separable_toy() -> None:
+    requests = [_request(lang, request_id=f"t{i}") for i, lang in enumerate(["en", "ja"] * 20)]
+    labels = {"m": [r.features["language"] == "en" for r in requests]}
+    model = AccuracyModel().fit(requests, labels)
+    assert model.predict("m", _request("en")) > 0.9  # type: ignore[operator]
+    assert model.predict("m", _request("ja")) < 0.1  # type: ignore[operator]
+    assert model.predict("unknown", _request("en")) is None
+
+
+def _fleet(*models: str, queued: tuple[int, ...] = ()) -> _Fleet:
+    replicas = tuple(
+        ReplicaState(f"{m}/0", m, queued_tokens=queued[i] if queued else 0)
+        for i, m in enumerate(models)
+    )
+    return _Fleet(0.0, replicas)
+
+
+def _accuracy(good: str, bad: str) -> AccuracyModel:
+    requests = [_request(request_id=f"t{i}") for i in range(20)]
+    labels = {good: [i % 10 != 0 for i in range(20)], bad: [i % 10 == 0 for i in range(20)]}
+    return AccuracyModel().fit(requests, labels)
+
+
+# LAAR.
+
+
+def test_laar_prefers_the_accurate_model() -> None:
+    policy = LaarPolicy(_accuracy("good", "bad"))
+    assert policy.choose(_request(), _fleet("bad", "good")).model == "good"
+
+
+def test_laar_explores_on_retry() -> None:
+    policy = LaarPolicy(_accuracy("good", "bad"))
+    retry = _request(attempt=1, excluded=frozenset({("good/0", "good")}))
+    assert policy.choose(retry, _fleet("bad", "good")).model == "bad"
+
+
+# Combined.
+
+
+def test_combined_prefers_a_cached_replica_when_accuracies_are_equal() -> None:
+    policy = CombinedPolicy()
+    request = _request()
+    policy.locations.record(request.block_hashes, request.boundaries, "b/0", 0.0)
+    assert policy.choose(request, _fleet("a", "b")).replica_id == "b/0"
+
+
+def test_combined_prefers_the_accurate_model_when_latencies_are_equal() -> None:
+    policy = CombinedPolicy(_accuracy("good", "bad"))
+    assert policy.choose(_request(), _fleet("bad", "good")).model == "good"
+
+
+def test_combined_without_features_is_a_load_policy() -> None:
+    policy = CombinedPolicy(_accuracy("good", "bad"))
+    request = _request(features={})
+    fleet = _fleet("good", "bad", queued=(100_000, 0))
+    assert policy.choose(request, fleet).model == "bad"
+
+
+# The TTCA simulation.
+
+
+def test_run_ttca_on_synthetic_requests_is_sane_and_deterministic() -> None:
+    requests = synthetic_requests(60, seed=2, prefix_groups=10)
+    accuracy = fit_accuracy(synthetic_requests(300, seed=9), seed=0)
+    first = run_ttca(requests, CombinedPolicy(accuracy), seed=0)
+    again = run_ttca(requests, CombinedPolicy(accuracy), seed=0)
+    assert first == again
+    assert len(first.records) == 60
+    assert 0.5 < first.success_rate <= 1.0
+    assert all(1 <= r.attempts <= 10 for r in first.records)
+    assert 0.0 < first.ttca_mean_s <= first.ttca_penalized_mean_s
+
+
+def test_retries_never_repeat_a_pair_while_another_is_left() -> None:
+    result = run_ttca(synthetic_requests(30, seed=4), LeastLoadPolicy(), seed=1)
+    for record in result.records:
+        head = record.models[: len(DEFAULT_MODELS)]
+        assert len(set(head)) == len(head)
+
+
+@pytest.mark.skipif(not KV_FILE.exists(), reason=f"KV-lookup data not found at {KV_FILE}")
+def test_ttca_on_the_kv_file_compares_policies() -> None:
+    from contextpilot_rag.sim.traces import load_scbench_kv
+
+    requests = load_scbench_kv(KV_FILE)[:30]
+    accuracy = fit_accuracy(synthetic_requests(600, seed=1), seed=0)
+    costs = {m.name: m.cost for m in DEFAULT_MODELS}
+    policies: list[Policy] = [
+        LaarPolicy(accuracy, costs=costs),
+        CombinedPolicy(accuracy),
+        LeastLoadPolicy(),
+        SessionAffinityPolicy(),
+    ]
+    for policy in policies:
+        result = run_ttca(requests, policy, seed=0)
+        LOGGER.info("%s %s", policy.name, result.as_dict())
+        assert len(result.records) == len(requests)
+        assert 0.0 <= result.success_rate <= 1.0
+        assert result.ttca_mean_s >= 0.0
