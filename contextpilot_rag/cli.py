@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+KEPT_SECTIONS_MARKER = "<!-- sections below are written by other benchmarks and kept -->"
+
+
 def _add_route_sim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     route = commands.add_parser(
         "route-sim",
@@ -182,6 +185,10 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
             command, online, multiturn, multiturn_uncached, latency, batches, image
         )
         args.write.parent.mkdir(parents=True, exist_ok=True)
+        if args.write.exists():  # sections other benchmarks wrote (routing) are kept
+            old = args.write.read_text(encoding="utf-8")
+            if KEPT_SECTIONS_MARKER in old:
+                report = report.rstrip("\n") + "\n\n" + old[old.index(KEPT_SECTIONS_MARKER) :]
         args.write.write_text(report, encoding="utf-8")
         console.print(f"wrote {args.write}")
     return 0

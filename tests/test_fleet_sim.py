@@ -54,6 +54,8 @@ def replica(replica_id: str = "r0", **overrides: object) -> Replica:
         "rtt_s": 0.2,
         "prefill_tokens_per_s": 1000.0,
         "decode_tokens_per_s": 10.0,
+        "decode_s_per_context_token": 0.0,  # the plain model: hand-computable times
+        "prefill_chunk_tokens": 0,
         "max_batch": 1,
         "block_tokens": 100,
     }
@@ -320,3 +322,31 @@ def test_workload_requests_keep_sessions_and_share_the_system_prompt_blocks() ->
         r.block_hashes[:head] == requests[0].block_hashes[:head] for r in requests
     )
     assert all(r.prompt_tokens >= 16 * len(r.block_hashes) for r in requests)
+
+
+def test_prefill_slows_decoding_and_decoding_slows_prefill_hand_computed() -> None:
+    # Steps: 0.1 s decode part, +0.1 s while a 100-token chunk is prefilled (1000 tok/s).
+    # A: prefill [0, 0.1], then decodes 10 tokens; B arrives at 0.1 with 2 uncached
+    # blocks: 0.2 s of prefill + 2 chunk steps carrying A's decode (0.1 s each) -> ends
+    # at 0.5. A makes 2 tokens in [0.1, 0.5] (0.2 s steps), its last 8 end at 1.3;
+    # B's 10 tokens end at 1.5.
+    config = replica(
+        rtt_s=0.0, max_batch=4, prefill_chunk_tokens=100, decode_s_per_context_token=0.0
+    )
+    requests = [request("a", (1,)), request("b", (2, 3), arrival_s=0.1)]
+    records = {r.request_id: r for r in simulate(requests, Fixed(), [config]).records}
+    assert (records["a"].ttft_s, records["a"].e2e_s) == pytest.approx((0.1, 1.3))
+    assert (records["b"].ttft_s, records["b"].e2e_s) == pytest.approx((0.4, 1.4))
+
+
+def test_decode_steps_grow_with_the_batch_context() -> None:
+    # 0.1 s + 1e-4 s per context token: two 100-token prompts decode at 0.12 s a step.
+    config = replica(rtt_s=0.0, max_batch=4, decode_s_per_context_token=1e-4)
+    requests = [request("a", (1,), output=5), request("b", (2,), output=5)]
+    records = {r.request_id: r for r in simulate(requests, Fixed(), [config]).records}
+    # a: prefill [0, 0.1]; b: prefill [0.1, 0.2] (a decodes alone at 0.11 s a step).
+    # a: 0.1/0.11 tokens by 0.2, the rest at 0.12 s a step.
+    a_left = 5 - 0.1 / 0.11
+    assert records["a"].e2e_s == pytest.approx(0.2 + a_left * 0.12)
+    b_done = 0.2 + a_left * 0.12 + (5 - a_left) * 0.11
+    assert records["b"].e2e_s == pytest.approx(b_done)

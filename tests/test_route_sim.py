@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,10 +14,11 @@ from contextpilot_rag.bench.routing import (
     route_sim_results,
     run_route_sim,
     split_trace,
+    ttca_results,
 )
 from contextpilot_rag.cli import main
 from contextpilot_rag.routing import POLICY_NAMES
-from contextpilot_rag.sim.traces import load_mooncake
+from contextpilot_rag.sim.traces import load_mooncake, load_scbench_kv
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared/data/mooncake/synthetic_trace.jsonl"
 FAST = ["random", "round-robin", "least-load", "session", "prefix", "ranvier", "gorgo"]
@@ -83,10 +86,48 @@ def test_planned_policies_are_skipped_and_unknown_ones_rejected(tiny_trace: Path
         run_route_sim(tiny_trace, policies=["random", "no-such-policy"])
 
 
-def test_an_scbench_trace_asks_for_the_ttca_experiment(tmp_path: Path) -> None:
+def kv_trace(path: Path, records: int = 8, turns: int = 3, pairs: int = 40) -> Path:
+    """An SCBench-style KV-lookup trace: ``records`` contexts of ``pairs`` uuid pairs,
+    ``turns`` questions each (the turns of a record share its context as a prefix)."""
+    rng = random.Random(7)
+    lines = []
+    for i in range(records):
+        kv = {
+            str(uuid.UUID(int=rng.getrandbits(128))): str(uuid.UUID(int=rng.getrandbits(128)))
+            for _ in range(pairs)
+        }
+        keys = rng.sample(list(kv), turns)
+        turn_list = [{"input": f'Key: "{k}"\nThe value is: ', "answer": kv[k]} for k in keys]
+        lines.append(json.dumps({"id": i, "context": json.dumps(kv), "multi_turns": turn_list}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+TTCA_POLICIES = ["least-load", "session", "laar", "combined"]
+
+
+def test_an_scbench_trace_runs_the_ttca_experiment_on_the_held_out_part(tmp_path: Path) -> None:
+    path = kv_trace(tmp_path / "kv.jsonl")
+    rows = run_route_sim(path, policies=TTCA_POLICIES)
+    assert [row["policy"] for row in rows] == TTCA_POLICIES
+    for row in rows:
+        assert tuple(row) == RESULT_FIELDS
+        assert row["ttca_mean_s"] > 0 and 0 < row["success_rate"] <= 1
+        assert 0 < row["ttft_p50_ms"] <= row["ttft_p95_ms"] <= row["ttft_p99_ms"]
+    assert without_timing(rows) == without_timing(run_route_sim(path, policies=TTCA_POLICIES))
+    requests = load_scbench_kv(path)
+    _, held_out = split_trace(requests, 0.5)
+    for result in ttca_results(requests, policies=["combined", "session"]):
+        assert sorted(r.logical_id for r in result.records) == sorted(
+            str(r.logical_id) for r in held_out
+        )
+        assert len(result.attempts) >= len(held_out)
+
+
+def test_an_empty_scbench_trace_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "kv.jsonl"
     path.write_text(json.dumps({"id": 0, "context": "{}", "multi_turns": []}) + "\n")
-    with pytest.raises(ValueError, match="TTCA experiment not implemented yet"):
+    with pytest.raises(ValueError, match="no requests"):
         run_route_sim(path)
 
 
@@ -123,13 +164,14 @@ def test_cli_unknown_policy_exits_2_with_a_message(
     assert "unknown routing policies ['bogus']" in capsys.readouterr().err
 
 
-def test_cli_scbench_trace_exits_2_with_the_ttca_message(
+def test_cli_scbench_trace_prints_ttca_columns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "kv.jsonl"
-    path.write_text(json.dumps({"id": 0, "context": "{}", "multi_turns": []}) + "\n")
-    assert main(["route-sim", "--trace", str(path)]) == 2
-    assert "TTCA experiment not implemented yet" in capsys.readouterr().err
+    path = kv_trace(tmp_path / "kv.jsonl", records=4)
+    assert main(["route-sim", "--trace", str(path), "--policies", "laar,combined", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["policy"] for row in rows] == ["laar", "combined"]
+    assert all(row["ttca_mean_s"] > 0 for row in rows)
 
 
 @pytest.mark.skipif(not MOONCAKE.exists(), reason=f"Mooncake trace not found at {MOONCAKE}")

@@ -11,7 +11,14 @@ Protocol (deterministic by ``seed``, except the wall-clock ``decision_us_p50``):
    over: route tables and prefix locations learned on the tune part would point at
    caches the fresh fleet does not hold, so every policy starts its routing state empty.
 
-An SCBench-style KV-lookup trace selects the TTCA experiment, not implemented yet.
+An SCBench-style KV-lookup trace selects the **TTCA experiment**: five heterogeneous
+models (:data:`~contextpilot_rag.sim.accuracy.DEFAULT_MODELS`, ``replicas_per_region``
+replicas each, spread over the GORGO regions); the accuracy model of ``laar`` and
+``combined`` is fitted on the tune part plus synthetic KV requests of every language
+and length bucket (never on the held-out part); ``gorgo`` tunes its weights on the tune
+part; every policy then serves the held-out part with retries (each failed
+``(replica, model)`` excluded) up to ``max_attempts``. Latency fields are over all
+attempts; ``ttca_mean_s`` over logical requests answered correctly.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from rich.table import Table
 
 from ..errors import ConfigError
 from ..routing import POLICY_NAMES, CostPolicy, Policy, RouteRequest, WeightTuner, make_policy
+from ..sim.accuracy import DEFAULT_MODELS
 from ..sim.fleet import Replica, SimResult, default_fleet, simulate
-from ..sim.traces import load_mooncake
+from ..sim.traces import load_mooncake, load_scbench_kv
+from ..sim.ttca import TtcaResult, fit_accuracy, run_ttca, synthetic_requests, ttca_fleet
 from .report import save_figure
 
 __all__ = [
@@ -46,6 +55,7 @@ __all__ = [
     "run_route_sim",
     "split_trace",
     "trace_kind",
+    "ttca_results",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,7 +63,7 @@ logger = logging.getLogger(__name__)
 ProgressFactory = Callable[[str, int], Callable[[], None]]
 """``progress(label, total)`` returns an ``advance()`` callback (see ``report.progress_bars``)."""
 
-PLANNED_POLICIES = ("laar", "combined")
+PLANNED_POLICIES: tuple[str, ...] = ()
 """Contract names whose policies are not in the registry yet: skipped with a note."""
 
 RESULT_FIELDS = (
@@ -179,6 +189,56 @@ def route_sim_results(
     return results
 
 
+def ttca_results(
+    requests: Sequence[RouteRequest],
+    *,
+    policies: Sequence[str] | None = None,
+    replicas_per_model: int = 1,
+    tune_fraction: float = 0.5,
+    max_attempts: int = 10,
+    seed: int = 0,
+    progress: ProgressFactory | None = None,
+) -> list[TtcaResult]:
+    """One :class:`TtcaResult` per runnable policy, on the held-out part only."""
+    names, notes = resolve_policies([*POLICY_NAMES] if policies is None else policies)
+    for note in notes:
+        logger.warning(note)
+    tune, held_out = split_trace(requests, tune_fraction)
+    accuracy = fit_accuracy([*tune, *synthetic_requests(600, seed=seed + 1)], seed=seed)
+    costs = {m.name: m.cost for m in DEFAULT_MODELS}
+    fleet = ttca_fleet(DEFAULT_MODELS, replicas_per_model)
+
+    def build(name: str) -> Policy:
+        if name == "laar":
+            return make_policy("laar", accuracy=accuracy, costs=costs)
+        if name == "combined":
+            return make_policy("combined", accuracy=accuracy)
+        if name == "gorgo":
+            learner = CostPolicy(tuner=WeightTuner(seed=seed))
+            if tune:
+                run_ttca(tune, learner, replicas=fleet, max_attempts=max_attempts, seed=seed)
+            return CostPolicy(learner.freeze())
+        return make_policy(name)
+
+    advance = progress("route-sim TTCA policies", len(names)) if progress else None
+    results = []
+    for name in names:
+        policy = build(name)
+        results.append(
+            run_ttca(held_out, policy, replicas=fleet, max_attempts=max_attempts, seed=seed)
+        )
+        if advance:
+            advance()
+    return results
+
+
+def _ttca_row(result: TtcaResult) -> dict[str, Any]:
+    row: dict[str, Any] = {"policy": result.policy, **result.attempt_summary.as_dict()}
+    row["ttca_mean_s"] = result.ttca_mean_s
+    row["success_rate"] = result.success_rate
+    return {field: row[field] for field in RESULT_FIELDS}
+
+
 def _result_row(name: str, result: SimResult) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": name, **result.summary.as_dict()}
     row["ttca_mean_s"] = row["success_rate"] = None  # no correctness in Mooncake traces
@@ -196,14 +256,24 @@ def run_route_sim(
     progress: ProgressFactory | None = None,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The benchmark's rows (:data:`RESULT_FIELDS`) for a Mooncake-format trace;
-    ``policies`` defaults to every registered policy that can run here, and ``limit``
-    keeps the first requests of the trace. Raises :class:`ConfigError` for an
-    SCBench KV trace (TTCA experiment not implemented yet) or an invalid setting."""
+    """The benchmark's rows (:data:`RESULT_FIELDS`) for a Mooncake-format trace, or
+    the TTCA experiment's for an SCBench KV-lookup trace (``replicas_per_region``
+    replicas per model there; ``regions`` does not apply); ``policies`` defaults to
+    every registered policy that can run here, and ``limit`` keeps the first requests
+    of the trace. Raises :class:`ConfigError` for an invalid trace or setting."""
     if trace_kind(trace_path) == "scbench_kv":
-        raise ConfigError(
-            f"{trace_path}: SCBench KV-lookup trace — TTCA experiment not implemented yet"
+        kv_requests = load_scbench_kv(trace_path)[:limit]
+        if not kv_requests:
+            raise ConfigError(f"{trace_path}: the trace has no requests")
+        ttca = ttca_results(
+            kv_requests,
+            policies=policies,
+            replicas_per_model=replicas_per_region,
+            tune_fraction=tune_fraction,
+            seed=seed,
+            progress=progress,
         )
+        return [_ttca_row(result) for result in ttca]
     requests = load_mooncake(trace_path, limit=limit)
     if not requests:
         raise ConfigError(f"{trace_path}: the trace has no requests")

@@ -1,29 +1,109 @@
 """Ours, combined: expected time to a correct answer per (replica, model).
 
-Per candidate replica ``u`` serving model ``m``::
+Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 
-    ttca(u) = (RTT(u) + queued_tokens(u) / prefill_rate(u)
-               + uncached_tokens(u, x) / prefill_rate(u)
-               + output_tokens(x) / decode_rate(u)) / Q(m, x)
+    cost(u) = (TTFT(u, x) + decode(u, x) + e · harm(u, x)) / Q(m, x)
 
-Dividing by ``Q`` is the expected number of attempts until a correct answer if
-attempts were independent (geometric). ``uncached_tokens`` comes from the
-router-side prefix estimate :class:`~contextpilot_rag.routing.gorgo.PrefixLocations`;
-``Q`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`, and is 1
-for requests without features or models it does not know, so on a single-model
-fleet (e.g. the Mooncake trace) this is a cache + load + network cost policy.
+    TTFT(u, x)   = RTT(u) + wait(u) + prefill(u, x)
+    prefill(u, x) = uncached(u, x) / prefill_rate(u)
+                    + ceil(uncached / chunk) · decode step(u)      (chunked prefill)
+    decode(u, x) = output_tokens(x) · (decode step(u) with x + duty(u) · chunk / prefill_rate(u))
+    harm(u, x)   = decoders on u still running when x's prefill starts
+                   · uncached(u, x) / prefill_rate(u)
+
+- ``uncached`` comes from the router-side prefix estimate
+  :class:`~contextpilot_rag.routing.gorgo.PrefixLocations`.
+- ``wait`` is the predicted drain time of the prompts this router sent to ``u`` that
+  have not finished prefill: a FIFO of (prompt tokens, predicted prefill time) per
+  replica, reconciled on every decision with the fleet view's ``queued_tokens``
+  (prompt tokens sent and not yet prefilled, which the client knows exactly: a
+  prompt leaves it when its first token arrives). Prefill is FIFO, so when the view
+  shows fewer queued tokens than the FIFO holds, its oldest entries are done; queued
+  tokens beyond the FIFO (sent by other clients) count as uncached prefill.
+- ``decode step`` = ``1/decode_rate + decode_s_per_context_token · context`` of the
+  requests decoding on ``u`` (this router's in-flight prompts minus the queued ones);
+  ``duty`` is the fraction of time ``u`` spends prefilling (an exponentially decayed
+  sum of the prefill time this router booked on it), during which every decode step
+  also carries a prefill chunk (prefill–decode interference).
+- ``harm`` is the delay ``x``'s prefill imposes on requests already decoding on ``u``
+  (each step carries a chunk of ``x``), weighted by ``externality_weight`` ``e``: the
+  router minimises the fleet's time, not only ``x``'s.
+- ``Q(m, x)`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`,
+  clipped to ``[q_floor, 1]`` and 1 for requests without features or unknown models;
+  dividing by it is the expected number of attempts if they were independent.
+- **TTFT budget**: when every candidate has the same ``Q`` (a single-model fleet), only
+  replicas whose predicted TTFT is within ``max(min · (1 + ttft_slack) + ttft_slack_s,
+  budget)`` compete, where ``budget`` is the ``ttft_budget_percentile`` of the TTFTs
+  observed recently: trading a request's TTFT for the fleet's decode time is allowed
+  only up to the current tail, so the TTFT tail is not made worse.
+
 Models already tried for the logical request are skipped while another is left.
+With one model, no features and no engine interference parameters this reduces to
+a cache + queue + network cost (GORGO's), with a router-side queue model.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right, insort
+from collections import deque
+from operator import itemgetter
+
 from ..errors import ConfigError
 from .common import candidate_replicas
-from .gorgo import PrefixLocations
-from .laar import AccuracyModel, argmin_replica, untried_models
+from .gorgo import PrefixLocations, spread_boundaries
+from .laar import AccuracyModel, untried_models
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
 __all__ = ["CombinedPolicy"]
+
+
+class _ReplicaModel:
+    """The router's model of one replica, from its own dispatches.
+
+    Invariants: ``pending_tokens`` is the sum of prompt tokens in ``pending``;
+    ``decode_ends`` is sorted; ``context_tokens`` is the prompt tokens of this
+    router's in-flight requests on the replica."""
+
+    __slots__ = (
+        "context_tokens",
+        "decode_ends",
+        "duty",
+        "duty_at",
+        "head_since",
+        "pending",
+        "pending_s",
+        "pending_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, float]] = deque()  # (prompt tokens, prefill s)
+        self.pending_tokens = 0
+        self.pending_s = 0.0
+        self.head_since = 0.0  # when the oldest pending prompt started prefilling (estimate)
+        self.context_tokens = 0
+        self.decode_ends: list[float] = []
+        self.duty = 0.0  # decayed booked prefill seconds
+        self.duty_at = 0.0
+
+    def reconcile(self, queued_tokens: int, now: float) -> None:
+        """Drop the oldest pending prompts the fleet view shows as prefilled."""
+        pending = self.pending
+        while pending and self.pending_tokens > queued_tokens:
+            tokens, seconds = pending.popleft()
+            self.pending_tokens -= tokens
+            self.pending_s -= seconds
+            self.head_since = now
+        if not pending:
+            self.pending_tokens, self.pending_s = 0, 0.0
+
+    def duty_now(self, now: float, tau_s: float) -> float:
+        return self.duty * math.exp(-max(0.0, now - self.duty_at) / tau_s)
+
+
+# (cost, ttft_s, quality, replica, cached tokens, prefill_s, decode_s)
+_Option = tuple[float, float, float, ReplicaState, int, float, float]
+_COST = itemgetter(0)
 
 
 class CombinedPolicy:
@@ -36,48 +116,187 @@ class CombinedPolicy:
         accuracy: AccuracyModel | None = None,
         *,
         locations: PrefixLocations | None = None,
-        queue_weight: float = 1.0,
+        externality_weight: float = 0.5,
+        ttft_budget_percentile: float | None = 90.0,
+        ttft_slack: float = 0.1,
+        ttft_slack_s: float = 0.1,
+        duty_tau_s: float = 30.0,
         q_floor: float = 0.02,
+        max_tracked: int = 100_000,
+        ttft_window: int = 200,
+        recorded_boundaries: int = 8,
     ) -> None:
-        if queue_weight < 0 or not 0 < q_floor <= 1:
-            raise ConfigError("CombinedPolicy needs queue_weight >= 0 and 0 < q_floor <= 1")
+        if externality_weight < 0 or not 0 < q_floor <= 1:
+            raise ConfigError("CombinedPolicy needs externality_weight >= 0 and 0 < q_floor <= 1")
+        if ttft_budget_percentile is not None and not 0 < ttft_budget_percentile <= 100:
+            raise ConfigError("ttft_budget_percentile must be in (0, 100] or None")
+        if ttft_slack < 0 or ttft_slack_s < 0 or duty_tau_s <= 0:
+            raise ConfigError("ttft_slack and ttft_slack_s must be >= 0, duty_tau_s > 0")
+        if max_tracked < 1 or ttft_window < 1 or recorded_boundaries < 2:
+            raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
+        self.recorded_boundaries = recorded_boundaries
         self.accuracy = accuracy
         self.locations = locations or PrefixLocations()
-        self.queue_weight = queue_weight
+        self.externality_weight = externality_weight
+        self.ttft_budget_percentile = ttft_budget_percentile
+        self.ttft_slack = ttft_slack
+        self.ttft_slack_s = ttft_slack_s
+        self.duty_tau_s = duty_tau_s
         self.q_floor = q_floor
+        self.max_tracked = max_tracked
+        self._models: dict[str, _ReplicaModel] = {}
+        # request_id -> (replica_id, predicted decode end, prompt tokens)
+        self._tracked: dict[str, tuple[str, float, int]] = {}
+        self._ttfts: deque[float] = deque(maxlen=ttft_window)
+        self._observed = 0
+        self.ttft_budget_s = 0.0
 
     def quality(self, model: str, request: RouteRequest) -> float:
         """``Q(m, x)`` clipped to ``[q_floor, 1]``; 1 when unknown."""
         q = None if self.accuracy is None else self.accuracy.predict(model, request)
         return 1.0 if q is None else max(self.q_floor, q)
 
-    def attempt_s(self, request: RouteRequest, replica: ReplicaState, cached: int) -> float:
-        """Predicted end-to-end time of one attempt on ``replica``."""
-        prefill = self.queue_weight * replica.queued_tokens + request.prompt_tokens - cached
-        decode_s = request.expected_output_tokens / replica.decode_tokens_per_s
-        return replica.rtt_s + prefill / replica.prefill_tokens_per_s + decode_s
+    def _model(self, replica_id: str) -> _ReplicaModel:
+        model = self._models.get(replica_id)
+        if model is None:
+            model = self._models[replica_id] = _ReplicaModel()
+        return model
+
+    def _options(self, request: RouteRequest, fleet: FleetView) -> list[_Option]:
+        """One option per candidate replica (see the module docstring for the terms);
+        written as one tight loop because it runs for every replica on every request."""
+        now = fleet.now
+        candidates = untried_models(request, candidate_replicas(request, fleet))
+        known = self.locations.cached_blocks(
+            request.block_hashes, request.boundaries, now, len(fleet.replicas)
+        )
+        tokens, block_tokens = request.prompt_tokens, request.block_tokens
+        output_tokens, weight, tau = (
+            request.expected_output_tokens,
+            self.externality_weight,
+            self.duty_tau_s,
+        )
+        models, exp, predict = self._models, math.exp, self.accuracy is not None
+        options: list[_Option] = []
+        for replica in candidates:
+            replica_id = replica.replica_id
+            state = models.get(replica_id) or self._model(replica_id)
+            queued_tokens = replica.queued_tokens
+            pending = state.pending
+            if state.pending_tokens > queued_tokens:
+                state.reconcile(queued_tokens, now)
+            cached = known.get(replica_id, 0) * block_tokens
+            if cached > tokens:
+                cached = tokens
+            uncached = tokens - cached
+            rate = replica.prefill_tokens_per_s
+            per_context = replica.decode_s_per_context_token
+            half_rtt = replica.rtt_s / 2
+            step_s = 1.0 / replica.decode_tokens_per_s
+            if per_context:
+                step_s += per_context * (state.context_tokens - state.pending_tokens)
+            prefill_s = uncached / rate
+            chunk = replica.prefill_chunk_tokens
+            if chunk and replica.in_flight > len(pending):
+                prefill_s += -(-uncached // chunk) * step_s
+            wait_s = (queued_tokens - state.pending_tokens) / rate - half_rtt
+            if pending:
+                elapsed = now - state.head_since
+                left = state.pending_s - elapsed if elapsed > 0.0 else state.pending_s
+                if left > 0.0:
+                    wait_s += left
+            if wait_s < 0.0:
+                wait_s = 0.0
+            ttft_s = 2 * half_rtt + wait_s + prefill_s
+            decode_step_s = step_s + per_context * tokens
+            harm_s = 0.0
+            if chunk:
+                duty = state.duty * exp((state.duty_at - now) / tau) / tau
+                decode_step_s += (duty if duty < 0.95 else 0.95) * chunk / rate
+                ends = state.decode_ends
+                if ends:
+                    running = len(ends) - bisect_right(ends, now + half_rtt + wait_s)
+                    harm_s = running * uncached / rate
+            decode_s = output_tokens * decode_step_s
+            q = self.quality(replica.model, request) if predict else 1.0
+            cost = (ttft_s + decode_s + weight * harm_s) / q
+            options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
+        return options
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
-        candidates = untried_models(request, candidate_replicas(request, fleet))
-        known = self.locations.cached_blocks(request.block_hashes, request.boundaries, fleet.now)
-        cached = {
-            r.replica_id: min(
-                known.get(r.replica_id, 0) * request.block_tokens, request.prompt_tokens
-            )
-            for r in candidates
-        }
+        now = fleet.now
+        options = self._options(request, fleet)
+        if self.ttft_budget_percentile is not None and len({o[2] for o in options}) == 1:
+            fastest = min([o[1] for o in options])
+            limit = max(fastest * (1 + self.ttft_slack) + self.ttft_slack_s, self.ttft_budget_s)
+            best = min([o for o in options if o[1] <= limit], key=_COST)
+        else:
+            best = min(options, key=_COST)  # first minimum: fleet order breaks ties
+        _, ttft_s, _, replica, cached, prefill_s, decode_s = best
+        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
+        return Decision(replica.replica_id, replica.model, "min-expected-ttca", cached, ttft_s)
 
-        def expected_ttca(replica: ReplicaState) -> float:
-            attempt = self.attempt_s(request, replica, cached[replica.replica_id])
-            return attempt / self.quality(replica.model, request)
+    def _dispatch(
+        self,
+        request: RouteRequest,
+        replica: ReplicaState,
+        prefill_s: float,
+        e2e_s: float,
+        cached: int,
+        now: float,
+    ) -> None:
+        replica_id = replica.replica_id
+        state = self._model(replica_id)
+        if not state.pending:
+            state.head_since = now + replica.rtt_s / 2
+        state.pending.append((request.prompt_tokens, prefill_s))
+        state.pending_tokens += request.prompt_tokens
+        state.pending_s += prefill_s
+        state.context_tokens += request.prompt_tokens
+        state.duty = state.duty_now(now, self.duty_tau_s) + prefill_s
+        state.duty_at = now
+        ends_at = now + e2e_s
+        insort(state.decode_ends, ends_at)
+        self._track(request.request_id, (replica_id, ends_at, request.prompt_tokens))
+        hashes = request.block_hashes
+        recorded = spread_boundaries(request.boundaries, len(hashes), self.recorded_boundaries)
+        relied_on = cached // request.block_tokens
+        if relied_on and relied_on not in recorded:
+            recorded.append(relied_on)
+        self.locations.record(hashes, recorded, replica_id, now)
 
-        best = argmin_replica(candidates, expected_ttca)
-        self.locations.record(request.block_hashes, request.boundaries, best.replica_id, fleet.now)
-        return Decision(best.replica_id, best.model, "min-expected-ttca", cached[best.replica_id])
+    def _track(self, request_id: str, entry: tuple[str, float, int]) -> None:
+        """Remember an in-flight request; beyond ``max_tracked`` (outcomes lost), the
+        oldest are forgotten so memory stays bounded."""
+        self._untrack(request_id)
+        self._tracked[request_id] = entry
+        while len(self._tracked) > self.max_tracked:
+            self._untrack(next(iter(self._tracked)))
+
+    def _untrack(self, request_id: str) -> None:
+        entry = self._tracked.pop(request_id, None)
+        if entry is None:
+            return
+        replica_id, ends_at, prompt_tokens = entry
+        state = self._model(replica_id)
+        state.context_tokens -= prompt_tokens
+        ends = state.decode_ends
+        i = bisect_right(ends, ends_at) - 1
+        if i >= 0 and ends[i] == ends_at:
+            del ends[i]
 
     def observe(self, outcome: Outcome) -> None:
-        """Forget prefixes the engine reported as not cached (as :class:`CostPolicy`)."""
+        """Close the request's in-flight entry, update the TTFT budget and forget
+        prefixes the engine reported as not cached (as :class:`CostPolicy`)."""
         request, decision = outcome.request, outcome.decision
+        self._untrack(request.request_id)
+        if outcome.error is None:
+            self._ttfts.append(outcome.ttft_s)
+            self._observed += 1
+            if self.ttft_budget_percentile is not None and self._observed % 20 == 0:
+                ordered = sorted(self._ttfts)
+                rank = self.ttft_budget_percentile / 100 * (len(ordered) - 1)
+                self.ttft_budget_s = ordered[round(rank)]
         if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
             return
         kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens

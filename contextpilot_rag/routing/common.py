@@ -12,8 +12,11 @@ def candidate_replicas(request: RouteRequest, fleet: FleetView) -> list[ReplicaS
     """Healthy replicas not excluded for ``request``, in fleet order; all healthy ones
     when every one is excluded (a retry may go back rather than fail). Raises
     :class:`NoReplicaAvailableError` if none is healthy."""
-    healthy = [replica for replica in fleet.replicas if replica.healthy]
+    replicas = fleet.replicas
+    healthy = [replica for replica in replicas if replica.healthy]
     if not healthy:
         raise NoReplicaAvailableError(f"no healthy replica for request {request.request_id!r}")
+    if not request.excluded:
+        return healthy
     allowed = [r for r in healthy if (r.replica_id, r.model) not in request.excluded]
     return allowed or healthy

@@ -34,11 +34,12 @@ __all__ = ["CostPolicy", "PrefixLocations", "spread_boundaries"]
 def spread_boundaries(boundaries: Sequence[int], blocks: int, keep: int) -> list[int]:
     """At most ``keep`` (>= 2) of the valid ``boundaries`` (``1..blocks``), ascending:
     all of them if few enough, else the first, the last and evenly spaced ones between."""
-    valid = sorted({b for b in boundaries if 0 < b <= blocks})
+    valid = sorted([b for b in boundaries if 0 < b <= blocks])  # fast when already sorted
     last = len(valid) - 1
     if last < keep:
-        return valid
-    return [valid[i * last // (keep - 1)] for i in range(keep)]
+        return sorted(set(valid))
+    picked = [valid[i * last // (keep - 1)] for i in range(keep)]
+    return picked if len(set(picked)) == keep else sorted(set(picked))
 
 
 class _Holders:
@@ -67,13 +68,19 @@ class PrefixLocations:
         return len(self._entries)
 
     def cached_blocks(
-        self, block_hashes: Sequence[int], boundaries: Sequence[int], now: float
+        self,
+        block_hashes: Sequence[int],
+        boundaries: Sequence[int],
+        now: float,
+        replicas: int | None = None,
     ) -> dict[str, int]:
         """Longest known cached prefix (in blocks) per replica, probing boundaries
-        longest first; replicas absent from the result have nothing cached."""
+        longest first; replicas absent from the result have nothing cached. With
+        ``replicas`` (the fleet size) the probe stops once every replica has a match."""
         found: dict[str, int] = {}
         n = len(block_hashes)
         lookup, oldest = self._entries.get, now - self.ttl_s
+        setdefault = found.setdefault
         for b in sorted(boundaries, reverse=True):
             if not 1 <= b <= n:
                 continue
@@ -81,7 +88,9 @@ class PrefixLocations:
             if entry is None or entry.stamp < oldest:
                 continue
             for replica_id in entry.replicas:
-                found.setdefault(replica_id, b)
+                setdefault(replica_id, b)
+            if replicas is not None and len(found) >= replicas:
+                break
         return found
 
     def record(

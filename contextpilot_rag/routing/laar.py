@@ -118,6 +118,8 @@ class AccuracyModel:
 def untried_models(request: RouteRequest, candidates: Sequence[ReplicaState]) -> list[ReplicaState]:
     """``candidates`` whose model was not tried for this logical request; all of
     them when every model was tried."""
+    if not request.excluded:
+        return list(candidates)
     tried = {model for _, model in request.excluded}
     fresh = [r for r in candidates if r.model not in tried]
     return fresh or list(candidates)

@@ -66,7 +66,9 @@ class ReplicaState:
     in_flight: int = 0  # requests sent and not finished
     queued_tokens: int = 0  # prompt tokens sent and not yet prefilled (estimate)
     prefill_tokens_per_s: float = 10_000.0
-    decode_tokens_per_s: float = 50.0
+    decode_tokens_per_s: float = 50.0  # one request with an empty context
+    decode_s_per_context_token: float = 0.0  # step-time growth with the batch's context
+    prefill_chunk_tokens: int = 0  # chunked prefill (steps decode shares with a prefill)
     healthy: bool = True
 
 

@@ -12,11 +12,21 @@ Service model (every replica, per request):
 - ``cached_tokens`` is the longest cached prefix of the request's blocks at the start
   of prefill (:class:`PrefixCacheModel` over block hashes, ``block_size=1``; as in
   vLLM the last block is always recomputed), capped at ``prompt_tokens``.
-- ``prefill_s = (prompt_tokens - cached_tokens) / prefill_tokens_per_s``; the blocks
-  enter the replica's cache when prefill ends.
-- ``decode_s = expected_output_tokens / decode_tokens_per_s``; decoding requests run
-  side by side at the full rate (the batch slot is held until decode ends).
-- ``TTFT = rtt_s/2 + queue_wait + prefill_s + rtt_s/2`` and ``E2E = TTFT + decode_s``.
+- Continuous batching with chunked prefill (vLLM / SGLang style): every engine step
+  produces one token for each decoding request and, while a prompt is being
+  prefilled, processes a chunk of ``prefill_chunk_tokens`` of it. A step takes
+  ``1/decode_tokens_per_s + decode_s_per_context_token · Σ context of the decoding
+  requests`` (weights + KV reads) plus ``chunk / prefill_tokens_per_s`` while a
+  prefill runs. So decoding slows down with the batch's context and, much more,
+  while the replica prefills (prefill-decode interference); all decoding requests
+  of a replica advance at the same rate (processor sharing, exact between events).
+- ``prefill_s = uncached / prefill_tokens_per_s + ceil(uncached / chunk) · decode
+  part of a step`` (the decode batch at prefill start); the blocks enter the
+  replica's cache when prefill ends. ``prefill_chunk_tokens=0`` and
+  ``decode_s_per_context_token=0`` give the plain model: prefill at full rate, every
+  request decoding at ``decode_tokens_per_s`` side by side.
+- ``TTFT = rtt_s/2 + queue_wait + prefill_s + rtt_s/2`` and ``E2E = TTFT + decode
+  time + rtt_s/2`` (decode time as above; the batch slot is held until decode ends).
 
 The fleet state shown to the policy (:class:`SimFleetView`) counts a request as
 ``in_flight`` from the decision until its last token reaches the client, and its
@@ -29,6 +39,7 @@ parts still to come (accuracy draws for TTCA runs).
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -70,9 +81,11 @@ class Replica:
     region: str = "local"
     rtt_s: float = 0.0
     prefill_tokens_per_s: float = 20_000.0
-    decode_tokens_per_s: float = 50.0
+    decode_tokens_per_s: float = 100.0  # one request, empty context: 10 ms per step
+    decode_s_per_context_token: float = 4e-8  # KV reads: +4 ms per step per 100k tokens
+    prefill_chunk_tokens: int = 2048  # chunked prefill; 0: decode unaffected by prefill
     kv_capacity_tokens: int = 5_000_000
-    max_batch: int = 16
+    max_batch: int = 32  # ~ the sequences of 15k tokens whose KV fits an 80 GB GPU (8B)
     block_tokens: int = 16
     healthy: bool = True
 
@@ -83,6 +96,8 @@ class Replica:
             raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s!r}")
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
             raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
+        if self.decode_s_per_context_token < 0 or self.prefill_chunk_tokens < 0:
+            raise ConfigError("decode_s_per_context_token and prefill_chunk_tokens must be >= 0")
         if self.kv_capacity_tokens < 0:
             raise ConfigError(f"kv_capacity_tokens must be >= 0, got {self.kv_capacity_tokens}")
         if self.max_batch < 1 or self.block_tokens < 1:
@@ -184,13 +199,26 @@ class _Job:
     decision_us: float
     start_s: float = 0.0
     cached_tokens: int = 0
+    prefill_end_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _DecodeTick:
+    """A scheduled decode completion, valid while the replica's version is unchanged."""
+
+    version: int
 
 
 @dataclass
 class _ReplicaRuntime:
     """Mutable state of one replica; owned by :func:`simulate`.
 
-    Invariant: ``in_service <= config.max_batch``; at most one prefill runs at a time."""
+    Invariants: ``in_service <= config.max_batch``; at most one prefill runs at a
+    time; ``decoding`` holds ``(virtual finish, seq, job)`` and ``virtual`` counts the
+    tokens every decoding request has produced since the replica started (all
+    decoding requests advance together), valid at ``virtual_at``; ``context_tokens``
+    is the prompt tokens of the decoding requests; ``version`` invalidates a
+    scheduled decode event when the step time changes."""
 
     config: Replica
     cache: PrefixCacheModel
@@ -199,6 +227,28 @@ class _ReplicaRuntime:
     prefilling: bool = False
     in_flight: int = 0
     queued_tokens: int = 0
+    decoding: list[tuple[float, int, _Job]] = field(default_factory=list)
+    virtual: float = 0.0
+    virtual_at: float = 0.0
+    context_tokens: int = 0
+    version: int = 0
+
+    def decode_step_s(self) -> float:
+        """Time of one step's decode part (weights + KV reads of the batch)."""
+        c = self.config
+        return 1.0 / c.decode_tokens_per_s + c.decode_s_per_context_token * self.context_tokens
+
+    def step_s(self) -> float:
+        """Time of one engine step now (one token for every decoding request)."""
+        c = self.config
+        chunk = c.prefill_chunk_tokens / c.prefill_tokens_per_s if self.prefilling else 0.0
+        return self.decode_step_s() + chunk
+
+    def advance(self, now: float) -> None:
+        """Bring ``virtual`` to ``now`` (call before the step time changes)."""
+        if self.decoding:
+            self.virtual += (now - self.virtual_at) / self.step_s()
+        self.virtual_at = now
 
     def state(self) -> ReplicaState:
         c = self.config
@@ -211,6 +261,8 @@ class _ReplicaRuntime:
             queued_tokens=self.queued_tokens,
             prefill_tokens_per_s=c.prefill_tokens_per_s,
             decode_tokens_per_s=c.decode_tokens_per_s,
+            decode_s_per_context_token=c.decode_s_per_context_token,
+            prefill_chunk_tokens=c.prefill_chunk_tokens,
             healthy=c.healthy,
         )
 
@@ -252,11 +304,13 @@ class _Simulation:
             )
             for r in replicas
         }
-        self.heap: list[tuple[float, int, int, str, _Job | RouteRequest]] = []
+        self.heap: list[tuple[float, int, int, str, _Job | RouteRequest | _DecodeTick]] = []
         self.seq = 0
         self.records: list[RequestRecord] = []
 
-    def push(self, at_s: float, kind: _Event, replica_id: str, item: _Job | RouteRequest) -> None:
+    def push(
+        self, at_s: float, kind: _Event, replica_id: str, item: _Job | RouteRequest | _DecodeTick
+    ) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (at_s, int(kind), self.seq, replica_id, item))
 
@@ -265,7 +319,6 @@ class _Simulation:
             self.push(request.arrival_s, _Event.ARRIVE, "", request)
         handlers: dict[int, Callable[[float, str, _Job], None]] = {
             _Event.COMPLETE: self.complete,
-            _Event.DECODE_DONE: self.decode_done,
             _Event.PREFILL_DONE: self.prefill_done,
             _Event.ENQUEUE: self.enqueue,
         }
@@ -273,6 +326,8 @@ class _Simulation:
             now, kind, _, replica_id, item = heapq.heappop(self.heap)
             if isinstance(item, RouteRequest):
                 self.arrive(now, item)
+            elif isinstance(item, _DecodeTick):
+                self.decode_done(now, replica_id, item)
             else:
                 handlers[kind](now, replica_id, item)
         return self.records
@@ -324,25 +379,55 @@ class _Simulation:
         request = job.request
         cached_blocks = runtime.cache.lookup(request.block_hashes)
         cached = min(cached_blocks * request.block_tokens, request.prompt_tokens)
+        uncached = request.prompt_tokens - cached
+        prefill_s = uncached / config.prefill_tokens_per_s
+        if config.prefill_chunk_tokens and runtime.decoding:
+            steps = math.ceil(uncached / config.prefill_chunk_tokens)
+            prefill_s += steps * runtime.decode_step_s()
+        runtime.advance(now)
         runtime.prefilling = True
         runtime.in_service += 1
-        prefill_s = (request.prompt_tokens - cached) / config.prefill_tokens_per_s
-        started = _Job(request, job.decision, job.decision_us, now, cached)
+        self.reschedule_decode(now, runtime)
+        started = _Job(request, job.decision, job.decision_us, now, cached, now + prefill_s)
         self.push(now + prefill_s, _Event.PREFILL_DONE, config.replica_id, started)
+
+    def reschedule_decode(self, now: float, runtime: _ReplicaRuntime) -> None:
+        """Schedule the next decode completion at the current step time (older
+        scheduled completions become stale)."""
+        runtime.version += 1
+        if runtime.decoding:
+            tokens_left = max(0.0, runtime.decoding[0][0] - runtime.virtual)
+            self.push(
+                now + tokens_left * runtime.step_s(),
+                _Event.DECODE_DONE,
+                runtime.config.replica_id,
+                _DecodeTick(runtime.version),
+            )
 
     def prefill_done(self, now: float, replica_id: str, job: _Job) -> None:
         runtime = self.runtimes[replica_id]
         runtime.cache.admit(job.request.block_hashes)
+        runtime.advance(now)
         runtime.prefilling = False
         runtime.queued_tokens -= job.request.prompt_tokens
-        decode_s = job.request.expected_output_tokens / runtime.config.decode_tokens_per_s
-        self.push(now + decode_s, _Event.DECODE_DONE, replica_id, job)
+        self.seq += 1
+        finish = runtime.virtual + job.request.expected_output_tokens
+        heapq.heappush(runtime.decoding, (finish, self.seq, job))
+        runtime.context_tokens += job.request.prompt_tokens
+        self.reschedule_decode(now, runtime)
         self.try_start(now, runtime)
 
-    def decode_done(self, now: float, replica_id: str, job: _Job) -> None:
+    def decode_done(self, now: float, replica_id: str, tick: _DecodeTick) -> None:
         runtime = self.runtimes[replica_id]
-        runtime.in_service -= 1
-        self.push(now + runtime.config.rtt_s / 2, _Event.COMPLETE, replica_id, job)
+        if tick.version != runtime.version:
+            return  # the step time changed since this completion was scheduled
+        runtime.advance(now)
+        while runtime.decoding and runtime.decoding[0][0] <= runtime.virtual + 1e-9:
+            _, _, job = heapq.heappop(runtime.decoding)
+            runtime.in_service -= 1
+            runtime.context_tokens -= job.request.prompt_tokens
+            self.push(now + runtime.config.rtt_s / 2, _Event.COMPLETE, replica_id, job)
+        self.reschedule_decode(now, runtime)
         self.try_start(now, runtime)
 
     def complete(self, now: float, replica_id: str, job: _Job) -> None:
@@ -350,8 +435,7 @@ class _Simulation:
         runtime.in_flight -= 1
         config = runtime.config
         request = job.request
-        prefill_s = (request.prompt_tokens - job.cached_tokens) / config.prefill_tokens_per_s
-        ttft_s = job.start_s + prefill_s + config.rtt_s / 2 - request.arrival_s
+        ttft_s = job.prefill_end_s + config.rtt_s / 2 - request.arrival_s
         record = RequestRecord(
             request_id=request.request_id,
             replica_id=replica_id,

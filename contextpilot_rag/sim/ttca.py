@@ -23,6 +23,7 @@ all, a failure counting as its time to give up plus ``failure_penalty_s``.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from ..errors import ConfigError, InvalidDecisionError
 from ..routing.laar import AccuracyModel
 from ..routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from .accuracy import DEFAULT_MODELS, ModelProfile, correct
-from .fleet import GORGO_REGIONS, Replica, SimFleetView
+from .fleet import GORGO_REGIONS, Replica, RequestRecord, SimFleetView, SimSummary
 from .prefix_cache import PrefixCacheModel
 
 __all__ = [
@@ -152,6 +153,13 @@ class TtcaResult:
     ttca_penalized_mean_s: float  # over all; failure = give-up time + penalty
     attempts_mean: float
     hit_ratio: float  # cached prompt tokens / prompt tokens, over attempts
+    attempts: tuple[RequestRecord, ...] = ()  # every attempt, in completion order
+
+    @property
+    def attempt_summary(self) -> SimSummary:
+        """TTFT / E2E percentiles, hit ratio, replica share and decision time over
+        all attempts (the fleet simulator's summary fields)."""
+        return SimSummary.of(self.attempts)
 
     def as_dict(self) -> dict[str, float]:
         """The summary fields (for ``--json``)."""
@@ -204,6 +212,7 @@ class _Attempt:
     decision: Decision
     ttft_s: float
     cached_tokens: int
+    decision_us: float
 
 
 class _TtcaSim:
@@ -227,6 +236,7 @@ class _TtcaSim:
         self.heap: list[tuple[float, int, int, _Logical | _Attempt]] = []
         self.seq = 0
         self.records: list[LogicalRecord] = []
+        self.attempts: list[RequestRecord] = []
         self.prompt_tokens = self.cached_tokens = 0
 
     def push(self, at: float, kind: int, payload: _Logical | _Attempt) -> None:
@@ -256,12 +266,15 @@ class _TtcaSim:
             excluded=frozenset(logical.tried),
             arrival_s=now,
         )
-        decision = self.policy.choose(request, self.view(now))
+        view = self.view(now)
+        started = time.perf_counter_ns()
+        decision = self.policy.choose(request, view)
+        decision_us = (time.perf_counter_ns() - started) / 1000.0
         runtime = self.runtimes.get(decision.replica_id)
         if runtime is None or runtime.config.model != decision.model:
             raise InvalidDecisionError(f"{self.policy.name} chose an unknown replica/model")
         logical.tried.append((decision.replica_id, decision.model))
-        self.serve(now, runtime, logical, request, decision)
+        self.serve(now, runtime, logical, request, decision, decision_us)
 
     def serve(
         self,
@@ -270,6 +283,7 @@ class _TtcaSim:
         logical: _Logical,
         request: RouteRequest,
         decision: Decision,
+        decision_us: float,
     ) -> None:
         config = runtime.config
         start = max(now + config.rtt_s / 2, runtime.prefill_free_s)
@@ -286,11 +300,25 @@ class _TtcaSim:
         self.prompt_tokens += request.prompt_tokens
         self.cached_tokens += cached
         ttft = prefill_end + config.rtt_s / 2 - now
-        self.push(done, 0, _Attempt(logical, request, decision, ttft, cached))
+        self.push(done, 0, _Attempt(logical, request, decision, ttft, cached, decision_us))
 
     def answer(self, now: float, attempt: _Attempt) -> None:
         logical, request = attempt.logical, attempt.request
         ok = correct(self.profiles[attempt.decision.model], request, self.seed)
+        self.attempts.append(
+            RequestRecord(
+                request_id=request.request_id,
+                replica_id=attempt.decision.replica_id,
+                model=attempt.decision.model,
+                arrival_s=request.arrival_s,
+                start_s=request.arrival_s,  # prefill start: not tracked by this simulator
+                ttft_s=attempt.ttft_s,
+                e2e_s=now - request.arrival_s,
+                prompt_tokens=request.prompt_tokens,
+                cached_tokens=attempt.cached_tokens,
+                decision_us=attempt.decision_us,
+            )
+        )
         self.policy.observe(
             Outcome(
                 request,
@@ -361,4 +389,5 @@ def _summarize(
         ttca_penalized_mean_s=float(np.mean(penalized)) if penalized else 0.0,
         attempts_mean=float(np.mean([r.attempts for r in records])) if records else 0.0,
         hit_ratio=sim.cached_tokens / sim.prompt_tokens if sim.prompt_tokens else 0.0,
+        attempts=tuple(sim.attempts),
     )
