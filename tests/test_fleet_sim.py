@@ -350,3 +350,11 @@ def test_decode_steps_grow_with_the_batch_context() -> None:
     assert records["a"].e2e_s == pytest.approx(0.2 + a_left * 0.12)
     b_done = 0.2 + a_left * 0.12 + (5 - a_left) * 0.11
     assert records["b"].e2e_s == pytest.approx(b_done)
+
+
+@pytest.mark.parametrize(
+    "field", ["decode_s_per_context_token", "prefill_chunk_tokens", "decode_tokens_per_s"]
+)
+def test_replica_rejects_negative_engine_parameters(field: str) -> None:
+    with pytest.raises(ConfigError):
+        replica(**{field: -1})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from contextpilot_rag.errors import ConfigError, NoReplicaAvailableError
 from contextpilot_rag.routing import LeastLoadPolicy, SessionAffinityPolicy
 from contextpilot_rag.routing.combined import CombinedPolicy
 from contextpilot_rag.routing.laar import AccuracyModel, LaarPolicy
@@ -228,3 +229,30 @@ def test_ttca_on_the_kv_file_compares_policies() -> None:
         assert len(result.records) == len(requests)
         assert 0.0 <= result.success_rate <= 1.0
         assert result.ttca_mean_s >= 0.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"externality_weight": -1.0},
+        {"q_floor": 0.0},
+        {"ttft_budget_percentile": 0.0},
+        {"ttft_slack": -0.1},
+        {"duty_tau_s": 0.0},
+        {"max_tracked": 0},
+        {"recorded_boundaries": 1},
+    ],
+)
+def test_combined_rejects_bad_settings(options: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        CombinedPolicy(**options)  # type: ignore[arg-type]
+
+
+def test_a_failed_combined_decision_leaves_its_state_intact() -> None:
+    policy = CombinedPolicy()
+    policy.choose(_request(request_id="first"), _fleet("a", "b"))
+    before = (dict(policy._tracked), len(policy.locations))
+    sick = _Fleet(1.0, (ReplicaState("a/0", "a", healthy=False),))
+    with pytest.raises(NoReplicaAvailableError):
+        policy.choose(_request(request_id="second"), sick)
+    assert (dict(policy._tracked), len(policy.locations)) == before

@@ -43,7 +43,6 @@ from ..sim.ttca import TtcaResult, fit_accuracy, run_ttca, synthetic_requests, t
 from .report import save_figure
 
 __all__ = [
-    "PLANNED_POLICIES",
     "RESULT_FIELDS",
     "ProgressFactory",
     "default_policies",
@@ -62,9 +61,6 @@ logger = logging.getLogger(__name__)
 
 ProgressFactory = Callable[[str, int], Callable[[], None]]
 """``progress(label, total)`` returns an ``advance()`` callback (see ``report.progress_bars``)."""
-
-PLANNED_POLICIES: tuple[str, ...] = ()
-"""Contract names whose policies are not in the registry yet: skipped with a note."""
 
 RESULT_FIELDS = (
     "policy",
@@ -110,19 +106,13 @@ def _installed(name: str) -> bool:
 
 def resolve_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """``(runnable names, notes on the skipped ones)``. Raises :class:`ConfigError` for
-    a name that is neither registered nor planned."""
-    known = set(POLICY_NAMES) | set(PLANNED_POLICIES)
-    unknown = [name for name in names if name not in known]
+    a name that is not registered."""
+    unknown = [name for name in names if name not in POLICY_NAMES]
     if unknown:
-        raise ConfigError(
-            f"unknown routing policies {unknown}; choose from {list(POLICY_NAMES)} "
-            f"(planned, not implemented yet: {list(PLANNED_POLICIES)})"
-        )
+        raise ConfigError(f"unknown routing policies {unknown}; choose from {list(POLICY_NAMES)}")
     runnable, notes = [], []
     for name in dict.fromkeys(names):
-        if name not in POLICY_NAMES:
-            notes.append(f"skipped {name!r}: not implemented yet")
-        elif not _installed(name):
+        if not _installed(name):
             notes.append(f"skipped {name!r}: its optional package is not installed")
         else:
             runnable.append(name)
@@ -147,15 +137,25 @@ def split_trace(
     return ordered[:cut], ordered[cut:]
 
 
-def _tuned_gorgo(
-    tune: Sequence[RouteRequest], fleet: Callable[[], list[Replica]], seed: int
-) -> Policy:
-    """A frozen :class:`CostPolicy` whose weights were tuned on ``tune``; a fresh one
-    (fresh prefix locations) routes the held-out part."""
+def _tuned_gorgo(replay: Callable[[Policy], object], seed: int) -> Policy:
+    """A frozen :class:`CostPolicy` whose weights were tuned while ``replay`` ran the
+    tune part through it; a fresh one (fresh prefix locations) routes the held-out
+    part."""
     learner = CostPolicy(tuner=WeightTuner(seed=seed))
-    if tune:
-        simulate(tune, learner, fleet(), seed=seed)
+    replay(learner)
     return CostPolicy(learner.freeze())
+
+
+def _prepare(
+    requests: Sequence[RouteRequest], policies: Sequence[str] | None, tune_fraction: float
+) -> tuple[list[str], list[RouteRequest], list[RouteRequest]]:
+    """``(runnable policy names, tune part, held-out part)``; skipped policies are
+    logged. ``policies`` defaults to every registered one."""
+    names, notes = resolve_policies(POLICY_NAMES if policies is None else policies)
+    for note in notes:
+        logger.warning(note)
+    tune, held_out = split_trace(requests, tune_fraction)
+    return names, tune, held_out
 
 
 def route_sim_results(
@@ -169,11 +169,7 @@ def route_sim_results(
     progress: ProgressFactory | None = None,
 ) -> list[SimResult]:
     """One :class:`SimResult` per runnable policy, on the held-out part only."""
-    wanted = [*POLICY_NAMES, *PLANNED_POLICIES] if policies is None else policies
-    names, notes = resolve_policies(wanted)
-    for note in notes:
-        logger.warning(note)
-    tune, held_out = split_trace(requests, tune_fraction)
+    names, tune, held_out = _prepare(requests, policies, tune_fraction)
     block_tokens = held_out[0].block_tokens
 
     def fleet() -> list[Replica]:
@@ -182,7 +178,10 @@ def route_sim_results(
     advance = progress("route-sim policies", len(names)) if progress else None
     results = []
     for name in names:
-        policy = _tuned_gorgo(tune, fleet, seed) if name == "gorgo" else make_policy(name)
+        if name == "gorgo":
+            policy = _tuned_gorgo(lambda learner: simulate(tune, learner, fleet(), seed=seed), seed)
+        else:
+            policy = make_policy(name)
         results.append(simulate(held_out, policy, fleet(), seed=seed))
         if advance:
             advance()
@@ -200,10 +199,7 @@ def ttca_results(
     progress: ProgressFactory | None = None,
 ) -> list[TtcaResult]:
     """One :class:`TtcaResult` per runnable policy, on the held-out part only."""
-    names, notes = resolve_policies([*POLICY_NAMES] if policies is None else policies)
-    for note in notes:
-        logger.warning(note)
-    tune, held_out = split_trace(requests, tune_fraction)
+    names, tune, held_out = _prepare(requests, policies, tune_fraction)
     accuracy = fit_accuracy([*tune, *synthetic_requests(600, seed=seed + 1)], seed=seed)
     costs = {m.name: m.cost for m in DEFAULT_MODELS}
     fleet = ttca_fleet(DEFAULT_MODELS, replicas_per_model)
@@ -214,10 +210,12 @@ def ttca_results(
         if name == "combined":
             return make_policy("combined", accuracy=accuracy)
         if name == "gorgo":
-            learner = CostPolicy(tuner=WeightTuner(seed=seed))
-            if tune:
-                run_ttca(tune, learner, replicas=fleet, max_attempts=max_attempts, seed=seed)
-            return CostPolicy(learner.freeze())
+            return _tuned_gorgo(
+                lambda learner: run_ttca(
+                    tune, learner, replicas=fleet, max_attempts=max_attempts, seed=seed
+                ),
+                seed,
+            )
         return make_policy(name)
 
     advance = progress("route-sim TTCA policies", len(names)) if progress else None

@@ -51,7 +51,7 @@ from operator import itemgetter
 
 from ..errors import ConfigError
 from .common import candidate_replicas
-from .gorgo import PrefixLocations, spread_boundaries
+from .gorgo import PrefixLocations
 from .laar import AccuracyModel, untried_models
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
@@ -258,12 +258,8 @@ class CombinedPolicy:
         ends_at = now + e2e_s
         insort(state.decode_ends, ends_at)
         self._track(request.request_id, (replica_id, ends_at, request.prompt_tokens))
-        hashes = request.block_hashes
-        recorded = spread_boundaries(request.boundaries, len(hashes), self.recorded_boundaries)
         relied_on = cached // request.block_tokens
-        if relied_on and relied_on not in recorded:
-            recorded.append(relied_on)
-        self.locations.record(hashes, recorded, replica_id, now)
+        self.locations.record_route(request, replica_id, relied_on, now, self.recorded_boundaries)
 
     def _track(self, request_id: str, entry: tuple[str, float, int]) -> None:
         """Remember an in-flight request; beyond ``max_tracked`` (outcomes lost), the
@@ -288,8 +284,7 @@ class CombinedPolicy:
     def observe(self, outcome: Outcome) -> None:
         """Close the request's in-flight entry, update the TTFT budget and forget
         prefixes the engine reported as not cached (as :class:`CostPolicy`)."""
-        request, decision = outcome.request, outcome.decision
-        self._untrack(request.request_id)
+        self._untrack(outcome.request.request_id)
         if outcome.error is None:
             self._ttfts.append(outcome.ttft_s)
             self._observed += 1
@@ -297,10 +292,4 @@ class CombinedPolicy:
                 ordered = sorted(self._ttfts)
                 rank = self.ttft_budget_percentile / 100 * (len(ordered) - 1)
                 self.ttft_budget_s = ordered[round(rank)]
-        if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
-            return
-        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
-        hashes = request.block_hashes
-        for b in request.boundaries:
-            if kept < b <= len(hashes):
-                self.locations.forget(hashes[b - 1], decision.replica_id)
+        self.locations.correct(outcome)

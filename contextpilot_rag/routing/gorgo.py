@@ -113,6 +113,30 @@ class PrefixLocations:
         while len(entries) > self.capacity:
             entries.popitem(last=False)
 
+    def record_route(
+        self, request: RouteRequest, replica_id: str, relied_on: int, now: float, keep: int
+    ) -> None:
+        """Record a bounded spread of ``keep`` boundaries (:func:`spread_boundaries`)
+        and the prefix (``relied_on`` blocks) the decision counted as cached, so the
+        reused route stays fresh; O(keep), not O(boundaries)."""
+        hashes = request.block_hashes
+        recorded = spread_boundaries(request.boundaries, len(hashes), keep)
+        if relied_on and relied_on not in recorded:
+            recorded.append(relied_on)
+        self.record(hashes, recorded, replica_id, now)
+
+    def correct(self, outcome: Outcome) -> None:
+        """Forget the prefixes the engine showed ``outcome``'s replica does not hold:
+        every boundary beyond the cached tokens it reported (all of them on error)."""
+        request, decision = outcome.request, outcome.decision
+        if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
+            return
+        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
+        hashes = request.block_hashes
+        for b in request.boundaries:
+            if kept < b <= len(hashes):
+                self.forget(hashes[b - 1], decision.replica_id)
+
     def forget(self, key: int, replica_id: str) -> None:
         """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
         entry = self._entries.get(key)
@@ -182,29 +206,14 @@ class CostPolicy:
             cost += wr * r.rtt_s
             if cost < best_cost:
                 best, best_cost, best_cached = r, cost, cached
-        self._record_route(request, best.replica_id, known.get(best.replica_id, 0), fleet.now)
+        relied_on = known.get(best.replica_id, 0)
+        self.locations.record_route(
+            request, best.replica_id, relied_on, fleet.now, self.recorded_boundaries
+        )
         return Decision(best.replica_id, best.model, "min-cost", best_cached, best_cost)
-
-    def _record_route(
-        self, request: RouteRequest, replica_id: str, relied_on: int, now: float
-    ) -> None:
-        """Record a bounded spread of boundaries and the prefix (``relied_on`` blocks)
-        the decision counted as cached, so the reused route stays fresh."""
-        hashes = request.block_hashes
-        recorded = spread_boundaries(request.boundaries, len(hashes), self.recorded_boundaries)
-        if relied_on and relied_on not in recorded:
-            recorded.append(relied_on)
-        self.locations.record(hashes, recorded, replica_id, now)
 
     def observe(self, outcome: Outcome) -> None:
         """Feed the tuner; forget prefixes the engine reported as not cached."""
-        request, decision = outcome.request, outcome.decision
         if self.tuner is not None and outcome.error is None:
             self.tuner.record(outcome.ttft_s, outcome.e2e_s)
-        if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
-            return
-        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
-        hashes = request.block_hashes
-        for b in request.boundaries:
-            if kept < b <= len(hashes):
-                self.locations.forget(hashes[b - 1], decision.replica_id)
+        self.locations.correct(outcome)

@@ -103,6 +103,22 @@ class Replica:
         if self.max_batch < 1 or self.block_tokens < 1:
             raise ConfigError("max_batch and block_tokens must be >= 1")
 
+    def state(self, in_flight: int, queued_tokens: int) -> ReplicaState:
+        """What a router sees of this replica with the given load."""
+        return ReplicaState(
+            replica_id=self.replica_id,
+            model=self.model,
+            region=self.region,
+            rtt_s=self.rtt_s,
+            in_flight=in_flight,
+            queued_tokens=queued_tokens,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
+            decode_s_per_context_token=self.decode_s_per_context_token,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            healthy=self.healthy,
+        )
+
 
 def default_fleet(
     regions: int = 3, replicas_per_region: int = 1, *, block_tokens: int = 16, model: str = "sim-8b"
@@ -251,20 +267,7 @@ class _ReplicaRuntime:
         self.virtual_at = now
 
     def state(self) -> ReplicaState:
-        c = self.config
-        return ReplicaState(
-            replica_id=c.replica_id,
-            model=c.model,
-            region=c.region,
-            rtt_s=c.rtt_s,
-            in_flight=self.in_flight,
-            queued_tokens=self.queued_tokens,
-            prefill_tokens_per_s=c.prefill_tokens_per_s,
-            decode_tokens_per_s=c.decode_tokens_per_s,
-            decode_s_per_context_token=c.decode_s_per_context_token,
-            prefill_chunk_tokens=c.prefill_chunk_tokens,
-            healthy=c.healthy,
-        )
+        return self.config.state(self.in_flight, self.queued_tokens)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ def ttca_fleet(
     models: Sequence[ModelProfile] = DEFAULT_MODELS, replicas_per_model: int = 1
 ) -> list[Replica]:
     """``replicas_per_model`` replicas per model, rates scaled by the model's speed;
-    replica ``k`` of model ``i`` sits in GORGO region ``(i + k) mod 3``."""
+    replica ``k`` of model ``i`` sits in GORGO region ``(i + k) mod 3``. Decoding runs
+    at a fixed rate (as :func:`run_ttca` serves it: no prefill-decode interference)."""
     if replicas_per_model < 1 or not models:
         raise ConfigError("ttca_fleet needs at least one model and replicas_per_model >= 1")
     base = Replica("reference")
@@ -68,6 +69,9 @@ def ttca_fleet(
                     rtt_s=rtt_s,
                     prefill_tokens_per_s=base.prefill_tokens_per_s * profile.speed,
                     decode_tokens_per_s=base.decode_tokens_per_s * profile.speed,
+                    # this simulator's service model has no prefill-decode interference
+                    decode_s_per_context_token=0.0,
+                    prefill_chunk_tokens=0,
                 )
             )
     return fleet
@@ -184,18 +188,8 @@ class _Runtime:
             self.prefilling.popleft()
         while self.answers_due and self.answers_due[0] <= now:
             heapq.heappop(self.answers_due)
-        c = self.config
-        return ReplicaState(
-            replica_id=c.replica_id,
-            model=c.model,
-            region=c.region,
-            rtt_s=c.rtt_s,
-            in_flight=len(self.answers_due),
-            queued_tokens=sum(tokens for _, tokens in self.prefilling),
-            prefill_tokens_per_s=c.prefill_tokens_per_s,
-            decode_tokens_per_s=c.decode_tokens_per_s,
-            healthy=c.healthy,
-        )
+        queued = sum(tokens for _, tokens in self.prefilling)
+        return self.config.state(len(self.answers_due), queued)
 
 
 @dataclass
