@@ -12,7 +12,10 @@ __all__ = [
     "DuplicateRequestError",
     "EmptyContextError",
     "InvalidBlockError",
+    "InvalidDecisionError",
     "InvalidInputError",
+    "InvalidRouteRequestError",
+    "NoReplicaAvailableError",
     "OversizeBlockError",
     "UnknownConversationError",
 ]
@@ -67,6 +70,11 @@ class DuplicateRequestError(ContextPilotError, ValueError):
 
 class NoReplicaAvailableError(ContextPilotError, RuntimeError):
     """No healthy replica exists to route a request to."""
+
+
+class InvalidRouteRequestError(ContextPilotError, ValueError):
+    """A routing request is malformed: negative token counts, a block size below one,
+    or a boundary outside ``1..len(block_hashes)``."""
 
 
 class InvalidDecisionError(ContextPilotError, ValueError):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from contextpilot_rag.errors import ConfigError
-from contextpilot_rag.routing import POLICY_NAMES, Policy, make_policy
+from contextpilot_rag.errors import ConfigError, InvalidRouteRequestError
+from contextpilot_rag.routing import POLICY_NAMES, Policy, RouteRequest, make_policy
 from contextpilot_rag.sim import default_fleet, load_mooncake, simulate
 
 MOONCAKE = (
@@ -40,3 +40,27 @@ def test_each_policy_routes_the_mooncake_trace(name: str) -> None:
     assert 0 < summary.ttft_p50_ms <= summary.ttft_p95_ms <= summary.ttft_p99_ms
     assert 0.0 <= summary.hit_ratio < 1.0
     assert 1 / 3 <= summary.max_replica_share <= 1.0
+
+
+def test_a_route_request_stores_its_boundaries_ascending_and_distinct() -> None:
+    request = RouteRequest("q", 64, block_hashes=(11, 12, 13, 14), boundaries=(4, 2, 2, 1))
+    assert request.boundaries == (1, 2, 4)
+    listed = RouteRequest("q", 64, block_hashes=(11, 12, 13, 14), boundaries=[1, 3])  # type: ignore[arg-type]
+    assert listed.boundaries == (1, 3)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"boundaries": (0, 2)},
+        {"boundaries": (2, 5)},
+        {"prompt_tokens": -1},
+        {"block_tokens": 0},
+        {"expected_output_tokens": -5},
+    ],
+)
+def test_a_malformed_route_request_is_rejected(overrides: dict[str, object]) -> None:
+    fields: dict[str, object] = {"prompt_tokens": 64, "block_hashes": (11, 12, 13, 14)}
+    fields.update(overrides)
+    with pytest.raises(InvalidRouteRequestError):
+        RouteRequest("q", **fields)  # type: ignore[arg-type]

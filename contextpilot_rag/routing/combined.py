@@ -162,22 +162,26 @@ class CombinedPolicy:
             model = self._models[replica_id] = _ReplicaModel()
         return model
 
-    def _options(self, request: RouteRequest, fleet: FleetView) -> list[_Option]:
-        """One option per candidate replica (see the module docstring for the terms);
-        written as one tight loop because it runs for every replica on every request."""
+    def _options(
+        self, request: RouteRequest, fleet: FleetView
+    ) -> tuple[list[_Option], float, bool]:
+        """One option per candidate replica (see the module docstring for the terms),
+        the fastest predicted TTFT and whether every option has the same ``Q``; written
+        as one tight loop because it runs for every replica on every request."""
         now = fleet.now
         candidates = untried_models(request, candidate_replicas(request, fleet))
-        known = self.locations.cached_blocks(
-            request.block_hashes, request.boundaries, now, len(fleet.replicas)
-        )
+        known = self.locations.cached_blocks(request, now, len(fleet.replicas))
+        known_get = known.get if known else None
         tokens, block_tokens = request.prompt_tokens, request.block_tokens
         output_tokens, weight, tau = (
             request.expected_output_tokens,
             self.externality_weight,
             self.duty_tau_s,
         )
-        models, exp, predict = self._models, math.exp, self.accuracy is not None
+        models, exp = self._models, math.exp
+        quality = self.quality if self.accuracy is not None else None
         options: list[_Option] = []
+        fastest, first_q, same_q = math.inf, -1.0, True
         for replica in candidates:
             replica_id = replica.replica_id
             state = models.get(replica_id) or self._model(replica_id)
@@ -185,20 +189,16 @@ class CombinedPolicy:
             pending = state.pending
             if state.pending_tokens > queued_tokens:
                 state.reconcile(queued_tokens, now)
-            cached = known.get(replica_id, 0) * block_tokens
-            if cached > tokens:
-                cached = tokens
+            cached = 0
+            if known_get is not None:
+                cached = known_get(replica_id, 0) * block_tokens
+                if cached > tokens:
+                    cached = tokens
             uncached = tokens - cached
             rate = replica.prefill_tokens_per_s
-            per_context = replica.decode_s_per_context_token
             half_rtt = replica.rtt_s / 2
             step_s = 1.0 / replica.decode_tokens_per_s
-            if per_context:
-                step_s += per_context * (state.context_tokens - state.pending_tokens)
             prefill_s = uncached / rate
-            chunk = replica.prefill_chunk_tokens
-            if chunk and replica.in_flight > len(pending):
-                prefill_s += -(-uncached // chunk) * step_s
             wait_s = (queued_tokens - state.pending_tokens) / rate - half_rtt
             if pending:
                 elapsed = now - state.head_since
@@ -207,33 +207,49 @@ class CombinedPolicy:
                     wait_s += left
             if wait_s < 0.0:
                 wait_s = 0.0
-            ttft_s = 2 * half_rtt + wait_s + prefill_s
-            decode_step_s = step_s + per_context * tokens
+            per_context = replica.decode_s_per_context_token
+            chunk = replica.prefill_chunk_tokens
             harm_s = 0.0
-            if chunk:
-                duty = state.duty * exp((state.duty_at - now) / tau) / tau
-                decode_step_s += (duty if duty < 0.95 else 0.95) * chunk / rate
-                ends = state.decode_ends
-                if ends:
-                    running = len(ends) - bisect_right(ends, now + half_rtt + wait_s)
-                    harm_s = running * uncached / rate
+            if per_context or chunk:  # an engine with prefill/decode interference
+                if per_context:
+                    step_s += per_context * (state.context_tokens - state.pending_tokens)
+                if chunk and replica.in_flight > len(pending):
+                    prefill_s += -(-uncached // chunk) * step_s
+                decode_step_s = step_s + per_context * tokens
+                if chunk:
+                    duty = state.duty * exp((state.duty_at - now) / tau) / tau
+                    decode_step_s += (duty if duty < 0.95 else 0.95) * chunk / rate
+                    ends = state.decode_ends
+                    if ends:
+                        running = len(ends) - bisect_right(ends, now + half_rtt + wait_s)
+                        harm_s = running * uncached / rate
+            else:
+                decode_step_s = step_s
+            ttft_s = 2 * half_rtt + wait_s + prefill_s
+            if ttft_s < fastest:
+                fastest = ttft_s
             decode_s = output_tokens * decode_step_s
-            q = self.quality(replica.model, request) if predict else 1.0
+            q = 1.0 if quality is None else quality(replica.model, request)
+            if q != first_q:
+                same_q = first_q < 0.0
+                first_q = q
             cost = (ttft_s + decode_s + weight * harm_s) / q
             options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
-        return options
+        return options, fastest, same_q
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
-        now = fleet.now
-        options = self._options(request, fleet)
-        if self.ttft_budget_percentile is not None and len({o[2] for o in options}) == 1:
-            fastest = min([o[1] for o in options])
+        options, fastest, same_q = self._options(request, fleet)
+        best = options[0]
+        if self.ttft_budget_percentile is not None and same_q:
             limit = max(fastest * (1 + self.ttft_slack) + self.ttft_slack_s, self.ttft_budget_s)
-            best = min([o for o in options if o[1] <= limit], key=_COST)
+            best_cost = math.inf
+            for option in options:  # the fastest option is always within the limit
+                if option[0] < best_cost and option[1] <= limit:
+                    best, best_cost = option, option[0]
         else:
             best = min(options, key=_COST)  # first minimum: fleet order breaks ties
         _, ttft_s, _, replica, cached, prefill_s, decode_s = best
-        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
+        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, fleet.now)
         return Decision(replica.replica_id, replica.model, "min-expected-ttca", cached, ttft_s)
 
     def _dispatch(

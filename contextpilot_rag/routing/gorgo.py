@@ -31,14 +31,14 @@ from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 __all__ = ["CostPolicy", "PrefixLocations", "spread_boundaries"]
 
 
-def spread_boundaries(boundaries: Sequence[int], blocks: int, keep: int) -> list[int]:
-    """At most ``keep`` (>= 2) of the valid ``boundaries`` (``1..blocks``), ascending:
-    all of them if few enough, else the first, the last and evenly spaced ones between."""
-    valid = sorted([b for b in boundaries if 0 < b <= blocks])  # fast when already sorted
-    last = len(valid) - 1
+def spread_boundaries(boundaries: Sequence[int], keep: int) -> list[int]:
+    """At most ``keep`` (>= 2) of ``boundaries`` (ascending, distinct, as a
+    :class:`~.types.RouteRequest` holds them): all of them if few enough, else the
+    first, the last and evenly spaced ones between."""
+    last = len(boundaries) - 1
     if last < keep:
-        return sorted(set(valid))
-    picked = [valid[i * last // (keep - 1)] for i in range(keep)]
+        return list(boundaries)
+    picked = [boundaries[i * last // (keep - 1)] for i in range(keep)]
     return picked if len(set(picked)) == keep else sorted(set(picked))
 
 
@@ -68,23 +68,18 @@ class PrefixLocations:
         return len(self._entries)
 
     def cached_blocks(
-        self,
-        block_hashes: Sequence[int],
-        boundaries: Sequence[int],
-        now: float,
-        replicas: int | None = None,
+        self, request: RouteRequest, now: float, replicas: int | None = None
     ) -> dict[str, int]:
-        """Longest known cached prefix (in blocks) per replica, probing boundaries
-        longest first; replicas absent from the result have nothing cached. With
-        ``replicas`` (the fleet size) the probe stops once every replica has a match."""
-        found: dict[str, int] = {}
-        n = len(block_hashes)
+        """Longest known cached prefix (in blocks) of ``request`` per replica, probing
+        its boundaries longest first; replicas absent from the result have nothing
+        cached. With ``replicas`` (the fleet size) the probe stops once every replica
+        has a match."""
+        hashes = request.block_hashes
         lookup, oldest = self._entries.get, now - self.ttl_s
+        found: dict[str, int] = {}
         setdefault = found.setdefault
-        for b in sorted(boundaries, reverse=True):
-            if not 1 <= b <= n:
-                continue
-            entry = lookup(block_hashes[b - 1])
+        for b in reversed(request.boundaries):  # validated: ascending, in 1..len(hashes)
+            entry = lookup(hashes[b - 1])
             if entry is None or entry.stamp < oldest:
                 continue
             for replica_id in entry.replicas:
@@ -98,17 +93,19 @@ class PrefixLocations:
     ) -> None:
         """Note that ``replica_id`` was sent the prefixes ending at ``boundaries``."""
         n = len(block_hashes)
-        entries = self._entries
+        entries, oldest = self._entries, now - self.ttl_s
         for b in boundaries:
             if not 1 <= b <= n:
                 continue
             key = block_hashes[b - 1]
             entry = entries.get(key)
-            if entry is None or now - entry.stamp > self.ttl_s:
-                entries[key] = _Holders(now, {replica_id: b})
-            else:
-                entry.stamp = now
-                entry.replicas[replica_id] = b
+            if entry is None:
+                entries[key] = _Holders(now, {replica_id: b})  # new keys go last
+                continue
+            if entry.stamp < oldest:
+                entry.replicas.clear()
+            entry.stamp = now
+            entry.replicas[replica_id] = b
             entries.move_to_end(key)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
@@ -120,7 +117,7 @@ class PrefixLocations:
         and the prefix (``relied_on`` blocks) the decision counted as cached, so the
         reused route stays fresh; O(keep), not O(boundaries)."""
         hashes = request.block_hashes
-        recorded = spread_boundaries(request.boundaries, len(hashes), keep)
+        recorded = spread_boundaries(request.boundaries, keep)
         if relied_on and relied_on not in recorded:
             recorded.append(relied_on)
         self.record(hashes, recorded, replica_id, now)
@@ -183,7 +180,7 @@ class CostPolicy:
         w = self.weights
         wp, wr, wq = w.prefill_weight, w.rtt_weight, w.queue_weight
         tokens, block_tokens = request.prompt_tokens, request.block_tokens
-        known = self.locations.cached_blocks(request.block_hashes, request.boundaries, now)
+        known = self.locations.cached_blocks(request, now)
         result: dict[str, tuple[float, int]] = {}
         for r in replicas:
             cached = min(known.get(r.replica_id, 0) * block_tokens, tokens)
@@ -198,7 +195,7 @@ class CostPolicy:
         w = self.weights
         wp, wr, wq = w.prefill_weight, w.rtt_weight, w.queue_weight
         tokens, block_tokens = request.prompt_tokens, request.block_tokens
-        known = self.locations.cached_blocks(request.block_hashes, request.boundaries, fleet.now)
+        known = self.locations.cached_blocks(request, fleet.now)
         best, best_cost, best_cached = candidates[0], float("inf"), 0
         for r in candidates:
             cached = min(known.get(r.replica_id, 0) * block_tokens, tokens)

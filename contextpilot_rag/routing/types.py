@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ..errors import InvalidRouteRequestError
+
 __all__ = [
     "Decision",
     "FleetView",
@@ -39,7 +41,11 @@ class RouteRequest:
     key for affinity policies. ``features``: cheap request features for accuracy
     models (e.g. ``language``, ``task``, ``length_bucket``). ``logical_id`` and
     ``attempt`` identify retries of one logical request; ``excluded`` holds the
-    ``(replica_id, model)`` pairs already tried for it."""
+    ``(replica_id, model)`` pairs already tried for it.
+
+    Construction validates the counts and every boundary (``1..len(block_hashes)``,
+    else :class:`~contextpilot_rag.errors.InvalidRouteRequestError`) and stores the
+    boundaries ascending without duplicates, so policies probe them without checks."""
 
     request_id: str
     prompt_tokens: int
@@ -53,6 +59,25 @@ class RouteRequest:
     logical_id: str | None = None
     attempt: int = 0
     excluded: frozenset[tuple[str, str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0 or self.block_tokens < 1 or self.expected_output_tokens < 0:
+            raise InvalidRouteRequestError(
+                f"request {self.request_id!r}: prompt_tokens and expected_output_tokens must "
+                f"be >= 0 and block_tokens >= 1, got {self.prompt_tokens}, "
+                f"{self.expected_output_tokens}, {self.block_tokens}"
+            )
+        boundaries = self.boundaries
+        if not boundaries:
+            return
+        ordered = sorted(set(boundaries))
+        if ordered[0] < 1 or ordered[-1] > len(self.block_hashes):
+            raise InvalidRouteRequestError(
+                f"request {self.request_id!r}: boundaries must lie in 1..{len(self.block_hashes)}"
+                f" (the number of block hashes), got {ordered[0]}..{ordered[-1]}"
+            )
+        if not isinstance(boundaries, tuple) or list(boundaries) != ordered:
+            object.__setattr__(self, "boundaries", tuple(ordered))
 
 
 @dataclass(frozen=True)

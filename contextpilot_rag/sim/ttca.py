@@ -116,7 +116,7 @@ def synthetic_requests(
                 prompt_tokens=tokens,
                 block_hashes=hashes,
                 expected_output_tokens=20,
-                boundaries=(blocks - 1, blocks),
+                boundaries=tuple(b for b in (blocks - 1, blocks) if b > 0),
                 session=f"group-{group}",
                 arrival_s=i * interarrival_s,
                 features={"language": language, "length_bucket": _bucket(tokens), "task": "kv"},
