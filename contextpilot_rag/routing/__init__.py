@@ -33,10 +33,15 @@ from .types import Decision, FleetView, Outcome, Policy, ReplicaState, RouteRequ
 __all__ = [
     "POLICY_NAMES",
     "AccuracyModel",
+    "Attempt",
+    "ChatResult",
+    "ChatStream",
     "CombinedPolicy",
     "CostPolicy",
     "CostWeights",
     "Decision",
+    "Endpoint",
+    "EndpointError",
     "FleetView",
     "LaarPolicy",
     "LeastLoadPolicy",
@@ -51,7 +56,10 @@ __all__ = [
     "RoundRobinPolicy",
     "RouteRequest",
     "RouteTable",
+    "RoutingClient",
+    "RoutingError",
     "SessionAffinityPolicy",
+    "SolveResult",
     "TunerBounds",
     "WeightTuner",
     "make_policy",
@@ -86,3 +94,15 @@ def make_policy(name: str, **options: Any) -> Policy:
     if factory is None:
         raise ConfigError(f"unknown routing policy {name!r}; choose one of {list(POLICY_NAMES)}")
     return factory(**options)
+
+
+from .client import (  # noqa: E402  (the client builds policies with make_policy)
+    Attempt,
+    ChatResult,
+    ChatStream,
+    Endpoint,
+    EndpointError,
+    RoutingClient,
+    RoutingError,
+    SolveResult,
+)

@@ -136,7 +136,7 @@ class CombinedPolicy:
             raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
         self.recorded_boundaries = recorded_boundaries
         self.accuracy = accuracy
-        self.locations = locations or PrefixLocations()
+        self.locations = locations if locations is not None else PrefixLocations()
         self.externality_weight = externality_weight
         self.ttft_budget_percentile = ttft_budget_percentile
         self.ttft_slack = ttft_slack

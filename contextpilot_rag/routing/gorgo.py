@@ -126,7 +126,9 @@ class PrefixLocations:
         """Forget the prefixes the engine showed ``outcome``'s replica does not hold:
         every boundary beyond the cached tokens it reported (all of them on error)."""
         request, decision = outcome.request, outcome.decision
-        if outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens:
+        if outcome.cancelled or (
+            outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens
+        ):
             return
         kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
         hashes = request.block_hashes
@@ -159,7 +161,7 @@ class CostPolicy:
         self.recorded_boundaries = recorded_boundaries
         self.tuner = tuner
         self._fixed = weights or CostWeights()
-        self.locations = locations or PrefixLocations()
+        self.locations = locations if locations is not None else PrefixLocations()
 
     @property
     def weights(self) -> CostWeights:

@@ -334,6 +334,8 @@ class RanvierPolicy:
     def observe(self, outcome: Outcome) -> None:
         """Drop routes the engine disproved for the replica that served ``outcome``."""
         request, decision = outcome.request, outcome.decision
+        if outcome.cancelled:
+            return
         if outcome.error is not None:
             self._forget_beyond(request, decision.replica_id, 0)
         elif outcome.cached_tokens < decision.predicted_cached_tokens:

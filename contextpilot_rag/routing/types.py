@@ -121,7 +121,9 @@ class Decision:
 @dataclass(frozen=True)
 class Outcome:
     """What happened: measured TTFT / end-to-end latency, the cached prompt tokens the
-    engine reported, correctness when known (TTCA experiments), or an error."""
+    engine reported, correctness when known (TTCA experiments), or an error.
+    ``cancelled``: the caller gave up (with ``error`` set); no evidence about the
+    replica's cache or health, so policies only release what they track for it."""
 
     request: RouteRequest
     decision: Decision
@@ -130,6 +132,7 @@ class Outcome:
     cached_tokens: int = 0
     correct: bool | None = None
     error: str | None = None
+    cancelled: bool = False
 
 
 @runtime_checkable

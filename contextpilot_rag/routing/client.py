@@ -1,0 +1,868 @@
+"""``RoutingClient``: an OpenAI-compatible client that routes every request over a fleet
+of endpoints with a routing policy and feeds what the engines report back to it.
+
+::
+
+    client = RoutingClient(["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"],
+                           model="qwen2.5-7b", policy="combined")
+    result = client.chat(pilot.optimize(question, blocks))   # a Prompt or chat messages
+    result.text, result.endpoint, result.ttft_s, result.cached_tokens
+
+Every request is streamed from the engine (also by :meth:`RoutingClient.chat`), so
+TTFT is measured at the first content token. Per endpoint the client keeps live
+``in_flight`` and ``queued_tokens`` counters (a prompt is queued from dispatch to its
+first token) on every path — success, failure, timeout, cancellation — and a circuit
+breaker: a transport error or a 5xx/429 answer opens it for an exponentially growing
+backoff, after which one request may try again.
+
+Feedback: the engine's ``usage.prompt_tokens_details.cached_tokens`` (vLLM, SGLang,
+OpenAI) or ``timings.cache_n`` (llama-server) goes to ``policy.observe`` with the
+measured TTFT and end-to-end time, which trims routes the engine disproved; its
+``usage.prompt_tokens`` refines the character-per-token estimate of the route keys
+(:mod:`~contextpilot_rag.routing.prompt_keys`).
+
+Failures: a transport error, a 5xx/429 answer or a stream that ends early makes the
+client retry on another ``(endpoint, model)`` (the failed one excluded) up to
+``max_attempts``; a stream already partly delivered resumes after the delivered text
+when the retry reproduces it, and fails with :class:`RoutingError` when it does not.
+Other 4xx answers are the caller's error and raise :class:`EndpointError` at once.
+:meth:`RoutingClient.solve` retries until ``verify`` accepts an answer, excluding each
+``(endpoint, model)`` already tried, and reports the time to a correct answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+
+from ..errors import ConfigError, ContextPilotError, InvalidInputError
+from ..prompt import Prompt
+from .prompt_keys import PromptInput, PromptKeys, PromptText, serialise
+from .types import Decision, Outcome, Policy, ReplicaState, RouteRequest
+
+__all__ = [
+    "Attempt",
+    "ChatResult",
+    "ChatStream",
+    "Endpoint",
+    "EndpointError",
+    "RoutingClient",
+    "RoutingError",
+    "SolveResult",
+]
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completion"]
+
+
+class RoutingError(ContextPilotError, RuntimeError):
+    """Every attempt failed (or a resumed stream diverged); ``attempts`` says how."""
+
+    def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
+        super().__init__(message)
+        self.attempts = tuple(attempts)
+
+
+class EndpointError(ContextPilotError, RuntimeError):
+    """An endpoint rejected the request itself (a 4xx other than 429): not retried."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One OpenAI-compatible server. ``models`` it serves (empty: the client's
+    ``model``); ``rtt_s`` the network round trip if known (else measured by
+    :meth:`RoutingClient.probe`, 0 until then); the rates feed the cost policies."""
+
+    base_url: str
+    models: tuple[str, ...] = ()
+    region: str = "local"
+    rtt_s: float | None = None
+    prefill_tokens_per_s: float = 10_000.0
+    decode_tokens_per_s: float = 50.0
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        url = self.base_url
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got {url!r}")
+        object.__setattr__(self, "base_url", url.rstrip("/"))
+        if isinstance(self.models, str) or not all(isinstance(m, str) and m for m in self.models):
+            raise ConfigError("models must be a tuple of non-empty model names")
+        object.__setattr__(self, "models", tuple(self.models))
+        if self.rtt_s is not None and self.rtt_s < 0:
+            raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s}")
+        if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
+            raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One answered request. ``endpoint`` is the base URL that answered; token counts
+    are the engine's (``None`` when it reported none)."""
+
+    text: str
+    endpoint: str
+    model: str
+    ttft_s: float
+    e2e_s: float
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    decision: Decision
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a logical request: where, how long, and how it ended."""
+
+    endpoint: str
+    model: str
+    latency_s: float
+    error: str | None = None
+    correct: bool | None = None
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """The outcome of :meth:`RoutingClient.solve`: the accepted answer (or ``None``),
+    every attempt, and ``ttca_s`` — the wall time until the accepted answer (or until
+    giving up)."""
+
+    answer: ChatResult | None
+    attempts: tuple[Attempt, ...]
+    ttca_s: float
+
+    @property
+    def correct(self) -> bool:
+        return self.answer is not None
+
+
+class _Replica:
+    """Live state of one (endpoint, model) pair. Mutated under the client's lock."""
+
+    __slots__ = (
+        "endpoint",
+        "failures",
+        "in_flight",
+        "model",
+        "open_until",
+        "queued_tokens",
+        "rtt_s",
+    )
+
+    def __init__(self, endpoint: Endpoint, model: str) -> None:
+        self.endpoint = endpoint
+        self.model = model
+        self.in_flight = 0
+        self.queued_tokens = 0
+        self.rtt_s = endpoint.rtt_s or 0.0
+        self.failures = 0
+        self.open_until = 0.0
+
+    @property
+    def replica_id(self) -> str:
+        e = self.endpoint
+        return e.base_url if len(e.models) <= 1 else f"{e.base_url}#{self.model}"
+
+    def state(self, now: float) -> ReplicaState:
+        e = self.endpoint
+        return ReplicaState(
+            replica_id=self.replica_id,
+            model=self.model,
+            region=e.region,
+            rtt_s=self.rtt_s,
+            in_flight=self.in_flight,
+            queued_tokens=self.queued_tokens,
+            prefill_tokens_per_s=e.prefill_tokens_per_s,
+            decode_tokens_per_s=e.decode_tokens_per_s,
+            healthy=now >= self.open_until,
+        )
+
+
+@dataclass
+class _Plan:
+    """One dispatched attempt; the counters it holds are released exactly once."""
+
+    replica: _Replica
+    request: RouteRequest
+    decision: Decision
+    body: dict[str, Any]
+    url: str
+    started: float
+    characters: int
+    queued: bool = True
+    closed: bool = False
+
+
+@dataclass
+class _Reply:
+    """What the stream of one attempt delivered."""
+
+    text: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    done: bool = False
+
+
+class _AttemptFailed(Exception):
+    """A failure worth retrying elsewhere (transport, 5xx/429, cut stream)."""
+
+
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+def _delta(kind: Kind, chunk: Mapping[str, Any]) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    if kind == "chat":
+        return str((choice.get("delta") or {}).get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def _parse_line(kind: Kind, line: str, reply: _Reply) -> str:
+    """Fold one SSE line into ``reply``; returns the content delta (may be empty)."""
+    if not line.startswith("data:"):
+        return ""
+    data = line[5:].strip()
+    if data == "[DONE]":
+        reply.done = True
+        return ""
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise _AttemptFailed(f"malformed stream chunk: {data[:80]!r}") from exc
+    if chunk.get("usage"):
+        reply.usage = chunk["usage"]
+    if chunk.get("timings"):
+        reply.timings = chunk["timings"]
+    choices = chunk.get("choices") or []
+    if choices and choices[0].get("finish_reason"):
+        reply.finish_reason = choices[0]["finish_reason"]
+    return _delta(kind, chunk)
+
+
+def _cached_tokens(reply: _Reply) -> int | None:
+    usage = reply.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    if isinstance(details.get("cached_tokens"), int):
+        return int(details["cached_tokens"])
+    timings = reply.timings or {}
+    if isinstance(timings.get("cache_n"), int):
+        return int(timings["cache_n"])
+    return None
+
+
+def _prompt_tokens(reply: _Reply) -> int | None:
+    usage = reply.usage or {}
+    if isinstance(usage.get("prompt_tokens"), int):
+        return int(usage["prompt_tokens"])
+    timings = reply.timings or {}
+    if isinstance(timings.get("prompt_n"), int):
+        return int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
+    return None
+
+
+class _Resume:
+    """Delivers a logical stream across retries: text already delivered is skipped
+    when a retry reproduces it; a divergent retry is an error."""
+
+    def __init__(self) -> None:
+        self.delivered = ""
+        self.current = ""
+
+    def restart(self) -> None:
+        self.current = ""
+
+    def feed(self, piece: str) -> str:
+        start = len(self.current)
+        self.current += piece
+        overlap = self.delivered[start : len(self.current)]
+        if overlap and not self.current.startswith(self.delivered[: len(self.current)]):
+            raise RoutingError("a retried stream diverged from the text already delivered")
+        new = self.current[len(self.delivered) :] if len(self.current) > len(self.delivered) else ""
+        if new:
+            self.delivered += new
+        return new
+
+
+class ChatStream(Iterator[str]):
+    """Text deltas of one routed request; ``result`` once exhausted. ``close()`` (or
+    leaving a ``with`` block) cancels it and releases its counters."""
+
+    def __init__(self, deltas: Iterator[str], holder: list[ChatResult]) -> None:
+        self._deltas = deltas
+        self._holder = holder
+
+    def __iter__(self) -> ChatStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+    @property
+    def result(self) -> ChatResult:
+        if not self._holder:
+            raise RuntimeError("the stream has not finished; iterate it to the end first")
+        return self._holder[0]
+
+    def close(self) -> None:
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncChatStream:
+    """Async twin of :class:`ChatStream` (``async for``; ``aclose()`` cancels)."""
+
+    def __init__(self, deltas: AsyncIterator[str], holder: list[ChatResult]) -> None:
+        self._deltas = deltas
+        self._holder = holder
+
+    def __aiter__(self) -> AsyncChatStream:
+        return self
+
+    async def __anext__(self) -> str:
+        return await self._deltas.__anext__()
+
+    @property
+    def result(self) -> ChatResult:
+        if not self._holder:
+            raise RuntimeError("the stream has not finished; iterate it to the end first")
+        return self._holder[0]
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._deltas, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class RoutingClient:
+    """Routes OpenAI-compatible chat/completion requests over ``endpoints``.
+
+    ``endpoints``: base URLs (``http://host:port/v1``) or :class:`Endpoint` objects.
+    ``model``: the model to ask for (endpoints listing models serve only those);
+    ``None`` routes over every model the endpoints list (accuracy-aware policies).
+    ``policy``: a policy name of :func:`~contextpilot_rag.routing.make_policy` or a
+    policy object. Thread-safe; one client serves sync and async callers."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint],
+        *,
+        model: str | None = None,
+        policy: str | Policy = "combined",
+        timeout_s: float = 120.0,
+        max_attempts: int = 3,
+        block_tokens: int = 16,
+        chars_per_token: float = 4.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ConfigError("RoutingClient needs at least one endpoint")
+        if timeout_s <= 0 or max_attempts < 1 or backoff_s <= 0 or max_backoff_s < backoff_s:
+            raise ConfigError(
+                "timeout_s > 0, max_attempts >= 1 and 0 < backoff_s <= max_backoff_s needed"
+            )
+        parsed = [e if isinstance(e, Endpoint) else Endpoint(e) for e in endpoints]
+        if len({e.base_url for e in parsed}) != len(parsed):
+            raise ConfigError("endpoint base URLs must be distinct")
+        replicas: list[_Replica] = []
+        for endpoint in parsed:
+            models = endpoint.models or ((model,) if model else ())
+            if not models:
+                raise ConfigError(f"{endpoint.base_url}: no model; pass model= or Endpoint.models")
+            replicas += [_Replica(endpoint, m) for m in models if model is None or m == model]
+        if not replicas:
+            raise ConfigError(f"no endpoint serves model {model!r}")
+        self.model = model
+        from . import make_policy  # the package imports this module
+
+        self.policy: Policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.keys = PromptKeys(block_tokens=block_tokens, chars_per_token=chars_per_token)
+        self._replicas = {r.replica_id: r for r in replicas}
+        self._lock = threading.RLock()  # _finish releases counters under it
+        self._timeout = httpx.Timeout(timeout_s)
+        self._http = httpx.Client(timeout=self._timeout, transport=transport)
+        self._async_transport = async_transport
+        self._ahttp: httpx.AsyncClient | None = None
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def replicas(self) -> list[ReplicaState]:
+        """The fleet as the policy sees it now (counters, health)."""
+        now = time.monotonic()
+        with self._lock:
+            return [r.state(now) for r in self._replicas.values()]
+
+    def chat(self, prompt: PromptInput, **params: Any) -> ChatResult:
+        """Route and answer a chat request (a Prompt or OpenAI messages). ``params``
+        go to the engine (``max_tokens``, ``temperature``, ...)."""
+        holder: list[ChatResult] = []
+        for _ in self._run("chat", prompt, params, holder):
+            pass
+        return holder[0]
+
+    def complete(self, prompt: PromptInput, **params: Any) -> ChatResult:
+        """Route and answer a ``/completions`` request (base models); a Prompt is
+        sent as its :attr:`~contextpilot_rag.prompt.Prompt.text`."""
+        holder: list[ChatResult] = []
+        for _ in self._run("completion", prompt, params, holder):
+            pass
+        return holder[0]
+
+    def stream(self, prompt: PromptInput, *, kind: Kind = "chat", **params: Any) -> ChatStream:
+        """Route a request and iterate its text deltas as they arrive."""
+        holder: list[ChatResult] = []
+        return ChatStream(self._run(kind, prompt, params, holder), holder)
+
+    async def achat(self, prompt: PromptInput, **params: Any) -> ChatResult:
+        """Async :meth:`chat`."""
+        holder: list[ChatResult] = []
+        async for _ in self._arun("chat", prompt, params, holder):
+            pass
+        return holder[0]
+
+    async def acomplete(self, prompt: PromptInput, **params: Any) -> ChatResult:
+        """Async :meth:`complete`."""
+        holder: list[ChatResult] = []
+        async for _ in self._arun("completion", prompt, params, holder):
+            pass
+        return holder[0]
+
+    def astream(
+        self, prompt: PromptInput, *, kind: Kind = "chat", **params: Any
+    ) -> AsyncChatStream:
+        """Async :meth:`stream`."""
+        holder: list[ChatResult] = []
+        return AsyncChatStream(self._arun(kind, prompt, params, holder), holder)
+
+    def solve(
+        self,
+        prompt: PromptInput,
+        verify: Callable[[str], bool],
+        *,
+        max_attempts: int = 10,
+        kind: Kind = "chat",
+        **params: Any,
+    ) -> SolveResult:
+        """Answer until ``verify(text)`` accepts, each retry excluding the
+        ``(endpoint, model)`` pairs already tried; at most ``max_attempts`` answers."""
+        return self._solve(prompt, verify, max_attempts, kind, params, self._answer_sync)
+
+    async def asolve(
+        self,
+        prompt: PromptInput,
+        verify: Callable[[str], bool | Awaitable[bool]],
+        *,
+        max_attempts: int = 10,
+        kind: Kind = "chat",
+        **params: Any,
+    ) -> SolveResult:
+        """Async :meth:`solve` (``verify`` may be a coroutine function)."""
+        if max_attempts < 1:
+            raise ConfigError("max_attempts must be >= 1")
+        started, attempts = time.monotonic(), list[Attempt]()
+        logical_id, excluded = uuid.uuid4().hex, frozenset[tuple[str, str]]()
+        for _ in range(max_attempts):
+            holder: list[ChatResult] = []
+            failures: list[Attempt] = []
+            try:
+                async for _ in self._arun(
+                    kind, prompt, params, holder, logical_id, excluded, len(attempts), failures
+                ):
+                    pass
+            except RoutingError:
+                attempts += failures
+                break
+            attempts += failures
+            answer = holder[0]
+            verdict = verify(answer.text)
+            ok = bool(await verdict) if asyncio.iscoroutine(verdict) else bool(verdict)
+            attempts.append(Attempt(answer.endpoint, answer.model, answer.e2e_s, correct=ok))
+            if ok:
+                return SolveResult(answer, tuple(attempts), time.monotonic() - started)
+            excluded |= {(answer.decision.replica_id, answer.model)}
+        return SolveResult(None, tuple(attempts), time.monotonic() - started)
+
+    def probe(self) -> dict[str, float | None]:
+        """``GET /models`` on every endpoint: sets its RTT (a failure opens its
+        breaker). Returns base URL → RTT in seconds (``None`` if unreachable)."""
+        rtts: dict[str, float | None] = {}
+        for endpoint in {r.endpoint.base_url: r.endpoint for r in self._replicas.values()}.values():
+            started = time.monotonic()
+            try:
+                self._http.get(f"{endpoint.base_url}/models", headers=self._headers(endpoint))
+                rtts[endpoint.base_url] = rtt = time.monotonic() - started
+            except httpx.TransportError:
+                rtts[endpoint.base_url] = None
+            with self._lock:
+                for replica in self._replicas.values():
+                    if replica.endpoint is endpoint:
+                        if rtts[endpoint.base_url] is None:
+                            self._trip(replica, time.monotonic())
+                        else:
+                            replica.rtt_s = rtt
+                            replica.failures, replica.open_until = 0, 0.0
+        return rtts
+
+    def close(self) -> None:
+        """Close the HTTP connections (the async client is closed by :meth:`aclose`)."""
+        self._http.close()
+
+    async def aclose(self) -> None:
+        self._http.close()
+        if self._ahttp is not None:
+            await self._ahttp.aclose()
+            self._ahttp = None
+
+    def __enter__(self) -> RoutingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RoutingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------- the attempt loop
+
+    def _text(self, kind: Kind, prompt: PromptInput) -> PromptText:
+        if kind == "completion":
+            if isinstance(prompt, Prompt):
+                return serialise(prompt.text)
+            if not isinstance(prompt, str):
+                raise InvalidInputError("complete() takes a string or a Prompt")
+        return serialise(prompt)
+
+    def _plan(
+        self,
+        kind: Kind,
+        text: PromptText,
+        params: Mapping[str, Any],
+        logical_id: str,
+        attempt: int,
+        excluded: frozenset[tuple[str, str]],
+    ) -> _Plan:
+        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
+        now = time.monotonic()
+        with self._lock:
+            request = self.keys.request(
+                text,
+                request_id=uuid.uuid4().hex,
+                expected_output_tokens=int(max_tokens),
+                session=params.get("user"),
+                logical_id=logical_id,
+                attempt=attempt,
+                excluded=excluded,
+                arrival_s=now,
+            )
+            states = tuple(r.state(now) for r in self._replicas.values())
+            if not any(state.healthy for state in states):  # every breaker open: try anyway
+                states = tuple(replace(state, healthy=True) for state in states)
+            fleet = _View(now, states)
+            decision = self.policy.choose(request, fleet)
+            replica = self._replicas.get(decision.replica_id)
+            if replica is None or replica.model != decision.model:
+                raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
+            replica.in_flight += 1
+            replica.queued_tokens += request.prompt_tokens
+        logger.debug(
+            "route %s -> %s (%s)",
+            request.request_id,
+            decision.replica_id,
+            decision.reason,
+            extra={
+                "replica": decision.replica_id,
+                "reason": decision.reason,
+                "predicted_cached_tokens": decision.predicted_cached_tokens,
+                "attempt": attempt,
+            },
+        )
+        body: dict[str, Any] = {**params, "model": replica.model, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        if kind == "chat":
+            body["messages"] = [dict(m) for m in text.messages]
+            path = "chat/completions"
+        else:
+            body["prompt"] = text.text
+            path = "completions"
+        url = f"{replica.endpoint.base_url}/{path}"
+        return _Plan(replica, request, decision, body, url, now, len(text.text))
+
+    def _first_token(self, plan: _Plan) -> None:
+        with self._lock:
+            if plan.queued:
+                plan.queued = False
+                plan.replica.queued_tokens -= plan.request.prompt_tokens
+
+    def _release(self, plan: _Plan) -> None:
+        """Give back the plan's counters (once)."""
+        if plan.closed:
+            return
+        plan.closed = True
+        self._first_token(plan)
+        plan.replica.in_flight -= 1
+
+    def _trip(self, replica: _Replica, now: float) -> None:
+        replica.failures += 1
+        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (replica.failures - 1))
+        replica.open_until = now + backoff
+
+    def _finish(
+        self, plan: _Plan, reply: _Reply | None, error: str | None, *, cancelled: bool = False
+    ) -> ChatResult | None:
+        now = time.monotonic()
+        ttft = (reply.first_token_at if reply and reply.first_token_at else now) - plan.started
+        with self._lock:
+            if plan.closed:
+                return None
+            self._release(plan)
+            cached = _cached_tokens(reply) if reply else None
+            if error is not None and not cancelled:
+                self._trip(plan.replica, now)
+            elif error is None:
+                plan.replica.failures, plan.replica.open_until = 0, 0.0
+            prompt_tokens = _prompt_tokens(reply) if reply else None
+            if error is None and prompt_tokens:
+                self.keys.observe_tokens(plan.characters, prompt_tokens)
+            outcome = Outcome(
+                plan.request,
+                plan.decision,
+                ttft,
+                now - plan.started,
+                cached_tokens=plan.decision.predicted_cached_tokens if cached is None else cached,
+                error=error,
+                cancelled=cancelled,
+            )
+            self.policy.observe(outcome)
+        if error is not None or reply is None:
+            return None
+        usage = reply.usage or {}
+        return ChatResult(
+            text="".join(reply.text),
+            endpoint=plan.replica.endpoint.base_url,
+            model=plan.replica.model,
+            ttft_s=ttft,
+            e2e_s=now - plan.started,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            completion_tokens=usage.get("completion_tokens"),
+            finish_reason=reply.finish_reason,
+            decision=plan.decision,
+            attempts=plan.request.attempt + 1,
+        )
+
+    def _request_args(self, plan: _Plan) -> dict[str, Any]:
+        headers = self._headers(plan.replica.endpoint)
+        return {"method": "POST", "url": plan.url, "json": plan.body, "headers": headers}
+
+    def _succeeded(self, plan: _Plan, reply: _Reply) -> ChatResult:
+        result = self._finish(plan, reply, None)
+        if result is None:  # closed already: cannot happen on the success path
+            raise RoutingError("internal error: an attempt finished twice")
+        return result
+
+    def _exhausted(self, errors: Sequence[Attempt]) -> RoutingError:
+        last = errors[-1].error if errors else "no attempt"
+        return RoutingError(f"all {self.max_attempts} attempts failed; last: {last}", errors)
+
+    # _run and _arun are twins (sync / async HTTP); the shared steps live in helpers.
+
+    def _on_line(self, kind: Kind, line: str, plan: _Plan, reply: _Reply, resume: _Resume) -> str:
+        """Fold one stream line into ``reply``; the text to deliver (may be empty)."""
+        piece = _parse_line(kind, line, reply)
+        if not piece:
+            return ""
+        if reply.first_token_at is None:
+            reply.first_token_at = time.monotonic()
+            self._first_token(plan)
+        reply.text.append(piece)
+        return resume.feed(piece)
+
+    def _failed(
+        self, plan: _Plan, reply: _Reply, exc: Exception, errors: list[Attempt]
+    ) -> frozenset[tuple[str, str]]:
+        """Book a retryable failure; the pair to exclude from the next attempts."""
+        error = f"{type(exc).__name__}: {exc}"
+        self._finish(plan, reply, error)
+        latency = time.monotonic() - plan.started
+        errors.append(Attempt(plan.replica.endpoint.base_url, plan.replica.model, latency, error))
+        return frozenset({(plan.decision.replica_id, plan.decision.model)})
+
+    def _headers(self, endpoint: Endpoint) -> dict[str, str]:
+        return {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+
+    def _check_status(self, status: int, text: str, plan: _Plan) -> None:
+        if status in _RETRY_STATUS:
+            raise _AttemptFailed(f"HTTP {status} from {plan.url}")
+        if status >= 400:
+            self._finish(plan, None, f"HTTP {status}", cancelled=True)
+            raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
+
+    def _run(
+        self,
+        kind: Kind,
+        prompt: PromptInput,
+        params: Mapping[str, Any],
+        holder: list[ChatResult],
+        logical_id: str | None = None,
+        excluded: frozenset[tuple[str, str]] = frozenset(),
+        first_attempt: int = 0,
+        failures: list[Attempt] | None = None,
+    ) -> Iterator[str]:
+        text = self._text(kind, prompt)
+        logical_id = logical_id or uuid.uuid4().hex
+        resume, errors = _Resume(), failures if failures is not None else []
+        for attempt in range(first_attempt, first_attempt + self.max_attempts):
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
+            reply = _Reply()
+            resume.restart()
+            try:
+                with self._http.stream(**self._request_args(plan)) as response:
+                    if response.status_code >= 400:
+                        self._check_status(
+                            response.status_code, response.read().decode(errors="replace"), plan
+                        )
+                    for line in response.iter_lines():
+                        new = self._on_line(kind, line, plan, reply, resume)
+                        if new:
+                            yield new
+                    if not reply.done:
+                        raise _AttemptFailed("the stream ended before [DONE]")
+            except (httpx.TransportError, _AttemptFailed) as exc:
+                excluded |= self._failed(plan, reply, exc, errors)
+                continue
+            except BaseException:
+                self._finish(plan, reply, "cancelled", cancelled=True)
+                raise
+            holder.append(self._succeeded(plan, reply))
+            return
+        raise self._exhausted(errors)
+
+    async def _arun(
+        self,
+        kind: Kind,
+        prompt: PromptInput,
+        params: Mapping[str, Any],
+        holder: list[ChatResult],
+        logical_id: str | None = None,
+        excluded: frozenset[tuple[str, str]] = frozenset(),
+        first_attempt: int = 0,
+        failures: list[Attempt] | None = None,
+    ) -> AsyncIterator[str]:
+        text = self._text(kind, prompt)
+        logical_id = logical_id or uuid.uuid4().hex
+        resume, errors = _Resume(), failures if failures is not None else []
+        if self._ahttp is None:
+            self._ahttp = httpx.AsyncClient(timeout=self._timeout, transport=self._async_transport)
+        for attempt in range(first_attempt, first_attempt + self.max_attempts):
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
+            reply = _Reply()
+            resume.restart()
+            try:
+                async with self._ahttp.stream(**self._request_args(plan)) as response:
+                    if response.status_code >= 400:
+                        body = (await response.aread()).decode(errors="replace")
+                        self._check_status(response.status_code, body, plan)
+                    async for line in response.aiter_lines():
+                        new = self._on_line(kind, line, plan, reply, resume)
+                        if new:
+                            yield new
+                    if not reply.done:
+                        raise _AttemptFailed("the stream ended before [DONE]")
+            except (httpx.TransportError, _AttemptFailed) as exc:
+                excluded |= self._failed(plan, reply, exc, errors)
+                continue
+            except BaseException:
+                self._finish(plan, reply, "cancelled", cancelled=True)
+                raise
+            holder.append(self._succeeded(plan, reply))
+            return
+        raise self._exhausted(errors)
+
+    def _answer_sync(
+        self,
+        kind: Kind,
+        prompt: PromptInput,
+        params: Mapping[str, Any],
+        logical_id: str,
+        excluded: frozenset[tuple[str, str]],
+        first_attempt: int,
+        failures: list[Attempt],
+    ) -> ChatResult:
+        holder: list[ChatResult] = []
+        for _ in self._run(
+            kind, prompt, params, holder, logical_id, excluded, first_attempt, failures
+        ):
+            pass
+        return holder[0]
+
+    def _solve(
+        self,
+        prompt: PromptInput,
+        verify: Callable[[str], bool],
+        max_attempts: int,
+        kind: Kind,
+        params: Mapping[str, Any],
+        answer: Callable[..., ChatResult],
+    ) -> SolveResult:
+        if max_attempts < 1:
+            raise ConfigError("max_attempts must be >= 1")
+        started, attempts = time.monotonic(), list[Attempt]()
+        logical_id, excluded = uuid.uuid4().hex, frozenset[tuple[str, str]]()
+        for _ in range(max_attempts):
+            failures: list[Attempt] = []
+            try:
+                result = answer(kind, prompt, params, logical_id, excluded, len(attempts), failures)
+            except RoutingError:
+                attempts += failures
+                break
+            attempts += failures
+            ok = bool(verify(result.text))
+            attempts.append(Attempt(result.endpoint, result.model, result.e2e_s, correct=ok))
+            if ok:
+                return SolveResult(result, tuple(attempts), time.monotonic() - started)
+            excluded |= {(result.decision.replica_id, result.model)}
+        return SolveResult(None, tuple(attempts), time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class _View:
+    now: float
+    replicas: tuple[ReplicaState, ...]
