@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contextpilot_rag.bench.routing import split_trace
-from contextpilot_rag.routing import CombinedPolicy, RouteRequest, make_policy
+from contextpilot_rag.routing import CombinedPolicy, Policy, RouteRequest, make_policy
 from contextpilot_rag.sim import SimSummary, default_fleet, load_mooncake, simulate
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake"
@@ -64,9 +64,9 @@ def _knob_grid(
     for column in ("externality", "budget pct", "tune half", "held-out half"):
         table.add_column(column, justify="right")
 
-    def summary(part: list[RouteRequest], policy: object) -> SimSummary:
+    def summary(part: list[RouteRequest], policy: Policy) -> SimSummary:
         fleet = default_fleet(3, replicas_per_region, block_tokens=512)
-        return simulate(part, policy, fleet).summary  # type: ignore[arg-type]
+        return simulate(part, policy, fleet).summary
 
     parts = {"tune": tune, "held": held_out}
     base = {key: summary(part, make_policy("prefix")) for key, part in parts.items()}

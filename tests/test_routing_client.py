@@ -199,6 +199,10 @@ def test_bad_configuration_and_input_are_rejected() -> None:
     client = RoutingClient(["http://127.0.0.1:1/v1"], model="m")
     with pytest.raises(InvalidInputError):
         client.chat(42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="max_tokens"):
+        client.chat(messages("Q?"), max_tokens="lots")
+    with pytest.raises(ConfigError):
+        client.solve(messages("Q?"), verify=bool, max_attempts=0)
     assert idle(client)
 
 

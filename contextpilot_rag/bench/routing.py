@@ -28,7 +28,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -58,6 +58,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 ProgressFactory = Callable[[str, int], Callable[[], None]]
 """``progress(label, total)`` returns an ``advance()`` callback (see ``report.progress_bars``)."""
@@ -158,6 +160,22 @@ def _prepare(
     return names, tune, held_out
 
 
+def _per_policy(
+    names: Sequence[str],
+    label: str,
+    progress: ProgressFactory | None,
+    run: Callable[[str], _Result],
+) -> list[_Result]:
+    """``run(name)`` for every policy name in order, advancing one progress bar."""
+    advance = progress(label, len(names)) if progress else None
+    results = []
+    for name in names:
+        results.append(run(name))
+        if advance:
+            advance()
+    return results
+
+
 def route_sim_results(
     requests: Sequence[RouteRequest],
     *,
@@ -175,17 +193,14 @@ def route_sim_results(
     def fleet() -> list[Replica]:
         return default_fleet(regions, replicas_per_region, block_tokens=block_tokens)
 
-    advance = progress("route-sim policies", len(names)) if progress else None
-    results = []
-    for name in names:
+    def run(name: str) -> SimResult:
         if name == "gorgo":
             policy = _tuned_gorgo(lambda learner: simulate(tune, learner, fleet(), seed=seed), seed)
         else:
             policy = make_policy(name)
-        results.append(simulate(held_out, policy, fleet(), seed=seed))
-        if advance:
-            advance()
-    return results
+        return simulate(held_out, policy, fleet(), seed=seed)
+
+    return _per_policy(names, "route-sim policies", progress, run)
 
 
 def ttca_results(
@@ -218,16 +233,10 @@ def ttca_results(
             )
         return make_policy(name)
 
-    advance = progress("route-sim TTCA policies", len(names)) if progress else None
-    results = []
-    for name in names:
-        policy = build(name)
-        results.append(
-            run_ttca(held_out, policy, replicas=fleet, max_attempts=max_attempts, seed=seed)
-        )
-        if advance:
-            advance()
-    return results
+    def run(name: str) -> TtcaResult:
+        return run_ttca(held_out, build(name), replicas=fleet, max_attempts=max_attempts, seed=seed)
+
+    return _per_policy(names, "route-sim TTCA policies", progress, run)
 
 
 def _ttca_row(result: TtcaResult) -> dict[str, Any]:

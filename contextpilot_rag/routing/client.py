@@ -163,22 +163,20 @@ class _Replica:
         "model",
         "open_until",
         "queued_tokens",
+        "replica_id",
         "rtt_s",
     )
 
     def __init__(self, endpoint: Endpoint, model: str) -> None:
         self.endpoint = endpoint
         self.model = model
+        multi = len(endpoint.models) > 1
+        self.replica_id = f"{endpoint.base_url}#{model}" if multi else endpoint.base_url
         self.in_flight = 0
         self.queued_tokens = 0
         self.rtt_s = endpoint.rtt_s or 0.0
         self.failures = 0
         self.open_until = 0.0
-
-    @property
-    def replica_id(self) -> str:
-        e = self.endpoint
-        return e.base_url if len(e.models) <= 1 else f"{e.base_url}#{self.model}"
 
     def state(self, now: float) -> ReplicaState:
         e = self.endpoint
@@ -480,7 +478,18 @@ class RoutingClient:
     ) -> SolveResult:
         """Answer until ``verify(text)`` accepts, each retry excluding the
         ``(endpoint, model)`` pairs already tried; at most ``max_attempts`` answers."""
-        return self._solve(prompt, verify, max_attempts, kind, params, self._answer_sync)
+        solving = _Solving(max_attempts)
+        for _ in range(max_attempts):
+            holder: list[ChatResult] = []
+            try:
+                for _ in self._run(kind, prompt, params, holder, *solving.next_round()):
+                    pass
+            except RoutingError:
+                break
+            done = solving.judged(holder[0], bool(verify(holder[0].text)))
+            if done is not None:
+                return done
+        return solving.result(None)
 
     async def asolve(
         self,
@@ -492,30 +501,20 @@ class RoutingClient:
         **params: Any,
     ) -> SolveResult:
         """Async :meth:`solve` (``verify`` may be a coroutine function)."""
-        if max_attempts < 1:
-            raise ConfigError("max_attempts must be >= 1")
-        started, attempts = time.monotonic(), list[Attempt]()
-        logical_id, excluded = uuid.uuid4().hex, frozenset[tuple[str, str]]()
+        solving = _Solving(max_attempts)
         for _ in range(max_attempts):
             holder: list[ChatResult] = []
-            failures: list[Attempt] = []
             try:
-                async for _ in self._arun(
-                    kind, prompt, params, holder, logical_id, excluded, len(attempts), failures
-                ):
+                async for _ in self._arun(kind, prompt, params, holder, *solving.next_round()):
                     pass
             except RoutingError:
-                attempts += failures
                 break
-            attempts += failures
-            answer = holder[0]
-            verdict = verify(answer.text)
+            verdict = verify(holder[0].text)
             ok = bool(await verdict) if asyncio.iscoroutine(verdict) else bool(verdict)
-            attempts.append(Attempt(answer.endpoint, answer.model, answer.e2e_s, correct=ok))
-            if ok:
-                return SolveResult(answer, tuple(attempts), time.monotonic() - started)
-            excluded |= {(answer.decision.replica_id, answer.model)}
-        return SolveResult(None, tuple(attempts), time.monotonic() - started)
+            done = solving.judged(holder[0], ok)
+            if done is not None:
+                return done
+        return solving.result(None)
 
     def probe(self) -> dict[str, float | None]:
         """``GET /models`` on every endpoint: sets its RTT (a failure opens its
@@ -580,18 +579,20 @@ class RoutingClient:
         excluded: frozenset[tuple[str, str]],
     ) -> _Plan:
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
         now = time.monotonic()
+        request = self.keys.request(  # hashing the prompt needs no lock
+            text,
+            request_id=uuid.uuid4().hex,
+            expected_output_tokens=max_tokens,
+            session=params.get("user"),
+            logical_id=logical_id,
+            attempt=attempt,
+            excluded=excluded,
+            arrival_s=now,
+        )
         with self._lock:
-            request = self.keys.request(
-                text,
-                request_id=uuid.uuid4().hex,
-                expected_output_tokens=int(max_tokens),
-                session=params.get("user"),
-                logical_id=logical_id,
-                attempt=attempt,
-                excluded=excluded,
-                arrival_s=now,
-            )
             states = tuple(r.state(now) for r in self._replicas.values())
             if not any(state.healthy for state in states):  # every breaker open: try anyway
                 states = tuple(replace(state, healthy=True) for state in states)
@@ -816,50 +817,42 @@ class RoutingClient:
             return
         raise self._exhausted(errors)
 
-    def _answer_sync(
-        self,
-        kind: Kind,
-        prompt: PromptInput,
-        params: Mapping[str, Any],
-        logical_id: str,
-        excluded: frozenset[tuple[str, str]],
-        first_attempt: int,
-        failures: list[Attempt],
-    ) -> ChatResult:
-        holder: list[ChatResult] = []
-        for _ in self._run(
-            kind, prompt, params, holder, logical_id, excluded, first_attempt, failures
-        ):
-            pass
-        return holder[0]
 
-    def _solve(
-        self,
-        prompt: PromptInput,
-        verify: Callable[[str], bool],
-        max_attempts: int,
-        kind: Kind,
-        params: Mapping[str, Any],
-        answer: Callable[..., ChatResult],
-    ) -> SolveResult:
+class _Solving:
+    """The bookkeeping of one :meth:`RoutingClient.solve`: the attempts so far (each
+    round's failed transports included), the pairs to exclude, the clock."""
+
+    def __init__(self, max_attempts: int) -> None:
         if max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
-        started, attempts = time.monotonic(), list[Attempt]()
-        logical_id, excluded = uuid.uuid4().hex, frozenset[tuple[str, str]]()
-        for _ in range(max_attempts):
-            failures: list[Attempt] = []
-            try:
-                result = answer(kind, prompt, params, logical_id, excluded, len(attempts), failures)
-            except RoutingError:
-                attempts += failures
-                break
-            attempts += failures
-            ok = bool(verify(result.text))
-            attempts.append(Attempt(result.endpoint, result.model, result.e2e_s, correct=ok))
-            if ok:
-                return SolveResult(result, tuple(attempts), time.monotonic() - started)
-            excluded |= {(result.decision.replica_id, result.model)}
-        return SolveResult(None, tuple(attempts), time.monotonic() - started)
+        self.started = time.monotonic()
+        self.logical_id = uuid.uuid4().hex
+        self.excluded: frozenset[tuple[str, str]] = frozenset()
+        self.attempts: list[Attempt] = []
+        self._failures: list[Attempt] = []
+
+    def next_round(self) -> tuple[str, frozenset[tuple[str, str]], int, list[Attempt]]:
+        """The ``_run`` arguments of the next answer (it appends failed transports to
+        the returned list)."""
+        self._adopt_failures()
+        return self.logical_id, self.excluded, len(self.attempts), self._failures
+
+    def judged(self, answer: ChatResult, ok: bool) -> SolveResult | None:
+        """Record a verified answer; the result when it is accepted."""
+        self._adopt_failures()
+        self.attempts.append(Attempt(answer.endpoint, answer.model, answer.e2e_s, correct=ok))
+        if ok:
+            return self.result(answer)
+        self.excluded |= {(answer.decision.replica_id, answer.model)}
+        return None
+
+    def result(self, answer: ChatResult | None) -> SolveResult:
+        self._adopt_failures()
+        return SolveResult(answer, tuple(self.attempts), time.monotonic() - self.started)
+
+    def _adopt_failures(self) -> None:
+        self.attempts += self._failures
+        self._failures = []
 
 
 @dataclass(frozen=True)
