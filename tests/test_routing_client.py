@@ -4,12 +4,16 @@ instances of the test server, each with its own prefix cache, as a fleet)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 
+import httpx
 import pytest
 
+from contextpilot_rag import ContextBlock, ContextPilot
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.routing import (
     CombinedPolicy,
@@ -19,7 +23,8 @@ from contextpilot_rag.routing import (
     RoutingError,
 )
 from contextpilot_rag.routing.gorgo import PrefixLocations
-from contextpilot_rag.routing.prompt_keys import PromptKeys, serialise
+from contextpilot_rag.routing.metrics import DECISION_LOGGER
+from contextpilot_rag.routing.prompt_keys import CHAT_TEMPLATES, PromptKeys, serialise
 from contextpilot_rag.testing import OpenAICompatibleServer
 
 DOCS = [f"[doc{i}]\n" + f"Document {i} talks about topic {i}. " * 60 for i in range(8)]
@@ -221,3 +226,160 @@ def test_route_keys_match_exactly_on_shared_prefixes() -> None:
     assert a.block_hashes[0] == b.block_hashes[0] == c.block_hashes[0]
     fillers = set(a.block_hashes[1:]) - {a.block_hashes[x - 1] for x in a.boundaries}
     assert not fillers & set(b.block_hashes)  # only boundaries can match
+
+
+def test_known_chat_templates_render_as_the_engine_does() -> None:
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+    ]
+    chatml = serialise(chat, CHAT_TEMPLATES["chatml"])
+    assert chatml.text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello<|im_end|>\n"
+    )
+    assert [chatml.text[:b].endswith("<|im_end|>\n") for b in chatml.boundaries] == [True] * 3
+    llama = serialise(chat[1:], CHAT_TEMPLATES["llama3"])
+    assert llama.text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
+    )
+    gemma = serialise(chat, CHAT_TEMPLATES["gemma"])  # no system turn; assistant is "model"
+    assert gemma.text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello<end_of_turn>\n"
+    )
+    assert [gemma.text[:b] for b in gemma.boundaries[:1]] == [
+        "<bos><start_of_turn>user\nBe brief.\n\n"
+    ]
+    assert len(gemma.boundaries) == 3
+    with pytest.raises(ConfigError, match="unknown chat template"):
+        RoutingClient(["http://127.0.0.1:1/v1"], model="m", chat_template="vicuna")
+
+
+def test_the_marker_scan_finds_turn_ends_in_rendered_completion_prompts(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    template = CHAT_TEMPLATES["chatml"]
+
+    def rendered(question: str) -> str:
+        return serialise(messages(question), template).text + "<|im_start|>assistant\n"
+
+    keys = PromptKeys()
+    a = keys.request(serialise(rendered("one?"), template), request_id="a")
+    b = keys.request(serialise(rendered("two?"), template), request_id="b")
+    unscanned = keys.request(serialise(rendered("one?")), request_id="u")
+    assert len(a.boundaries) == 3  # system, documents, question (the end shares its block)
+    assert len(unscanned.boundaries) == 2  # a fixed prefix and the end
+    shared = a.boundaries[:2]  # the system prompt and the documents turn
+    assert shared == b.boundaries[:2]
+    assert [a.block_hashes[x - 1] for x in shared] == [b.block_hashes[x - 1] for x in shared]
+    assert a.block_hashes[a.boundaries[2] - 1] != b.block_hashes[b.boundaries[2] - 1]
+    with RoutingClient([s.base_url for s in fleet], model="m", chat_template="chatml") as client:
+        first = client.complete(rendered("one?"))
+        second = client.complete(rendered("two?"))
+    assert second.endpoint == first.endpoint
+    assert second.decision.predicted_cached_tokens > 0 and (second.cached_tokens or 0) > 0
+
+
+def test_a_prompt_sent_as_a_completion_keeps_its_block_boundaries(
+    pilot: ContextPilot, fleet: list[OpenAICompatibleServer]
+) -> None:
+    blocks = [ContextBlock(text=DOCS[i], id=f"doc{i}") for i in range(4)]
+    prompt = pilot.optimize(blocks, "What is topic 2?")
+    text = serialise(prompt, completion=True)
+    assert text.text == prompt.text
+    block_ends = [text.text[:b] for b in text.boundaries]
+    assert sum(end.rstrip().endswith(DOCS[i].strip()) for end in block_ends for i in range(4)) == 4
+    with RoutingClient([s.base_url for s in fleet], model="m") as client:
+        first = client.complete(prompt)
+        again = client.complete(pilot.optimize(blocks, "And topic 3?"))
+    sent = [r["prompt"] for s in fleet for r in s.requests]
+    assert prompt.text in sent
+    assert again.endpoint == first.endpoint and again.decision.predicted_cached_tokens > 0
+
+
+def sample(client: RoutingClient, name: str, **labels: str) -> float:
+    assert client.metrics is not None
+    value = client.metrics.registry.get_sample_value(f"contextpilot_routing_{name}", labels)
+    return 0.0 if value is None else value
+
+
+def test_metrics_count_decisions_cache_predictions_and_latencies(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    with RoutingClient([s.base_url for s in fleet], model="m", metrics=True) as client:
+        first = client.chat(messages("Question one?"))
+        second = client.chat(messages("Question two?"))
+        with pytest.raises(EndpointError):
+            client.chat(messages("Q?"), max_tokens=0)  # the server answers 400
+    url = first.endpoint
+    assert second.endpoint == url and (second.cached_tokens or 0) > 0
+    assert sample(client, "decisions_total", policy="combined", reason="min-expected-ttca") == 3
+    assert sample(client, "attempts_total", endpoint=url, model="m", result="ok") == 2
+    rejected = sum(
+        sample(client, "attempts_total", endpoint=s.base_url, model="m", result="rejected")
+        for s in fleet
+    )
+    assert rejected == 1
+    # the first request was cold everywhere, the second a predicted and served hit
+    assert sample(client, "cache_predictions_total", endpoint=url, verdict="cold") == 1
+    assert sample(client, "cache_predictions_total", endpoint=url, verdict="hit") == 1
+    observed = sample(client, "observed_cached_tokens_total", endpoint=url)
+    assert observed == second.cached_tokens
+    assert sample(client, "prompt_tokens_total", endpoint=url) == (first.prompt_tokens or 0) + (
+        second.prompt_tokens or 0
+    )
+    assert sample(client, "ttft_seconds_count", endpoint=url) == 2
+    assert sample(client, "ttft_seconds_sum", endpoint=url) == pytest.approx(
+        first.ttft_s + second.ttft_s, abs=1e-5
+    )
+    assert sample(client, "route_table_entries") > 0
+    assert sample(client, "in_flight", endpoint=url, model="m") == 0
+    assert sample(client, "healthy", endpoint=url, model="m") == 1
+    assert client.metrics is not None
+    text = client.metrics.exposition().decode()
+    assert "contextpilot_routing_decisions_total" in text and "route_table_entries" in text
+
+
+def test_metrics_of_solve_and_the_http_endpoint(fleet: list[OpenAICompatibleServer]) -> None:
+    client = RoutingClient([s.base_url for s in fleet], model="m", policy="round-robin")
+    assert client.metrics is None  # opt-in
+    with RoutingClient(
+        [s.base_url for s in fleet], model="m", policy="round-robin", metrics=True
+    ) as client:
+        solved = client.solve(messages("Q?"), verify=lambda text: "from b" in text)
+        assert client.metrics is not None
+        server, thread = client.metrics.serve(0)
+        try:
+            port = server.server_address[1]
+            scraped = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        finally:
+            server.shutdown()
+            thread.join()
+    assert solved.correct
+    assert sample(client, "solves_total", correct="true") == 1
+    assert sample(client, "ttca_seconds_sum") == pytest.approx(solved.ttca_s, abs=1e-5)
+    assert 'contextpilot_routing_solves_total{correct="true"} 1.0' in scraped
+    assert sample(client, "route_table_entries") == 0  # round-robin remembers no routes
+    with pytest.raises(ConfigError, match="already bound"):
+        RoutingClient([fleet[0].base_url], model="m", metrics=client.metrics)
+
+
+def test_every_finished_attempt_is_logged_as_json_with_its_reason(
+    fleet: list[OpenAICompatibleServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=DECISION_LOGGER)
+    with RoutingClient([s.base_url for s in fleet], model="m", policy="ranvier") as client:
+        answers = [client.chat(messages(f"Q{i}?")) for i in range(3)]
+    records = [r for r in caplog.records if r.name == DECISION_LOGGER]
+    assert len(records) == 3
+    logged = [json.loads(r.getMessage()) for r in records]
+    assert [entry["endpoint"] for entry in logged] == [a.endpoint for a in answers]
+    for entry, record, answer in zip(logged, records, answers, strict=True):
+        assert entry == record.routing  # type: ignore[attr-defined]
+        assert entry["policy"] == "ranvier" and entry["result"] == "ok"
+        assert entry["reason"] == answer.decision.reason
+        assert entry["observed_cached_tokens"] == answer.cached_tokens
+        assert entry["predicted_cached_tokens"] == answer.decision.predicted_cached_tokens

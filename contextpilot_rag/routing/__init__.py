@@ -58,6 +58,7 @@ __all__ = [
     "RouteTable",
     "RoutingClient",
     "RoutingError",
+    "RoutingMetrics",
     "SessionAffinityPolicy",
     "SolveResult",
     "TunerBounds",
@@ -106,3 +107,4 @@ from .client import (  # noqa: E402  (the client builds policies with make_polic
     RoutingError,
     SolveResult,
 )
+from .metrics import RoutingMetrics  # noqa: E402

@@ -46,7 +46,15 @@ import httpx
 
 from ..errors import ConfigError, ContextPilotError, InvalidInputError
 from ..prompt import Prompt
-from .prompt_keys import PromptInput, PromptKeys, PromptText, serialise
+from .metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
+from .prompt_keys import (
+    ChatTemplate,
+    PromptInput,
+    PromptKeys,
+    PromptText,
+    chat_template,
+    serialise,
+)
 from .types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 
 __all__ = [
@@ -367,7 +375,14 @@ class RoutingClient:
     ``model``: the model to ask for (endpoints listing models serve only those);
     ``None`` routes over every model the endpoints list (accuracy-aware policies).
     ``policy``: a policy name of :func:`~contextpilot_rag.routing.make_policy` or a
-    policy object. Thread-safe; one client serves sync and async callers."""
+    policy object. ``chat_template``: the engines' chat template if known (``"chatml"``,
+    ``"llama3"``, ``"gemma"`` or a :class:`~.prompt_keys.ChatTemplate`): route keys then
+    follow the text the engine prefills, and completion prompts are scanned for turn
+    ends; unknown, message ends are estimated proportionally. ``metrics``: ``True``
+    (or a :class:`RoutingMetrics`) keeps Prometheus metrics in :attr:`metrics`
+    (:mod:`~contextpilot_rag.routing.metrics`); every finished attempt is also logged as
+    JSON on ``contextpilot_rag.routing.decisions``.
+    Thread-safe; one client serves sync and async callers."""
 
     def __init__(
         self,
@@ -383,6 +398,8 @@ class RoutingClient:
         max_backoff_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
+        metrics: bool | RoutingMetrics = False,
+        chat_template: str | ChatTemplate | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigError("RoutingClient needs at least one endpoint")
@@ -409,12 +426,17 @@ class RoutingClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.keys = PromptKeys(block_tokens=block_tokens, chars_per_token=chars_per_token)
+        self.chat_template = _template(chat_template)
         self._replicas = {r.replica_id: r for r in replicas}
         self._lock = threading.RLock()  # _finish releases counters under it
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
         self._async_transport = async_transport
         self._ahttp: httpx.AsyncClient | None = None
+        self.metrics: RoutingMetrics | None = None
+        if metrics:
+            self.metrics = metrics if isinstance(metrics, RoutingMetrics) else RoutingMetrics()
+            self.metrics.bind(self._metrics_state)
 
     # ----------------------------------------------------------------- public API
 
@@ -478,7 +500,7 @@ class RoutingClient:
     ) -> SolveResult:
         """Answer until ``verify(text)`` accepts, each retry excluding the
         ``(endpoint, model)`` pairs already tried; at most ``max_attempts`` answers."""
-        solving = _Solving(max_attempts)
+        solving = _Solving(max_attempts, self.metrics)
         for _ in range(max_attempts):
             holder: list[ChatResult] = []
             try:
@@ -501,7 +523,7 @@ class RoutingClient:
         **params: Any,
     ) -> SolveResult:
         """Async :meth:`solve` (``verify`` may be a coroutine function)."""
-        solving = _Solving(max_attempts)
+        solving = _Solving(max_attempts, self.metrics)
         for _ in range(max_attempts):
             holder: list[ChatResult] = []
             try:
@@ -564,10 +586,10 @@ class RoutingClient:
     def _text(self, kind: Kind, prompt: PromptInput) -> PromptText:
         if kind == "completion":
             if isinstance(prompt, Prompt):
-                return serialise(prompt.text)
+                return serialise(prompt, completion=True)
             if not isinstance(prompt, str):
                 raise InvalidInputError("complete() takes a string or a Prompt")
-        return serialise(prompt)
+        return serialise(prompt, self.chat_template)
 
     def _plan(
         self,
@@ -603,6 +625,8 @@ class RoutingClient:
                 raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
             replica.in_flight += 1
             replica.queued_tokens += request.prompt_tokens
+        if self.metrics is not None:
+            self.metrics.decided(self.policy.name, decision)
         logger.debug(
             "route %s -> %s (%s)",
             request.request_id,
@@ -645,8 +669,35 @@ class RoutingClient:
         backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (replica.failures - 1))
         replica.open_until = now + backoff
 
+    def _metrics_state(self) -> tuple[list[ReplicaState], int | None]:
+        with self._lock:
+            return self.replicas, route_table_entries(self.policy)
+
+    def _record(
+        self, plan: _Plan, outcome: Outcome, reply: _Reply | None, result: str | None
+    ) -> None:
+        """The decision log line and the metrics of one finished attempt."""
+        if self.metrics is None and not decision_log.isEnabledFor(logging.INFO):
+            return
+        observed = _cached_tokens(reply) if reply else None
+        prompt_tokens = _prompt_tokens(reply) if reply else None
+        record = DecisionRecord.of(
+            self.policy.name, plan.replica.endpoint.base_url, outcome, observed, prompt_tokens
+        )
+        if result is not None:
+            record = replace(record, result=result)
+        record.log()
+        if self.metrics is not None:
+            self.metrics.finished(record, answered=outcome.error is None)
+
     def _finish(
-        self, plan: _Plan, reply: _Reply | None, error: str | None, *, cancelled: bool = False
+        self,
+        plan: _Plan,
+        reply: _Reply | None,
+        error: str | None,
+        *,
+        cancelled: bool = False,
+        result: str | None = None,
     ) -> ChatResult | None:
         now = time.monotonic()
         ttft = (reply.first_token_at if reply and reply.first_token_at else now) - plan.started
@@ -672,6 +723,7 @@ class RoutingClient:
                 cancelled=cancelled,
             )
             self.policy.observe(outcome)
+        self._record(plan, outcome, reply, result)
         if error is not None or reply is None:
             return None
         usage = reply.usage or {}
@@ -733,7 +785,7 @@ class RoutingClient:
         if status in _RETRY_STATUS:
             raise _AttemptFailed(f"HTTP {status} from {plan.url}")
         if status >= 400:
-            self._finish(plan, None, f"HTTP {status}", cancelled=True)
+            self._finish(plan, None, f"HTTP {status}", cancelled=True, result="rejected")
             raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
 
     def _run(
@@ -818,13 +870,17 @@ class RoutingClient:
         raise self._exhausted(errors)
 
 
+_template = chat_template  # the constructor's parameter shadows the function
+
+
 class _Solving:
     """The bookkeeping of one :meth:`RoutingClient.solve`: the attempts so far (each
     round's failed transports included), the pairs to exclude, the clock."""
 
-    def __init__(self, max_attempts: int) -> None:
+    def __init__(self, max_attempts: int, metrics: RoutingMetrics | None) -> None:
         if max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
+        self.metrics = metrics
         self.started = time.monotonic()
         self.logical_id = uuid.uuid4().hex
         self.excluded: frozenset[tuple[str, str]] = frozenset()
@@ -848,7 +904,10 @@ class _Solving:
 
     def result(self, answer: ChatResult | None) -> SolveResult:
         self._adopt_failures()
-        return SolveResult(answer, tuple(self.attempts), time.monotonic() - self.started)
+        result = SolveResult(answer, tuple(self.attempts), time.monotonic() - self.started)
+        if self.metrics is not None:
+            self.metrics.solved(result.ttca_s, result.correct)
+        return result
 
     def _adopt_failures(self) -> None:
         self.attempts += self._failures

@@ -6,8 +6,12 @@ The client does not hold the engine's tokens, so prefixes are identified by thei
 
 - a :class:`~contextpilot_rag.prompt.Prompt`: the end of every context block and of
   every message;
-- raw chat messages: the end of every message (the chat template is not known, so the
-  text is serialised as ``<|role|>\\n{content}\\n`` per message);
+- raw chat messages: the end of every message. With a known chat template
+  (:data:`CHAT_TEMPLATES`: ``chatml``, ``llama3``, ``gemma``) the messages are rendered
+  as the engine renders them, so the text and its length in tokens match what the engine
+  prefills; otherwise they are serialised as ``<|role|>\\n{content}\\n`` per message;
+- a completion string with a known template (a prompt the caller rendered): a **marker
+  scan** finds the end of every turn (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``);
 - when nothing but the end lies beyond the first block (one message, a completion
   string, a tiny system prompt): additionally a fixed leading prefix
   (``fixed_prefix_tokens``), the last resort that still lets prompts sharing a long
@@ -36,7 +40,7 @@ from ..errors import ConfigError, InvalidInputError
 from ..prompt import Prompt
 from .types import RouteRequest
 
-__all__ = ["Messages", "PromptKeys", "PromptText", "serialise"]
+__all__ = ["CHAT_TEMPLATES", "ChatTemplate", "Messages", "PromptKeys", "PromptText", "serialise"]
 
 Messages = Sequence[Mapping[str, str]]
 PromptInput = Prompt | Messages | str
@@ -55,6 +59,84 @@ class PromptText:
     messages: tuple[dict[str, str], ...] = field(default=())
 
 
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How an engine's chat template renders messages, enough to find turn ends.
+
+    ``turn`` is formatted with ``role`` and ``content``; ``end`` closes every turn (the
+    marker the scan looks for); ``roles`` renames roles (Gemma's ``model``);
+    ``system_into_user`` prepends a leading system message to the first user turn
+    (Gemma has no system turn)."""
+
+    name: str
+    turn: str
+    end: str
+    bos: str = ""
+    roles: Mapping[str, str] = field(default_factory=dict)
+    system_into_user: bool = False
+
+    def render(self, messages: Sequence[Mapping[str, str]]) -> tuple[str, list[int], list[int]]:
+        """The rendered text, each message's content start and each turn's end."""
+        turns = [dict(m) for m in messages]
+        prepend = ""
+        if self.system_into_user and len(turns) > 1 and turns[0]["role"] == "system":
+            prepend = turns.pop(0)["content"] + "\n\n"
+        text, starts, ends = [self.bos], [], []
+        position = len(self.bos)
+        for i, message in enumerate(turns):
+            role = self.roles.get(message["role"], message["role"])
+            head, _, tail = self.turn.partition("{content}")
+            head = head.format(role=role) + (prepend if i == 0 else "")
+            starts.append(position + len(head))
+            part = head + message["content"] + tail.format(role=role) + self.end
+            text.append(part)
+            position += len(part)
+            ends.append(position)
+        if prepend:  # the system message shares the first user turn
+            starts.insert(0, starts[0] - len(prepend))
+            ends.insert(0, starts[1])
+        return "".join(text), starts, ends
+
+    def scan(self, text: str) -> list[int]:
+        """The marker scan: the position after every turn end in a rendered ``text``."""
+        ends, at = [], text.find(self.end)
+        while at >= 0:
+            ends.append(at + len(self.end))
+            at = text.find(self.end, at + len(self.end))
+        return ends
+
+
+_PLAIN = ChatTemplate("plain", "<|{role}|>\n{content}", "\n")
+_TEXT = ChatTemplate("text", "{content}", "\n\n")  # Prompt.text
+CHAT_TEMPLATES: Mapping[str, ChatTemplate] = {
+    "chatml": ChatTemplate("chatml", "<|im_start|>{role}\n{content}", "<|im_end|>\n"),
+    "llama3": ChatTemplate(
+        "llama3",
+        "<|start_header_id|>{role}<|end_header_id|>\n\n{content}",
+        "<|eot_id|>",
+        bos="<|begin_of_text|>",
+    ),
+    "gemma": ChatTemplate(
+        "gemma",
+        "<start_of_turn>{role}\n{content}",
+        "<end_of_turn>\n",
+        bos="<bos>",
+        roles={"assistant": "model"},
+        system_into_user=True,
+    ),
+}
+"""Chat templates the client can render and scan (Qwen / many others use ChatML)."""
+
+
+def chat_template(name: str | ChatTemplate | None) -> ChatTemplate | None:
+    """A template by name (or as given); :class:`ConfigError` for an unknown name."""
+    if name is None or isinstance(name, ChatTemplate):
+        return name
+    if name not in CHAT_TEMPLATES:
+        raise ConfigError(f"unknown chat template {name!r}; choose one of {list(CHAT_TEMPLATES)}")
+    return CHAT_TEMPLATES[name]
+
+
 def _message(message: object, where: str) -> dict[str, str]:
     if not isinstance(message, Mapping):
         raise InvalidInputError(f"{where} must be a mapping with 'role' and 'content'")
@@ -64,11 +146,17 @@ def _message(message: object, where: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-def serialise(payload: PromptInput) -> PromptText:
-    """The routing text of ``payload`` and its known boundaries. Raises
+def serialise(
+    payload: PromptInput, template: ChatTemplate | None = None, *, completion: bool = False
+) -> PromptText:
+    """The routing text of ``payload`` and its known boundaries (messages rendered with
+    ``template`` when known; a string scanned for its turn ends). ``completion``: a
+    Prompt is sent as its :attr:`~contextpilot_rag.prompt.Prompt.text` (message contents
+    joined by blank lines), its block and message ends kept. Raises
     :class:`InvalidInputError` for anything but a Prompt, chat messages or a string."""
     if isinstance(payload, str):
-        return PromptText(payload, (len(payload),))
+        ends = template.scan(payload) if template is not None else []
+        return PromptText(payload, tuple(sorted({*ends, len(payload)})))
     if isinstance(payload, Prompt):
         messages = tuple(dict(m) for m in payload.messages)
     elif isinstance(payload, Sequence) and payload:
@@ -78,14 +166,12 @@ def serialise(payload: PromptInput) -> PromptText:
             "expected a Prompt, a non-empty list of chat messages or a completion string, "
             f"got {type(payload).__name__}"
         )
-    parts, starts, ends, position = [], [], [], 0
-    for message in messages:
-        header = f"<|{message['role']}|>\n"
-        starts.append(position + len(header))
-        part = f"{header}{message['content']}\n"
-        parts.append(part)
-        position += len(part)
-        ends.append(position)
+    if completion and isinstance(payload, Prompt):
+        text, starts, ends = _TEXT.render(messages)
+        text = text[: -len(_TEXT.end)]  # Prompt.text has no trailing separator
+        ends[-1] = len(text)
+    else:
+        text, starts, ends = (template or _PLAIN).render(messages)
     boundaries = set(ends)
     if isinstance(payload, Prompt):
         boundaries.update(
@@ -93,7 +179,7 @@ def serialise(payload: PromptInput) -> PromptText:
             for b in payload.boundaries
             if 0 <= b.message_index < len(starts)
         )
-    return PromptText("".join(parts), tuple(sorted(boundaries)), messages)
+    return PromptText(text, tuple(sorted(boundaries)), messages)
 
 
 class PromptKeys:
