@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
-	$(BIN)/pip install --quiet --no-deps -e integrations/langchain -e integrations/llama-index -e integrations/mem0
+	$(BIN)/pip install --quiet --no-deps -e integrations/langchain -e integrations/llama-index \
+		-e integrations/llama-index-llms -e integrations/mem0
 	touch $(STAMP)
 
 demo: $(STAMP)

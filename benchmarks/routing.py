@@ -6,7 +6,8 @@ Runs, in one process on this machine: the decision cost of every policy (16 repl
 18k-token prompts of 16-token blocks, route update included), ``route-sim`` on the
 Mooncake trace with 3 regions x 1 and x 2 replicas, and the TTCA experiment on both
 SCBench-style KV files with 1 and 2 replicas per model. The markdown replaces the
-routing section of ``--write`` (everything after its marker line) and leaves the rest.
+routing section of ``--write`` (between its ``begin routing`` / ``end routing`` markers)
+and leaves the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from contextpilot_rag.bench.document import write_section
 from contextpilot_rag.bench.routing import (
     default_policies,
     plot_route_sim,
@@ -75,7 +77,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     console = Console(stderr=True)
-    out = [KEPT_SECTIONS_MARKER, "", "## Routing (issue 5): `benchmarks/routing.py`", ""]
+    out = ["## Routing (issue 5): `benchmarks/routing.py`", ""]
     out += [
         f"Machine: {platform.machine()}, {platform.python_implementation()} "
         f"{platform.python_version()}; one run. Command: "
@@ -120,9 +122,7 @@ def main() -> None:
                 out += _ttca_table(rows)
     text = "\n".join(out) + "\n"
     if args.write:
-        old = args.write.read_text(encoding="utf-8") if args.write.exists() else ""
-        head = old.split(KEPT_SECTIONS_MARKER)[0].rstrip("\n")
-        args.write.write_text(head + "\n\n" + text, encoding="utf-8")
+        write_section(args.write, "routing", text, KEPT_SECTIONS_MARKER)
         console.print(f"wrote {args.write}")
     else:
         print(text)

@@ -94,6 +94,20 @@ def test_an_endpoint_killed_mid_stream_fails_over_and_no_request_is_lost() -> No
         assert not states[slow_url].healthy  # its breaker is open
 
 
+def test_a_keep_alive_connection_the_server_closed_is_retried_on_the_same_endpoint(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    with RoutingClient([s.base_url for s in fleet], model="m", metrics=True) as client:
+        first = client.chat(messages("Question one?"))
+        server = next(s for s in fleet if s.base_url == first.endpoint)
+        server.disconnect_next()  # closes the connection without answering
+        second = client.chat(messages("Question two?"))
+    assert second.endpoint == first.endpoint and second.attempts == 2
+    assert (second.cached_tokens or 0) > 0  # the cache was not given up
+    assert all(r.healthy for r in client.replicas) and idle(client)
+    assert sample(client, "attempts_total", endpoint=first.endpoint, model="m", result="stale") == 1
+
+
 def test_a_resumed_stream_that_diverges_is_a_clear_error() -> None:
     with (
         OpenAICompatibleServer(reply=named_reply("a"), token_delay_s=0.05) as slow,
@@ -160,6 +174,18 @@ def test_async_chat_complete_and_stream(fleet: list[OpenAICompatibleServer]) -> 
     chat, completion, streamed = asyncio.run(run())
     assert chat.startswith("answer from") and completion.startswith("answer from")
     assert streamed.startswith("answer from")
+
+
+def test_a_string_chat_runs_on_several_event_loops_and_keys_stay_out_of_reprs(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    client = RoutingClient([Endpoint(fleet[0].base_url, api_key="sk-secret")], model="m")
+    assert client.chat("Just a question?").text.startswith("answer from")
+    assert fleet[0].requests[-1]["messages"] == [{"role": "user", "content": "Just a question?"}]
+    for _ in range(2):  # each asyncio.run is a new loop; the client follows it
+        assert asyncio.run(client.achat("Async question?")).text.startswith("answer from")
+    asyncio.run(client.aclose())
+    assert "sk-secret" not in repr(client.replicas) + repr(Endpoint("http://h/v1", api_key="sk-1"))
 
 
 def test_all_endpoints_down_fails_after_max_attempts_without_leaking_counters() -> None:

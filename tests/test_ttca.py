@@ -177,6 +177,30 @@ def test_combined_keeps_a_long_prefill_away_from_decoding_requests() -> None:
     assert policy.choose(heavy, _Fleet(5.0, (busy_a, b))).replica_id == "b/0"
 
 
+def test_combined_keeps_a_cached_prefix_under_load_for_the_queue_behind_it() -> None:
+    # a holds the 40k-token prefix but has 5 s of queue; b is idle and would prefill
+    # it in 4 s. Alone, b is faster for this request; under a steady stream of
+    # requests, 4 s of prefill on b delays every request queued behind it there, so
+    # the queue externality keeps the request on a (where it adds no prefill).
+    def route(weight: float) -> str:
+        policy = CombinedPolicy(queue_externality_weight=weight)
+        for i in range(30):
+            small = _request(request_id=f"s{i}", tokens=16, block_hashes=(10**6 + i,))
+            policy.choose(small, _Fleet(i / 30, _fleet("a", "b").replicas))
+        big = _request(
+            request_id="big",
+            tokens=40 * 1000,
+            block_hashes=tuple(range(1, 2501)),
+            boundaries=(2500,),
+        )
+        policy.locations.record(big.block_hashes, big.boundaries, "a/0", 1.0)
+        fleet = _Fleet(1.0, _fleet("a", "b", queued=(50_000, 0)).replicas)
+        return policy.choose(big, fleet).replica_id
+
+    assert route(0.0) == "b/0"
+    assert route(1.0) == "a/0"
+
+
 def test_combined_memory_is_bounded_without_outcomes() -> None:
     policy = CombinedPolicy(max_tracked=10)
     for i in range(50):
@@ -235,6 +259,7 @@ def test_ttca_on_the_kv_file_compares_policies() -> None:
     "options",
     [
         {"externality_weight": -1.0},
+        {"queue_externality_weight": -1.0},
         {"q_floor": 0.0},
         {"ttft_budget_percentile": 0.0},
         {"ttft_slack": -0.1},

@@ -12,7 +12,7 @@ from .batch import BatchResult
 from .report import batch_markdown, experiment_markdown, latency_markdown
 from .suite import ExperimentResult, LatencyResult
 
-__all__ = ["benchmark_markdown"]
+__all__ = ["benchmark_markdown", "write_section"]
 
 
 def benchmark_markdown(
@@ -201,3 +201,22 @@ def _target_table(rows: Sequence[tuple[str, str, str, bool]]) -> str:
         for name, target, value, met in rows
     ]
     return "\n".join(lines)
+
+
+def write_section(path: Path, name: str, body: str, kept_marker: str) -> None:
+    """Put ``body`` into ``path`` between ``<!-- begin NAME -->`` and ``<!-- end NAME -->``,
+    replacing that section if present and appending it after ``kept_marker`` (added if
+    missing) otherwise; the rest of the file is kept. Several benchmarks write their own
+    sections of one document this way."""
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    section = f"{begin}\n\n{body.strip()}\n\n{end}"
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if begin in old and end in old[old.index(begin) :]:
+        start = old.index(begin)
+        stop = old.index(end, start) + len(end)
+        new = old[:start] + section + old[stop:]
+    else:
+        if kept_marker not in old:
+            old = old.rstrip("\n") + "\n\n" + kept_marker + "\n"
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(new, encoding="utf-8")

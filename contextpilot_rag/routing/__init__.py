@@ -33,6 +33,7 @@ from .types import Decision, FleetView, Outcome, Policy, ReplicaState, RouteRequ
 __all__ = [
     "POLICY_NAMES",
     "AccuracyModel",
+    "AsyncChatStream",
     "Attempt",
     "ChatResult",
     "ChatStream",
@@ -98,6 +99,7 @@ def make_policy(name: str, **options: Any) -> Policy:
 
 
 from .client import (  # noqa: E402  (the client builds policies with make_policy)
+    AsyncChatStream,
     Attempt,
     ChatResult,
     ChatStream,

@@ -58,14 +58,17 @@ from .prompt_keys import (
 from .types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 
 __all__ = [
+    "AsyncChatStream",
     "Attempt",
     "ChatResult",
     "ChatStream",
     "Endpoint",
     "EndpointError",
+    "OwnedClient",
     "RoutingClient",
     "RoutingError",
     "SolveResult",
+    "client_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,7 +104,7 @@ class Endpoint:
     rtt_s: float | None = None
     prefill_tokens_per_s: float = 10_000.0
     decode_tokens_per_s: float = 50.0
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         url = self.base_url
@@ -165,11 +168,13 @@ class _Replica:
     """Live state of one (endpoint, model) pair. Mutated under the client's lock."""
 
     __slots__ = (
+        "decode_rate",
         "endpoint",
         "failures",
         "in_flight",
         "model",
         "open_until",
+        "prefill_rate",
         "queued_tokens",
         "replica_id",
         "rtt_s",
@@ -185,6 +190,18 @@ class _Replica:
         self.rtt_s = endpoint.rtt_s or 0.0
         self.failures = 0
         self.open_until = 0.0
+        self.prefill_rate = endpoint.prefill_tokens_per_s
+        self.decode_rate = endpoint.decode_tokens_per_s
+
+    def learn(self, uncached: int, ttft_s: float, generated: int, decode_s: float) -> None:
+        """Fold one answer into the effective prefill and decode rates (EWMA). The
+        prefill rate is measured over the TTFT, so time spent queued behind other
+        prompts lowers it: under load, uncached tokens are priced at what they cost."""
+        prefill_s = ttft_s - self.rtt_s
+        if uncached >= _MIN_RATE_TOKENS and prefill_s > 0:
+            self.prefill_rate += _RATE_ALPHA * (uncached / prefill_s - self.prefill_rate)
+        if generated >= _MIN_RATE_TOKENS // 8 and decode_s > 0:
+            self.decode_rate += _RATE_ALPHA * (generated / decode_s - self.decode_rate)
 
     def state(self, now: float) -> ReplicaState:
         e = self.endpoint
@@ -195,8 +212,8 @@ class _Replica:
             rtt_s=self.rtt_s,
             in_flight=self.in_flight,
             queued_tokens=self.queued_tokens,
-            prefill_tokens_per_s=e.prefill_tokens_per_s,
-            decode_tokens_per_s=e.decode_tokens_per_s,
+            prefill_tokens_per_s=self.prefill_rate,
+            decode_tokens_per_s=self.decode_rate,
             healthy=now >= self.open_until,
         )
 
@@ -226,6 +243,7 @@ class _Reply:
     timings: dict[str, Any] | None = None
     finish_reason: str | None = None
     done: bool = False
+    responded: bool = False  # the response's status line arrived
 
 
 class _AttemptFailed(Exception):
@@ -233,6 +251,8 @@ class _AttemptFailed(Exception):
 
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+_MIN_RATE_TOKENS = 64  # shorter prefills say more about overheads than about the rate
+_RATE_ALPHA = 0.3
 
 
 def _delta(kind: Kind, chunk: Mapping[str, Any]) -> str:
@@ -295,6 +315,7 @@ class _Resume:
     def __init__(self) -> None:
         self.delivered = ""
         self.current = ""
+        self.stale_retry = True  # one retry on the same endpoint after a stale connection
 
     def restart(self) -> None:
         self.current = ""
@@ -381,7 +402,10 @@ class RoutingClient:
     ends; unknown, message ends are estimated proportionally. ``metrics``: ``True``
     (or a :class:`RoutingMetrics`) keeps Prometheus metrics in :attr:`metrics`
     (:mod:`~contextpilot_rag.routing.metrics`); every finished attempt is also logged as
-    JSON on ``contextpilot_rag.routing.decisions``.
+    JSON on ``contextpilot_rag.routing.decisions``. ``learn_rates``: replace each
+    endpoint's configured prefill and decode rates by what its answers show (EWMA of
+    uncached tokens over TTFT, completion tokens over decode time), so the policy
+    prices uncached tokens at what they cost on the fleet as it is loaded.
     Thread-safe; one client serves sync and async callers."""
 
     def __init__(
@@ -400,6 +424,7 @@ class RoutingClient:
         async_transport: httpx.AsyncBaseTransport | None = None,
         metrics: bool | RoutingMetrics = False,
         chat_template: str | ChatTemplate | None = None,
+        learn_rates: bool = True,
     ) -> None:
         if not endpoints:
             raise ConfigError("RoutingClient needs at least one endpoint")
@@ -427,12 +452,13 @@ class RoutingClient:
         self.max_backoff_s = max_backoff_s
         self.keys = PromptKeys(block_tokens=block_tokens, chars_per_token=chars_per_token)
         self.chat_template = _template(chat_template)
+        self.learn_rates = learn_rates
         self._replicas = {r.replica_id: r for r in replicas}
         self._lock = threading.RLock()  # _finish releases counters under it
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
         self._async_transport = async_transport
-        self._ahttp: httpx.AsyncClient | None = None
+        self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # one per loop
         self.metrics: RoutingMetrics | None = None
         if metrics:
             self.metrics = metrics if isinstance(metrics, RoutingMetrics) else RoutingMetrics()
@@ -448,8 +474,8 @@ class RoutingClient:
             return [r.state(now) for r in self._replicas.values()]
 
     def chat(self, prompt: PromptInput, **params: Any) -> ChatResult:
-        """Route and answer a chat request (a Prompt or OpenAI messages). ``params``
-        go to the engine (``max_tokens``, ``temperature``, ...)."""
+        """Route and answer a chat request (a Prompt, OpenAI messages, or a string sent
+        as one user message). ``params`` go to the engine (``max_tokens``, ...)."""
         holder: list[ChatResult] = []
         for _ in self._run("chat", prompt, params, holder):
             pass
@@ -565,9 +591,12 @@ class RoutingClient:
 
     async def aclose(self) -> None:
         self._http.close()
-        if self._ahttp is not None:
-            await self._ahttp.aclose()
-            self._ahttp = None
+        loop = asyncio.get_running_loop()
+        ahttp = self._ahttp.pop(loop, None)
+        if ahttp is not None:
+            await ahttp.aclose()
+        for other in [other for other in self._ahttp if other.is_closed()]:
+            del self._ahttp[other]  # its loop is gone: nothing left to close it with
 
     def __enter__(self) -> RoutingClient:
         return self
@@ -583,12 +612,26 @@ class RoutingClient:
 
     # ------------------------------------------------------------- the attempt loop
 
+    def _async_http(self) -> httpx.AsyncClient:
+        """The async HTTP client of the running event loop (connections belong to the
+        loop that opened them, so each loop gets its own)."""
+        loop = asyncio.get_running_loop()
+        ahttp = self._ahttp.get(loop)
+        if ahttp is None:
+            for other in [other for other in self._ahttp if other.is_closed()]:
+                del self._ahttp[other]
+            ahttp = httpx.AsyncClient(timeout=self._timeout, transport=self._async_transport)
+            self._ahttp[loop] = ahttp
+        return ahttp
+
     def _text(self, kind: Kind, prompt: PromptInput) -> PromptText:
         if kind == "completion":
             if isinstance(prompt, Prompt):
                 return serialise(prompt, completion=True)
             if not isinstance(prompt, str):
                 raise InvalidInputError("complete() takes a string or a Prompt")
+        elif isinstance(prompt, str):  # a chat request from a bare string: one user turn
+            prompt = [{"role": "user", "content": prompt}]
         return serialise(prompt, self.chat_template)
 
     def _plan(
@@ -713,6 +756,14 @@ class RoutingClient:
             prompt_tokens = _prompt_tokens(reply) if reply else None
             if error is None and prompt_tokens:
                 self.keys.observe_tokens(plan.characters, prompt_tokens)
+                if self.learn_rates and reply is not None:
+                    generated = (reply.usage or {}).get("completion_tokens")
+                    plan.replica.learn(
+                        prompt_tokens - (cached or 0),
+                        ttft,
+                        generated if isinstance(generated, int) else 0,
+                        now - plan.started - ttft,
+                    )
             outcome = Outcome(
                 plan.request,
                 plan.decision,
@@ -769,14 +820,26 @@ class RoutingClient:
         return resume.feed(piece)
 
     def _failed(
-        self, plan: _Plan, reply: _Reply, exc: Exception, errors: list[Attempt]
+        self, plan: _Plan, reply: _Reply, exc: Exception, errors: list[Attempt], resume: _Resume
     ) -> frozenset[tuple[str, str]]:
-        """Book a retryable failure; the pair to exclude from the next attempts."""
+        """Book a retryable failure; the pair to exclude from the next attempts.
+
+        A connection the server closed before answering (a pooled keep-alive
+        connection it had already timed out) is not the endpoint's fault: the first
+        such failure of a request retries the same endpoint, breaker untouched."""
         error = f"{type(exc).__name__}: {exc}"
-        self._finish(plan, reply, error)
+        stale = isinstance(exc, httpx.RemoteProtocolError) and not reply.responded
+        if stale and resume.stale_retry:
+            resume.stale_retry = False
+            self._finish(plan, reply, error, cancelled=True, result="stale")
+        else:
+            stale = False
+            self._finish(plan, reply, error)
         latency = time.monotonic() - plan.started
         errors.append(Attempt(plan.replica.endpoint.base_url, plan.replica.model, latency, error))
-        return frozenset({(plan.decision.replica_id, plan.decision.model)})
+        return (
+            frozenset() if stale else frozenset({(plan.decision.replica_id, plan.decision.model)})
+        )
 
     def _headers(self, endpoint: Endpoint) -> dict[str, str]:
         return {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
@@ -808,6 +871,7 @@ class RoutingClient:
             resume.restart()
             try:
                 with self._http.stream(**self._request_args(plan)) as response:
+                    reply.responded = True
                     if response.status_code >= 400:
                         self._check_status(
                             response.status_code, response.read().decode(errors="replace"), plan
@@ -819,7 +883,7 @@ class RoutingClient:
                     if not reply.done:
                         raise _AttemptFailed("the stream ended before [DONE]")
             except (httpx.TransportError, _AttemptFailed) as exc:
-                excluded |= self._failed(plan, reply, exc, errors)
+                excluded |= self._failed(plan, reply, exc, errors, resume)
                 continue
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
@@ -842,14 +906,14 @@ class RoutingClient:
         text = self._text(kind, prompt)
         logical_id = logical_id or uuid.uuid4().hex
         resume, errors = _Resume(), failures if failures is not None else []
-        if self._ahttp is None:
-            self._ahttp = httpx.AsyncClient(timeout=self._timeout, transport=self._async_transport)
+        ahttp = self._async_http()
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
             plan = self._plan(kind, text, params, logical_id, attempt, excluded)
             reply = _Reply()
             resume.restart()
             try:
-                async with self._ahttp.stream(**self._request_args(plan)) as response:
+                async with ahttp.stream(**self._request_args(plan)) as response:
+                    reply.responded = True
                     if response.status_code >= 400:
                         body = (await response.aread()).decode(errors="replace")
                         self._check_status(response.status_code, body, plan)
@@ -860,7 +924,7 @@ class RoutingClient:
                     if not reply.done:
                         raise _AttemptFailed("the stream ended before [DONE]")
             except (httpx.TransportError, _AttemptFailed) as exc:
-                excluded |= self._failed(plan, reply, exc, errors)
+                excluded |= self._failed(plan, reply, exc, errors, resume)
                 continue
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
@@ -871,6 +935,48 @@ class RoutingClient:
 
 
 _template = chat_template  # the constructor's parameter shadows the function
+
+
+class OwnedClient:
+    """``close`` / ``aclose`` for a framework wrapper holding a :class:`RoutingClient`
+    in ``client``: closed only if the wrapper created it (``_owns_client``)."""
+
+    client: RoutingClient | None
+    _owns_client: bool
+
+    def close(self) -> None:
+        """Close the client if this wrapper created it; a client passed in stays open."""
+        if self._owns_client and self.client is not None:
+            self.client.close()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close` (also closes the connections of the async paths)."""
+        if self._owns_client and self.client is not None:
+            await self.client.aclose()
+
+
+def client_source(owner: str, options: Mapping[str, object]) -> RoutingClient | None:
+    """Check how a framework wrapper (``owner``) is told its fleet, from its
+    constructor ``options``: exactly one of ``client`` (a :class:`RoutingClient`,
+    returned) and ``endpoints`` (``None`` is returned: build the client from them, with
+    ``model`` and ``policy``; a given client has its own). Raises
+    :class:`ConfigError` before anything is created."""
+    client, endpoints = options.get("client"), options.get("endpoints")
+    model, policy = options.get("model"), options.get("policy")
+    if (client is None) == (endpoints is None):
+        raise ConfigError(
+            f"{owner} needs exactly one of client= (a RoutingClient) or "
+            "endpoints= (base URLs it builds its own client for)"
+        )
+    if client is not None:
+        if not isinstance(client, RoutingClient):
+            raise ConfigError(f"client must be a RoutingClient, got {type(client).__name__}")
+        if model is not None or policy is not None:
+            raise ConfigError("model= and policy= go with endpoints=; a given client has its own")
+        return client
+    if isinstance(endpoints, str):
+        raise ConfigError("endpoints must be a list of base URLs, not one string")
+    return None
 
 
 class _Solving:

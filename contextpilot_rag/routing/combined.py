@@ -2,7 +2,7 @@
 
 Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 
-    cost(u) = (TTFT(u, x) + decode(u, x) + e · harm(u, x)) / Q(m, x)
+    cost(u) = (TTFT(u, x) + decode(u, x) + e · harm(u, x) + g · queue_harm(u, x)) / Q(m, x)
 
     TTFT(u, x)   = RTT(u) + wait(u) + prefill(u, x)
     prefill(u, x) = uncached(u, x) / prefill_rate(u)
@@ -10,6 +10,7 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
     decode(u, x) = output_tokens(x) · (decode step(u) with x + duty(u) · chunk / prefill_rate(u))
     harm(u, x)   = decoders on u still running when x's prefill starts
                    · uncached(u, x) / prefill_rate(u)
+    queue_harm(u, x) = prefill(u, x) · λ · (wait(u) + prefill(u, x))
 
 - ``uncached`` comes from the router-side prefix estimate
   :class:`~contextpilot_rag.routing.gorgo.PrefixLocations`.
@@ -28,14 +29,27 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 - ``harm`` is the delay ``x``'s prefill imposes on requests already decoding on ``u``
   (each step carries a chunk of ``x``), weighted by ``externality_weight`` ``e``: the
   router minimises the fleet's time, not only ``x``'s.
+- ``queue_harm`` is the delay ``x``'s prefill imposes on the requests that will queue
+  behind it on ``u`` (prefill is FIFO): each of them waits ``prefill(u, x)`` longer,
+  and about ``λ · (wait(u) + prefill(u, x))`` arrive before ``u``'s backlog including
+  ``x`` is drained, ``λ`` being the router's recent request rate per candidate
+  replica (an exponentially decayed count over ``duty_tau_s``), weighted by
+  ``queue_externality_weight`` ``g`` (1: seconds of other requests' TTFT count as
+  much as ``x``'s own). Near zero on an idle fleet; in an overload (a fresh fleet
+  meeting never-seen prompts faster than it prefills) it makes every uncached token
+  cost what it costs the queue, so the router keeps prefixes where they are cached
+  and does not trade fleet throughput for one request's TTFT or decode time.
 - ``Q(m, x)`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`,
   clipped to ``[q_floor, 1]`` and 1 for requests without features or unknown models;
   dividing by it is the expected number of attempts if they were independent.
-- **TTFT budget**: when every candidate has the same ``Q`` (a single-model fleet), only
-  replicas whose predicted TTFT is within ``max(min · (1 + ttft_slack) + ttft_slack_s,
-  budget)`` compete, where ``budget`` is the ``ttft_budget_percentile`` of the TTFTs
-  observed recently: trading a request's TTFT for the fleet's decode time is allowed
-  only up to the current tail, so the TTFT tail is not made worse.
+- **TTFT budget** (``ttft_budget_percentile``; off by default, chosen on the tune
+  half of the Mooncake trace: with the queue externality, the budget gained 3-4
+  points of p95 TTFT and lost 3-18 points of p95 E2E there). When every candidate
+  has the same ``Q`` (a single-model fleet), only replicas whose predicted TTFT is
+  within ``max(min · (1 + ttft_slack) + ttft_slack_s, budget)`` compete, where
+  ``budget`` is the ``ttft_budget_percentile`` of the TTFTs observed recently:
+  trading a request's TTFT for the fleet's decode time is allowed only up to the
+  current tail, so the TTFT tail is not made worse.
 
 Models already tried for the logical request are skipped while another is left.
 With one model, no features and no engine interference parameters this reduces to
@@ -117,7 +131,8 @@ class CombinedPolicy:
         *,
         locations: PrefixLocations | None = None,
         externality_weight: float = 0.5,
-        ttft_budget_percentile: float | None = 90.0,
+        queue_externality_weight: float = 1.0,
+        ttft_budget_percentile: float | None = None,
         ttft_slack: float = 0.1,
         ttft_slack_s: float = 0.1,
         duty_tau_s: float = 30.0,
@@ -126,8 +141,11 @@ class CombinedPolicy:
         ttft_window: int = 200,
         recorded_boundaries: int = 8,
     ) -> None:
-        if externality_weight < 0 or not 0 < q_floor <= 1:
-            raise ConfigError("CombinedPolicy needs externality_weight >= 0 and 0 < q_floor <= 1")
+        if externality_weight < 0 or queue_externality_weight < 0 or not 0 < q_floor <= 1:
+            raise ConfigError(
+                "CombinedPolicy needs externality_weight, queue_externality_weight >= 0 "
+                "and 0 < q_floor <= 1"
+            )
         if ttft_budget_percentile is not None and not 0 < ttft_budget_percentile <= 100:
             raise ConfigError("ttft_budget_percentile must be in (0, 100] or None")
         if ttft_slack < 0 or ttft_slack_s < 0 or duty_tau_s <= 0:
@@ -138,6 +156,7 @@ class CombinedPolicy:
         self.accuracy = accuracy
         self.locations = locations if locations is not None else PrefixLocations()
         self.externality_weight = externality_weight
+        self.queue_externality_weight = queue_externality_weight
         self.ttft_budget_percentile = ttft_budget_percentile
         self.ttft_slack = ttft_slack
         self.ttft_slack_s = ttft_slack_s
@@ -150,6 +169,8 @@ class CombinedPolicy:
         self._ttfts: deque[float] = deque(maxlen=ttft_window)
         self._observed = 0
         self.ttft_budget_s = 0.0
+        self._arrivals = 0.0  # decisions, decayed with duty_tau_s, as of _arrivals_at
+        self._arrivals_at = 0.0
 
     def quality(self, model: str, request: RouteRequest) -> float:
         """``Q(m, x)`` clipped to ``[q_floor, 1]``; 1 when unknown."""
@@ -180,6 +201,13 @@ class CombinedPolicy:
         )
         models, exp = self._models, math.exp
         quality = self.quality if self.accuracy is not None else None
+        # requests per second and candidate replica (recent), for queue_harm
+        per_replica_rate = (
+            self.queue_externality_weight
+            * self._arrivals
+            * exp((self._arrivals_at - now) / tau)
+            / (tau * len(candidates))
+        )
         options: list[_Option] = []
         fastest, first_q, same_q = math.inf, -1.0, True
         for replica in candidates:
@@ -233,7 +261,10 @@ class CombinedPolicy:
             if q != first_q:
                 same_q = first_q < 0.0
                 first_q = q
-            cost = (ttft_s + decode_s + weight * harm_s) / q
+            cost = ttft_s + decode_s + weight * harm_s
+            if per_replica_rate:
+                cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
+            cost /= q
             options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
         return options, fastest, same_q
 
@@ -271,6 +302,8 @@ class CombinedPolicy:
         state.context_tokens += request.prompt_tokens
         state.duty = state.duty_now(now, self.duty_tau_s) + prefill_s
         state.duty_at = now
+        self._arrivals = self._arrivals * math.exp((self._arrivals_at - now) / self.duty_tau_s) + 1
+        self._arrivals_at = now
         ends_at = now + e2e_s
         insort(state.decode_ends, ends_at)
         self._track(request.request_id, (replica_id, ends_at, request.prompt_tokens))

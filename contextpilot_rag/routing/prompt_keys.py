@@ -167,9 +167,11 @@ def serialise(
             f"got {type(payload).__name__}"
         )
     if completion and isinstance(payload, Prompt):
-        text, starts, ends = _TEXT.render(messages)
+        text, starts, _ = _TEXT.render(messages)
         text = text[: -len(_TEXT.end)]  # Prompt.text has no trailing separator
-        ends[-1] = len(text)
+        # a message ends before its separator: the whole of the last message's text is
+        # then a boundary that the next turn's prompt (which extends it) shares
+        ends = [start + len(m["content"]) for start, m in zip(starts, messages, strict=True)]
     else:
         text, starts, ends = (template or _PLAIN).render(messages)
     boundaries = set(ends)

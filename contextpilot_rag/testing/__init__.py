@@ -1,10 +1,10 @@
 """Helpers for tests and examples: an OpenAI-compatible server on loopback that models
-an inference engine's prefix cache (:class:`OpenAICompatibleServer`), and a small
-sample corpus.
-
-Standard library only; nothing here is imported by the core package.
+an inference engine's prefix cache (:class:`OpenAICompatibleServer`), real
+``llama-server`` processes when the engine is built (:class:`LlamaServer`), and a small
+sample corpus. Nothing here is imported by the core package.
 """
 
+from .llama_server import LlamaEngine, LlamaServer, find_llama_server
 from .openai_server import OWNED_BY, OpenAICompatibleServer, ReplyFunction, default_reply
 from .samples import SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
@@ -12,7 +12,10 @@ __all__ = [
     "OWNED_BY",
     "SAMPLE_CORPUS",
     "SAMPLE_QUESTIONS",
+    "LlamaEngine",
+    "LlamaServer",
     "OpenAICompatibleServer",
     "ReplyFunction",
     "default_reply",
+    "find_llama_server",
 ]

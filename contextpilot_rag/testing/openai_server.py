@@ -256,6 +256,19 @@ class _Engine:
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
         self._requests: list[_JSON] = []
+        self._disconnects = 0
+
+    def disconnect_next(self, count: int) -> None:
+        with self._lock:
+            self._disconnects += count
+
+    def take_disconnect(self) -> bool:
+        """Whether to drop this request (consumes one of :meth:`disconnect_next`)."""
+        with self._lock:
+            if self._disconnects <= 0:
+                return False
+            self._disconnects -= 1
+            return True
 
     def requests(self) -> list[_JSON]:
         with self._lock:
@@ -440,6 +453,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._streaming = False
         try:
             raw = self._read_body() if method == "POST" else b""
+            if method == "POST" and self.server.engine.take_disconnect():
+                self.close_connection = True  # read the request, answer nothing
+                return
             self._route(method, urlsplit(self.path).path)(raw)
         except _RequestError as error:
             self._send_error(error)
@@ -650,6 +666,14 @@ class OpenAICompatibleServer:
     def reset(self) -> None:
         """Forget the recorded requests and empty the prefix cache."""
         self._engine.reset()
+
+    def disconnect_next(self, count: int = 1) -> None:
+        """Read the next ``count`` completion requests and close their connections
+        without an answer, as a server does that times out a keep-alive connection just
+        as a request arrives on it (the client sees it disconnect before any response)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"count must be an integer >= 0, got {count!r}")
+        self._engine.disconnect_next(count)
 
     def start(self) -> OpenAICompatibleServer:
         """Bind (port 0: a free port) and serve in a daemon thread. No-op if running."""

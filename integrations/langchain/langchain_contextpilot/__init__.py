@@ -1,11 +1,14 @@
 """LangChain integration of contextpilot_rag: reorder, de-duplicate and annotate
-retrieved documents so inference engines reuse their prefix cache.
+retrieved documents so inference engines reuse their prefix cache, and a chat model
+that routes every request over a fleet of engines.
 
->>> from langchain_contextpilot import ContextPilotRetriever, format_documents
+>>> from langchain_contextpilot import ChatContextPilot, ContextPilotRetriever, format_documents
 >>> retriever = ContextPilotRetriever(base_retriever=vectorstore.as_retriever())  # doctest: +SKIP
 >>> chain = retriever | format_documents  # doctest: +SKIP
+>>> llm = ChatContextPilot(endpoints=["http://10.0.0.1:8000/v1"], model="qwen")  # doctest: +SKIP
 """
 
+from ._chat_model import ChatContextPilot
 from ._compressor import ContextPilotCompressor
 from ._documents import ANNOTATION_KEY, ContextPilotAnnotation
 from ._format import format_documents
@@ -15,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ANNOTATION_KEY",
+    "ChatContextPilot",
     "ContextPilotAnnotation",
     "ContextPilotCompressor",
     "ContextPilotRetriever",

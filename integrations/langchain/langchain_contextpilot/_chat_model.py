@@ -1,0 +1,219 @@
+"""``ChatContextPilot``: a LangChain chat model over a
+:class:`~contextpilot_rag.routing.RoutingClient`. Every call is routed over a fleet of
+OpenAI-compatible endpoints by the client's policy and streamed from the engine; the
+routing facts (which endpoint answered, TTFT, cached prompt tokens) come back on the
+message."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    UsageMetadata,
+    convert_to_openai_messages,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field, PrivateAttr
+from typing_extensions import override
+
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.routing import ChatResult as RoutedAnswer
+from contextpilot_rag.routing import Endpoint, Policy, RoutingClient
+from contextpilot_rag.routing.client import OwnedClient, client_source
+
+__all__ = ["ChatContextPilot"]
+
+
+class ChatContextPilot(OwnedClient, BaseChatModel):
+    """A chat model whose requests a :class:`RoutingClient` routes over a fleet.
+
+    Build it from a client (``client=``; the caller keeps and closes it) or from
+    ``endpoints=`` with ``model=`` and ``policy=`` (the model creates the client and
+    :meth:`close` / :meth:`aclose` close it). Giving both, or neither, raises
+    :class:`~contextpilot_rag.errors.ConfigError` before any client is created.
+
+    Each engine delta is one :class:`AIMessageChunk`, yielded as it arrives; a last,
+    empty chunk carries the routing facts. On every answer ``response_metadata``
+    holds ``endpoint``, ``model_name``, ``ttft_s``, ``e2e_s``, ``cached_tokens``,
+    ``prompt_tokens``, ``finish_reason``, ``attempts`` and ``routing_reason``, and
+    ``usage_metadata`` the token counts (the cache hit as
+    ``input_token_details["cache_read"]``) when the engine reported them.
+
+    ``stop``, ``max_tokens``, ``temperature`` and any other call keyword (``bind``,
+    ``invoke``) go to the engine unchanged; ``None`` values are left out.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    client: RoutingClient | None = Field(default=None, exclude=True)
+    """The routing client (created from ``endpoints`` when not given)."""
+    endpoints: Sequence[str | Endpoint] | None = Field(default=None, exclude=True, repr=False)
+    """Base URLs (``http://host:port/v1``) or :class:`Endpoint` objects of the fleet."""
+    model: str | None = None
+    """The model to ask for, with ``endpoints=`` (``None``: every model they list)."""
+    policy: str | Policy = Field(default="combined", exclude=True)
+    """A routing policy name or object, with ``endpoints=``."""
+    max_tokens: int | None = None
+    """The longest answer, in tokens (``None``: the engine's default)."""
+    temperature: float | None = None
+    """Sampling temperature (``None``: the engine's default)."""
+
+    _owns_client: bool = PrivateAttr(default=False)
+
+    def __init__(self, **data: Any) -> None:
+        client_source("ChatContextPilot", data)
+        super().__init__(**data)
+        if self.client is None:  # here, not in a validator: pydantic would wrap ConfigError
+            self.client = RoutingClient(
+                list(self.endpoints or ()), model=self.model, policy=self.policy
+            )
+            self._owns_client = True
+
+    @property
+    def _routing(self) -> RoutingClient:
+        if self.client is None:
+            raise ConfigError("ChatContextPilot has no RoutingClient")
+        return self.client
+
+    @property
+    @override
+    def _llm_type(self) -> str:
+        return "contextpilot-routing"
+
+    @property
+    @override
+    def _identifying_params(self) -> dict[str, Any]:
+        client = self._routing
+        return {
+            "model": client.model,
+            "policy": client.policy.name,
+            "replicas": sorted(replica.replica_id for replica in client.replicas),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
+
+    @override
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        answer = self._routing.chat(
+            convert_to_openai_messages(messages), **self._params(stop, kwargs)
+        )
+        return _chat_result(answer)
+
+    @override
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        answer = await self._routing.achat(
+            convert_to_openai_messages(messages), **self._params(stop, kwargs)
+        )
+        return _chat_result(answer)
+
+    @override
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        stream = self._routing.stream(
+            convert_to_openai_messages(messages), **self._params(stop, kwargs)
+        )
+        with stream:  # closing early cancels the request and releases its counters
+            for delta in stream:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+            yield _last_chunk(stream.result)
+
+    @override
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        stream = self._routing.astream(
+            convert_to_openai_messages(messages), **self._params(stop, kwargs)
+        )
+        try:
+            async for delta in stream:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+            yield _last_chunk(stream.result)
+        finally:
+            await stream.aclose()
+
+    def _params(self, stop: list[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine parameters of one call: the fields, overridden by the call's."""
+        params = {"max_tokens": self.max_tokens, "temperature": self.temperature, "stop": stop}
+        return {key: value for key, value in {**params, **kwargs}.items() if value is not None}
+
+
+def _chat_result(answer: RoutedAnswer) -> ChatResult:
+    message = AIMessage(
+        content=answer.text,
+        response_metadata=_routing_facts(answer),
+        usage_metadata=_usage(answer),
+    )
+    return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def _last_chunk(answer: RoutedAnswer) -> ChatGenerationChunk:
+    """The empty chunk that closes a stream: metadata merges by concatenating strings
+    and adding numbers, so the routing facts travel on this one chunk only."""
+    message = AIMessageChunk(
+        content="",
+        response_metadata=_routing_facts(answer),
+        usage_metadata=_usage(answer),
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=message)
+
+
+def _routing_facts(answer: RoutedAnswer) -> dict[str, Any]:
+    return {
+        "endpoint": answer.endpoint,
+        "model_name": answer.model,
+        "ttft_s": answer.ttft_s,
+        "e2e_s": answer.e2e_s,
+        "prompt_tokens": answer.prompt_tokens,
+        "cached_tokens": answer.cached_tokens,
+        "finish_reason": answer.finish_reason,
+        "attempts": answer.attempts,
+        "routing_reason": answer.decision.reason,
+    }
+
+
+def _usage(answer: RoutedAnswer) -> UsageMetadata | None:
+    """LangChain's token counts, when the engine reported both sides."""
+    if answer.prompt_tokens is None or answer.completion_tokens is None:
+        return None
+    usage = UsageMetadata(
+        input_tokens=answer.prompt_tokens,
+        output_tokens=answer.completion_tokens,
+        total_tokens=answer.prompt_tokens + answer.completion_tokens,
+    )
+    if answer.cached_tokens is not None:
+        usage["input_token_details"] = {"cache_read": answer.cached_tokens}
+    return usage

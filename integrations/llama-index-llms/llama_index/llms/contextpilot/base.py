@@ -1,0 +1,281 @@
+"""The LlamaIndex LLM over a :class:`~contextpilot_rag.routing.RoutingClient`: every
+request is routed over a fleet of OpenAI-compatible endpoints by the client's policy
+and streamed from the engine, delta by delta.
+
+Which endpoint the engine serves decides both paths (``is_chat_model``):
+
+- ``True`` (default): ``chat`` sends the messages to ``/chat/completions``, and
+  ``complete`` sends the prompt there as one user message (the engine applies its chat
+  template, as for every other chat model in LlamaIndex);
+- ``False`` (base models): ``complete`` sends the prompt to ``/completions`` (through
+  ``completion_to_prompt`` unless ``formatted``), and ``chat`` renders the messages
+  with ``messages_to_prompt`` and does the same.
+
+Every answer carries the routing facts in ``additional_kwargs`` (``endpoint``,
+``model``, ``ttft_s``, ``e2e_s``, ``prompt_tokens``, ``cached_tokens``,
+``completion_tokens``, ``finish_reason``, ``attempts``, ``routing_reason``) and the
+engine's usage, OpenAI-shaped, in ``raw["usage"]`` (what ``TokenCountingHandler``
+reads). A stream yields one response per engine delta, as it arrives, then a last one
+with an empty ``delta`` that carries those facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+from llama_index.core.base.llms.generic_utils import (
+    messages_to_prompt as generic_messages_to_prompt,
+)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.llm import LLM, default_completion_to_prompt
+
+from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.routing import AsyncChatStream, ChatStream, Endpoint, Policy, RoutingClient
+from contextpilot_rag.routing import ChatResult as RoutedAnswer
+from contextpilot_rag.routing.client import OwnedClient, client_source
+
+__all__ = ["ContextPilotLLM"]
+
+Kind = Literal["chat", "completion"]
+Payload = str | list[dict[str, str]]
+"""What one request sends: a completion prompt or OpenAI chat messages."""
+
+_Response = TypeVar("_Response", ChatResponse, CompletionResponse)
+_MakeResponse = Callable[[str, str | None, RoutedAnswer | None], _Response]
+
+
+class ContextPilotLLM(OwnedClient, LLM):
+    """A LlamaIndex LLM whose requests a :class:`RoutingClient` routes over a fleet.
+
+    Build it from a client (``client=``; the caller keeps and closes it) or from
+    ``endpoints=`` with ``model=`` and ``policy=`` (the LLM creates the client and
+    :meth:`close` / :meth:`aclose` close it). Giving both, or neither, raises
+    :class:`~contextpilot_rag.errors.ConfigError` before any client is created.
+
+    ``max_tokens``, ``temperature``, ``additional_kwargs`` and the keywords of each
+    call go to the engine unchanged (``None`` values left out; the call's win).
+    """
+
+    client: RoutingClient | None = Field(
+        default=None, exclude=True, description="The routing client (created when not given)."
+    )
+    endpoints: Sequence[str | Endpoint] | None = Field(
+        default=None, exclude=True, repr=False, description="Base URLs or Endpoint objects."
+    )
+    model: str | None = Field(
+        default=None, description="The model to ask for, with endpoints= (None: all listed)."
+    )
+    policy: str | Policy = Field(
+        default="combined", exclude=True, description="Routing policy name or object."
+    )
+    max_tokens: int | None = Field(default=None, description="Longest answer, in tokens.")
+    temperature: float | None = Field(default=None, description="Sampling temperature.")
+    additional_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Engine parameters sent with every request."
+    )
+    context_window: int = Field(
+        default=DEFAULT_CONTEXT_WINDOW, gt=0, description="The model's context, in tokens."
+    )
+    is_chat_model: bool = Field(
+        default=True, description="The engine serves /chat/completions (else /completions)."
+    )
+
+    _owns_client: bool = PrivateAttr(default=False)
+
+    def __init__(self, **data: Any) -> None:
+        client_source("ContextPilotLLM", data)
+        super().__init__(**data)
+        if self.client is None:  # here, not in a validator: pydantic would wrap ConfigError
+            endpoints = list(self.endpoints or ())
+            self.client = RoutingClient(endpoints, model=self.model, policy=self.policy)
+            self._owns_client = True
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ContextPilotLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self.context_window,
+            num_output=self.max_tokens or DEFAULT_NUM_OUTPUTS,
+            is_chat_model=self.is_chat_model,
+            model_name=self._routing.model or "contextpilot-routing",
+        )
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        answer = self._answer(*self._chat_request(messages), kwargs)
+        return _chat_response(answer.text, None, answer)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        answer = self._answer(*self._completion_request(prompt, formatted), kwargs)
+        return _completion_response(answer.text, None, answer)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return _responses(self._stream(*self._chat_request(messages), kwargs), _chat_response)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        stream = self._stream(*self._completion_request(prompt, formatted), kwargs)
+        return _responses(stream, _completion_response)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        answer = await self._aanswer(*self._chat_request(messages), kwargs)
+        return _chat_response(answer.text, None, answer)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        answer = await self._aanswer(*self._completion_request(prompt, formatted), kwargs)
+        return _completion_response(answer.text, None, answer)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        stream = self._astream(*self._chat_request(messages), kwargs)
+        return _aresponses(stream, _chat_response)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        stream = self._astream(*self._completion_request(prompt, formatted), kwargs)
+        return _aresponses(stream, _completion_response)
+
+    @property
+    def _routing(self) -> RoutingClient:
+        if self.client is None:
+            raise ConfigError("ContextPilotLLM has no RoutingClient")
+        return self.client
+
+    def _chat_request(self, messages: Sequence[ChatMessage]) -> tuple[Kind, Payload]:
+        if self.is_chat_model:
+            return "chat", [_openai_message(index, m) for index, m in enumerate(messages)]
+        to_prompt = self.messages_to_prompt or generic_messages_to_prompt  # None: reassigned
+        return "completion", to_prompt(messages)
+
+    def _completion_request(self, prompt: str, formatted: bool) -> tuple[Kind, Payload]:
+        if self.is_chat_model:
+            return "chat", [{"role": MessageRole.USER.value, "content": prompt}]
+        to_prompt = self.completion_to_prompt or default_completion_to_prompt
+        return "completion", prompt if formatted else to_prompt(prompt)
+
+    def _params(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine parameters of one call: the fields, overridden by the call's."""
+        fields = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        merged = {**self.additional_kwargs, **fields, **kwargs}
+        return {key: value for key, value in merged.items() if value is not None}
+
+    def _answer(self, kind: Kind, payload: Payload, kwargs: Mapping[str, Any]) -> RoutedAnswer:
+        ask = self._routing.chat if kind == "chat" else self._routing.complete
+        return ask(payload, **self._params(kwargs))
+
+    async def _aanswer(
+        self, kind: Kind, payload: Payload, kwargs: Mapping[str, Any]
+    ) -> RoutedAnswer:
+        ask = self._routing.achat if kind == "chat" else self._routing.acomplete
+        return await ask(payload, **self._params(kwargs))
+
+    def _stream(self, kind: Kind, payload: Payload, kwargs: Mapping[str, Any]) -> ChatStream:
+        return self._routing.stream(payload, kind=kind, **self._params(kwargs))
+
+    def _astream(self, kind: Kind, payload: Payload, kwargs: Mapping[str, Any]) -> AsyncChatStream:
+        return self._routing.astream(payload, kind=kind, **self._params(kwargs))
+
+
+def _openai_message(index: int, message: ChatMessage) -> dict[str, str]:
+    """``{"role", "content"}``; the client sends text only, so other blocks are refused
+    rather than dropped."""
+    if not all(isinstance(block, TextBlock) for block in message.blocks):
+        raise InvalidInputError(
+            f"messages[{index}] holds a non-text block; ContextPilotLLM sends text only"
+        )
+    return {"role": message.role.value, "content": message.content or ""}
+
+
+def _responses(
+    stream: ChatStream, make: _MakeResponse[_Response]
+) -> Generator[_Response, None, None]:
+    text = ""
+    with stream:  # closing the generator early cancels the request
+        for delta in stream:
+            text += delta
+            yield make(text, delta, None)
+        yield make(text, "", stream.result)
+
+
+async def _aresponses(
+    stream: AsyncChatStream, make: _MakeResponse[_Response]
+) -> AsyncGenerator[_Response, None]:
+    text = ""
+    try:
+        async for delta in stream:
+            text += delta
+            yield make(text, delta, None)
+        yield make(text, "", stream.result)
+    finally:
+        await stream.aclose()
+
+
+def _chat_response(text: str, delta: str | None, answer: RoutedAnswer | None) -> ChatResponse:
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+    return ChatResponse(message=message, delta=delta, **_answer_fields(answer))
+
+
+def _completion_response(
+    text: str, delta: str | None, answer: RoutedAnswer | None
+) -> CompletionResponse:
+    return CompletionResponse(text=text, delta=delta, **_answer_fields(answer))
+
+
+def _answer_fields(answer: RoutedAnswer | None) -> dict[str, Any]:
+    """``additional_kwargs`` and ``raw`` of a response (none while streaming)."""
+    if answer is None:
+        return {}
+    facts = {
+        "endpoint": answer.endpoint,
+        "model": answer.model,
+        "ttft_s": answer.ttft_s,
+        "e2e_s": answer.e2e_s,
+        "prompt_tokens": answer.prompt_tokens,
+        "cached_tokens": answer.cached_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "finish_reason": answer.finish_reason,
+        "attempts": answer.attempts,
+        "routing_reason": answer.decision.reason,
+    }
+    return {"additional_kwargs": facts, "raw": {"usage": _usage(answer)}}
+
+
+def _usage(answer: RoutedAnswer) -> dict[str, Any]:
+    """The engine's usage as the OpenAI API writes it (unknown counts left out)."""
+    counts = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens}
+    usage: dict[str, Any] = {key: value for key, value in counts.items() if value is not None}
+    if answer.prompt_tokens is not None and answer.completion_tokens is not None:
+        usage["total_tokens"] = answer.prompt_tokens + answer.completion_tokens
+    if answer.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": answer.cached_tokens}
+    return usage

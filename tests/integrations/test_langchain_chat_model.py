@@ -1,0 +1,144 @@
+"""``ChatContextPilot`` as LangChain sees it: message chunks and their metadata, token
+callbacks, engine parameters and LCEL chains, against real loopback servers. What both
+framework models share (routing, streaming, configuration) is in test_routed_models.py."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from functools import reduce
+from operator import add
+from typing import Any
+
+import pytest
+
+from contextpilot_rag.errors import InvalidInputError
+from contextpilot_rag.testing import OpenAICompatibleServer
+
+pytest.importorskip("langchain_core")
+
+from langchain_contextpilot import ChatContextPilot
+from langchain_core._api import LangChainBetaWarning
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from routed_fleet import CONTEXT, question, reply_of
+
+WORDS = ["answer", " from", " server", " a", " in", " words"]
+
+
+class TokenRecorder(BaseCallbackHandler):
+    """Records every ``on_llm_new_token``."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+
+@pytest.fixture
+def model(server: OpenAICompatibleServer) -> Iterator[ChatContextPilot]:
+    chat = ChatContextPilot(endpoints=[server.base_url], model="m")
+    yield chat
+    chat.close()
+
+
+def test_each_delta_is_an_ai_message_chunk_and_the_last_carries_routing_and_usage(
+    model: ChatContextPilot, server: OpenAICompatibleServer
+) -> None:
+    model.invoke(question())  # warm the cache
+    chunks = list(model.stream(question()))
+    assert all(isinstance(chunk, AIMessageChunk) for chunk in chunks)
+    assert [chunk.text for chunk in chunks[:-1]] == WORDS
+    assert all(not c.response_metadata and c.usage_metadata is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.text == "" and last.chunk_position == "last"
+    assert last.response_metadata["endpoint"] == server.base_url
+    assert last.response_metadata["model_name"] == "m"
+    usage = last.usage_metadata
+    assert usage is not None
+    assert usage["input_tokens"] == last.response_metadata["prompt_tokens"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert usage["input_token_details"]["cache_read"] == last.response_metadata["cached_tokens"]
+    assert usage["input_token_details"]["cache_read"] > 0
+    merged = reduce(add, chunks)
+    assert merged.text == reply_of("a") and merged.usage_metadata == usage  # counted once
+
+
+def test_invoke_puts_routing_facts_and_token_usage_on_the_message(
+    model: ChatContextPilot, server: OpenAICompatibleServer
+) -> None:
+    message = model.invoke(question())
+    facts = message.response_metadata
+    assert facts["endpoint"] == server.base_url and facts["finish_reason"] == "stop"
+    assert facts["attempts"] == 1 and facts["routing_reason"]
+    assert 0 < facts["ttft_s"] <= facts["e2e_s"]
+    assert message.usage_metadata is not None
+    assert message.usage_metadata["output_tokens"] == 6
+    assert message.usage_metadata["input_token_details"] == {"cache_read": 0}
+
+
+def test_token_callbacks_fire_once_per_delta(model: ChatContextPilot) -> None:
+    recorder = TokenRecorder()
+    model.invoke(question(), config={"callbacks": [recorder]}, stream=True)
+    assert [token for token in recorder.tokens if token] == WORDS
+
+
+def test_the_model_fires_the_token_callbacks_when_langchain_hands_it_the_run(
+    model: ChatContextPilot,
+) -> None:
+    recorder = TokenRecorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LangChainBetaWarning)
+        stream = model.stream_events(question(), {"callbacks": [recorder]}, version="v3")
+        assert stream.output.text == reply_of("a")
+    assert recorder.tokens == WORDS  # the run manager passed to _stream: no empty token
+
+
+def test_stop_max_tokens_temperature_and_bound_keywords_reach_the_engine(
+    server: OpenAICompatibleServer,
+) -> None:
+    model = ChatContextPilot(endpoints=[server.base_url], model="m", max_tokens=2, temperature=0.25)
+    message = model.bind(top_p=0.5).invoke(question(), stop=["\n\n"])
+    body = server.requests[-1]
+    assert (body["max_tokens"], body["temperature"], body["top_p"]) == (2, 0.25, 0.5)
+    assert body["stop"] == ["\n\n"]
+    assert message.text == "answer from" and message.response_metadata["finish_reason"] == "length"
+    model.invoke(question(), max_tokens=3)
+    assert server.requests[-1]["max_tokens"] == 3  # the call's value wins
+    model.close()
+
+
+def test_a_chain_of_prompt_model_and_parser_invokes_and_streams(
+    model: ChatContextPilot, server: OpenAICompatibleServer
+) -> None:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the documents."), ("human", "{context}\n\n{question}")]
+    )
+    chain = prompt | model | StrOutputParser()
+    inputs = {"context": CONTEXT, "question": "Which topic comes first?"}
+    assert chain.invoke(inputs) == reply_of("a")
+    assert server.requests[-1]["messages"] == question()  # the same messages, byte for byte
+    pieces = list(chain.stream(inputs))
+    assert [piece for piece in pieces if piece] == WORDS
+
+
+def test_the_model_identifies_its_fleet_and_policy(
+    model: ChatContextPilot, server: OpenAICompatibleServer
+) -> None:
+    params = model.asdict()
+    assert params["_type"] == "contextpilot-routing"
+    assert params["replicas"] == [server.base_url] and params["policy"] == "combined"
+    assert params["model"] == "m"
+
+
+def test_a_message_with_a_non_text_block_is_refused_before_any_request(
+    model: ChatContextPilot, server: OpenAICompatibleServer
+) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}
+    message = HumanMessage(content=[{"type": "text", "text": "What is this?"}, image])
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] needs string 'role' and 'content'"):
+        model.invoke([message])
+    assert server.requests == []

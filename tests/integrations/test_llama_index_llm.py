@@ -1,0 +1,161 @@
+"""``ContextPilotLLM`` as LlamaIndex sees it: cumulative streamed responses, completion
+and chat on chat and base models, metadata, and a chat engine on top, against real
+loopback servers. What both framework models share (routing, streaming, configuration)
+is in test_routed_models.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from contextpilot_rag.errors import InvalidInputError
+from contextpilot_rag.testing import OpenAICompatibleServer
+
+pytest.importorskip("llama_index.core")
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.llms.types import ImageBlock, TextBlock
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.llms import ChatMessage, CompletionResponse
+from llama_index.core.schema import TextNode
+from llama_index.llms.contextpilot import ContextPilotLLM
+from routed_fleet import question, reply_of
+
+WORDS = ["answer", " from", " server", " a", " in", " words"]
+
+
+@pytest.fixture
+def llm(server: OpenAICompatibleServer) -> Iterator[ContextPilotLLM]:
+    model = ContextPilotLLM(endpoints=[server.base_url], model="m", max_tokens=64)
+    yield model
+    model.close()
+
+
+def chat_messages() -> list[ChatMessage]:
+    return [ChatMessage(role=m["role"], content=m["content"]) for m in question()]
+
+
+def test_stream_chat_grows_the_message_by_one_delta_per_response(llm: ContextPilotLLM) -> None:
+    responses = list(llm.stream_chat(chat_messages()))
+    assert [r.delta for r in responses] == [*WORDS, ""]
+    assert [r.message.content for r in responses] == [
+        "".join(WORDS[: i + 1]) for i in range(len(WORDS))
+    ] + [reply_of("a")]
+    assert all(not r.additional_kwargs and r.raw is None for r in responses[:-1])
+    facts, usage = responses[-1].additional_kwargs, responses[-1].raw["usage"]
+    assert facts["completion_tokens"] == usage["completion_tokens"] == 6
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 6
+
+
+def test_chat_reports_routing_facts_and_openai_shaped_usage(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    first = llm.chat(chat_messages())
+    again = llm.chat(chat_messages())
+    assert first.message.content == reply_of("a")
+    assert first.additional_kwargs["endpoint"] == server.base_url
+    assert first.additional_kwargs["model"] == "m"
+    cached = again.raw["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == again.additional_kwargs["cached_tokens"] > 0
+    assert server.requests[-1]["max_tokens"] == 64
+
+
+def test_complete_on_a_chat_model_sends_the_prompt_as_one_user_message(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    response = llm.complete("What comes first?")
+    assert isinstance(response, CompletionResponse) and response.text == reply_of("a")
+    assert server.requests[-1]["messages"] == [{"role": "user", "content": "What comes first?"}]
+    streamed = list(llm.stream_complete("What comes first?"))
+    assert [r.delta for r in streamed] == [*WORDS, ""] and streamed[-1].text == reply_of("a")
+
+
+def test_every_async_path_streams_and_answers(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    async def run() -> tuple[list[str | None], list[str | None], str, str]:
+        chat_deltas = [r.delta async for r in await llm.astream_chat(chat_messages())]
+        text_deltas = [r.delta async for r in await llm.astream_complete("Which?")]
+        chat = await llm.achat(chat_messages())
+        completion = await llm.acomplete("Which?")
+        await llm.aclose()
+        return chat_deltas, text_deltas, chat.message.content or "", completion.text
+
+    chat_deltas, text_deltas, chat_text, completion_text = asyncio.run(run())
+    assert chat_deltas == text_deltas == [*WORDS, ""]
+    assert chat_text == completion_text == reply_of("a")
+    assert len(server.requests) == 4
+
+
+def test_a_base_model_completes_on_the_completions_endpoint(
+    server: OpenAICompatibleServer,
+) -> None:
+    llm = ContextPilotLLM(
+        endpoints=[server.base_url],
+        model="m",
+        is_chat_model=False,
+        completion_to_prompt=lambda prompt: f"Q: {prompt}\nA:",
+    )
+    assert not llm.metadata.is_chat_model
+    assert llm.complete("Which?").text == reply_of("a")
+    assert (
+        server.requests[-1]["prompt"] == "Q: Which?\nA:" and "messages" not in server.requests[-1]
+    )
+    llm.complete("raw text", formatted=True)
+    assert server.requests[-1]["prompt"] == "raw text"
+    deltas = [r.delta for r in llm.stream_complete("Which?")]
+    assert deltas == [*WORDS, ""]
+    llm.close()
+
+
+def test_a_base_model_chats_through_messages_to_prompt(server: OpenAICompatibleServer) -> None:
+    def render(messages: Any) -> str:
+        return "".join(f"{m.role.value}> {m.content}\n" for m in messages)
+
+    llm = ContextPilotLLM(
+        endpoints=[server.base_url], model="m", is_chat_model=False, messages_to_prompt=render
+    )
+    response = llm.chat([ChatMessage(role="user", content="Which?")])
+    assert response.message.content == reply_of("a")
+    assert server.requests[-1]["prompt"] == "user> Which?\n"
+    llm.close()
+
+
+def test_metadata_describes_the_routed_model(llm: ContextPilotLLM) -> None:
+    metadata = llm.metadata
+    assert metadata.is_chat_model and metadata.model_name == "m"
+    assert metadata.num_output == 64 and metadata.context_window > 0
+
+
+def test_a_chat_engine_streams_through_the_llm(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    engine = SimpleChatEngine.from_defaults(llm=llm, system_prompt="Answer briefly.")
+    response = engine.stream_chat("Which topic comes first?")
+    assert "".join(response.response_gen) == reply_of("a")
+    assert server.requests[-1]["messages"][0] == {"role": "system", "content": "Answer briefly."}
+
+
+def test_a_message_with_a_non_text_block_is_refused_before_any_request(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    image = ImageBlock(url="https://example.invalid/a.png", image_mimetype="image/png")
+    message = ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), image])
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a non-text block"):
+        llm.chat([message])
+    assert server.requests == []
+
+
+def test_a_streaming_query_engine_streams_through_the_llm(
+    llm: ContextPilotLLM, server: OpenAICompatibleServer
+) -> None:
+    nodes = [TextNode(text=f"Document {i} is about topic {i}.") for i in range(3)]
+    index = VectorStoreIndex(nodes, embed_model=MockEmbedding(embed_dim=8))
+    response = index.as_query_engine(llm=llm, streaming=True).query("Which topic?")
+    assert [delta for delta in response.response_gen if delta] == WORDS
+    sent = server.requests[-1]["messages"][-1]["content"]
+    assert "is about topic" in sent and "Which topic?" in sent  # the retrieved context
