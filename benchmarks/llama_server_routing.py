@@ -12,7 +12,8 @@ documents per turn, ~40% of a later turn's documents seen before in the conversa
 Every prompt is built by ``ContextPilot.optimize`` (reorder, de-duplicate, annotate)
 with the conversation's id, sent with ``RoutingClient.complete`` (the model has no chat
 template), and the model's answer is recorded into the conversation. Users start
-``--stagger-s`` apart and send their next turn when the previous answer arrives.
+``--stagger-s`` apart and send their next turn a seeded random pause (exponential, mean
+``--think-s``) after the previous answer, so arrivals interleave irregularly.
 
 Reported per policy: mean / p50 / p95 TTFT over all requests, ``cache_n`` and
 ``prompt_n`` totals (llama-server's ``timings``: prompt tokens served from a slot's
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import threading
 import time
@@ -115,8 +117,11 @@ def run_policy(
 
         def user(number: int, requests: Sequence[WorkloadRequest]) -> None:
             time.sleep(number * args.stagger_s)
+            think = random.Random(args.seed * 1000 + number)  # the same pauses for every policy
             try:
                 for request in requests:
+                    if request.turn:
+                        time.sleep(think.expovariate(1 / args.think_s) if args.think_s else 0)
                     blocks = [ContextBlock(text=corpus[d], id=d) for d in request.doc_ids]
                     session = str(request.session)
                     prompt = pilot.optimize(
@@ -178,6 +183,8 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
         f"-c {args.context * args.slots} -t 1 --swa-full`, started cold for every policy. "
         f"Workload: {args.users} concurrent conversations × {args.turns} turns, "
         f"{args.k} documents per turn (multi-turn RAG workload of the core, seed {args.seed}), "
+        f"users {args.stagger_s} s apart, pauses between turns exponential with mean "
+        f"{args.think_s} s; "
         "prompts from `ContextPilot.optimize`, sent as completions with "
         f"`max_tokens={args.max_tokens}`.",
         "",
@@ -235,6 +242,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--stagger-s", type=float, default=0.5)
+    parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
     parser.add_argument("--prefill-rate", type=float, default=400.0, help="tokens/s (ENGINES.md)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", type=Path)
@@ -276,7 +284,12 @@ def main() -> None:
         summaries = [
             Summary(**{**asdict(s), "rr_over_this": rr / s.ttft_mean_s}) for s in summaries
         ]
-    command = "python benchmarks/llama_server_routing.py --write docs/benchmarks.md"
+    command = "python benchmarks/llama_server_routing.py " + " ".join(
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in vars(args).items()
+        if name not in ("write", "plot", "json") and value != parser.get_default(name)
+    )
+    command = command.rstrip() + " --write docs/benchmarks.md"
     if args.plot:
         command += f" --plot {args.plot}"
         plot(summaries, rows, args.plot)

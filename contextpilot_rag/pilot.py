@@ -242,6 +242,42 @@ class ContextPilot:
         with self._lock:
             return self._index.evict(ids)
 
+    def observe_cache(
+        self, prompt: Prompt, cached_tokens: int, prompt_tokens: int, *, tolerance: float = 0.1
+    ) -> int:
+        """Feedback from the engine that answered ``prompt``: it served ``cached_tokens``
+        of its ``prompt_tokens`` (in the engine's tokens) from its prefix cache. When
+        that share falls short of the share this pilot predicted reusable
+        (``prompt.stats``) by more than ``tolerance``, and the prediction rested on
+        context blocks matched in the index, the earlier requests that share the
+        prompt's path up to its first block the engine did not serve (and at least its
+        first context block) are evicted: the engine no longer holds them. ``prompt``
+        itself stays (the engine has just cached it). Returns how many were evicted."""
+        if not isinstance(prompt, Prompt):
+            raise InvalidInputError("observe_cache() takes the Prompt that was sent")
+        if not 0 <= cached_tokens <= prompt_tokens or prompt_tokens < 1:
+            raise InvalidInputError(
+                "observe_cache() needs 0 <= cached_tokens <= prompt_tokens and prompt_tokens >= 1"
+            )
+        stats = prompt.stats
+        predicted = stats.reusable_tokens / max(1, stats.prompt_tokens)
+        if stats.blocks_matched < 1 or cached_tokens / prompt_tokens >= predicted - tolerance:
+            return 0
+        request_id = RequestId(prompt.request_id)
+        with self._lock:
+            if request_id not in self._index:
+                return 0
+            served = cached_tokens / prompt_tokens * stats.prompt_tokens  # pilot tokens
+            tokens = self._index.request_tokens(request_id)
+            depth = 1  # the path up to its first block not served ...
+            while depth < len(tokens) and sum(tokens[:depth]) <= served:
+                depth += 1
+            # ... but at least one matched context block: the system prompt and the
+            # history are not this pilot's prediction
+            fixed = len(tokens) - 1 - (stats.blocks_total - stats.blocks_deduplicated)
+            depth = max(depth, fixed + 1)
+            return self._index.evict(self._index.requests_sharing(request_id, depth))
+
     def index_stats(self) -> IndexStats:
         with self._lock:
             return self._index.stats()

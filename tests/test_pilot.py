@@ -430,3 +430,27 @@ def test_failed_call_leaves_the_state_as_it_was(
     assert noisy.conversation("conv") == clean.conversation("conv")
     expected = clean.optimize([B, C, A], "two", conversation_id="conv")
     assert noisy.optimize([B, C, A], "two", conversation_id="conv") == expected
+
+
+def _docs(*names: str) -> list[ContextBlock]:
+    return [ContextBlock(text=f"Document {n}: " + f"{n} facts. " * 40, id=n) for n in names]
+
+
+def test_a_predicted_hit_the_engine_did_not_serve_is_trimmed_from_the_index(
+    pilot: ContextPilot,
+) -> None:
+    first = pilot.optimize(_docs("a", "b", "c"), "Q1?")
+    second = pilot.optimize(_docs("a", "b", "d"), "Q2?")
+    unrelated = pilot.optimize(_docs("x", "y"), "Q3?")
+    assert second.stats.blocks_matched == 2 and pilot.index_stats().requests == 3
+    with pytest.raises(InvalidInputError):
+        pilot.observe_cache(second, 5, 4)
+    assert pilot.observe_cache(second, 900, 1000) == 0  # served about as predicted
+    assert pilot.index_stats().requests == 3
+    assert pilot.observe_cache(second, 10, 1000) == 1  # predicted a hit, got none
+    stats = pilot.index_stats()
+    assert stats.requests == 2  # the first request's entry went; the second and x/y stay
+    third = pilot.optimize(_docs("a", "b", "e"), "Q4?")
+    assert [b.id for b in third.blocks][:2] == ["a", "b"]  # still matched, via the second
+    assert pilot.observe_cache(first, 0, 1000) == 0  # no longer indexed: nothing to do
+    assert pilot.observe_cache(unrelated, 0, 1000) == 0  # it predicted no block hit

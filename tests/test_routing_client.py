@@ -409,3 +409,19 @@ def test_every_finished_attempt_is_logged_as_json_with_its_reason(
         assert entry["reason"] == answer.decision.reason
         assert entry["observed_cached_tokens"] == answer.cached_tokens
         assert entry["predicted_cached_tokens"] == answer.decision.predicted_cached_tokens
+
+
+def test_a_cache_miss_the_pilot_predicted_as_a_hit_trims_its_index(
+    pilot: ContextPilot, fleet: list[OpenAICompatibleServer]
+) -> None:
+    blocks = [ContextBlock(text=DOCS[i], id=f"doc{i}") for i in range(4)]
+    with RoutingClient([fleet[0].base_url], model="m", pilot=pilot) as client:
+        client.chat(pilot.optimize(blocks, "First question?"))
+        hit = client.chat(pilot.optimize(blocks[:3], "Second question?"))
+        assert (hit.cached_tokens or 0) > 0 and pilot.index_stats().requests == 2
+        fleet[0].reset()  # the engine loses its cache
+        predicted = pilot.optimize(blocks[:3] + blocks[3:], "Third question?")
+        assert predicted.stats.blocks_matched > 0
+        missed = client.chat(predicted)
+    assert missed.cached_tokens == 0
+    assert pilot.index_stats().requests == 1  # only the request the engine just cached

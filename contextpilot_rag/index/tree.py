@@ -165,6 +165,32 @@ class ContextIndex:
         """The block sequence indexed for ``request_id``."""
         return self._by_request[request_id].path()
 
+    def request_tokens(self, request_id: RequestId) -> tuple[int, ...]:
+        """The token count of each block of ``request_id``'s path."""
+        parts: list[tuple[int, ...]] = []
+        node: _Node | None = self._by_request[request_id]
+        while node is not None:
+            parts.append(node.edge_tokens)
+            node = node.parent
+        return tuple(itertools.chain.from_iterable(reversed(parts)))
+
+    def requests_sharing(self, request_id: RequestId, depth: int) -> list[RequestId]:
+        """The other requests whose paths share the first ``depth`` blocks of
+        ``request_id``'s path (``[]`` if it is unknown or ``depth`` < 1)."""
+        node = self._by_request.get(request_id)
+        if node is None or depth < 1:
+            return []
+        depth = min(depth, len(node.path()))
+        while node.parent is not None and len(node.parent.path()) >= depth:
+            node = node.parent  # the highest node whose path still covers depth blocks
+        found: list[RequestId] = []
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            found += [r for r in current.request_ids if r != request_id]
+            stack += current.children.values()
+        return found
+
     def search(
         self,
         blocks: Iterable[str],

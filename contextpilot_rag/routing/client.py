@@ -45,6 +45,7 @@ from typing import Any, Literal
 import httpx
 
 from ..errors import ConfigError, ContextPilotError, InvalidInputError
+from ..pilot import ContextPilot
 from ..prompt import Prompt
 from .metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
 from .prompt_keys import (
@@ -405,7 +406,10 @@ class RoutingClient:
     JSON on ``contextpilot_rag.routing.decisions``. ``learn_rates``: replace each
     endpoint's configured prefill and decode rates by what its answers show (EWMA of
     uncached tokens over TTFT, completion tokens over decode time), so the policy
-    prices uncached tokens at what they cost on the fleet as it is loaded.
+    prices uncached tokens at what they cost on the fleet as it is loaded. ``pilot``:
+    the :class:`~contextpilot_rag.ContextPilot` that builds the Prompts sent; each
+    answer's cache hit goes back to its index (:meth:`ContextPilot.observe_cache`), so
+    a predicted hit the engine did not serve is trimmed from the index.
     Thread-safe; one client serves sync and async callers."""
 
     def __init__(
@@ -425,6 +429,7 @@ class RoutingClient:
         metrics: bool | RoutingMetrics = False,
         chat_template: str | ChatTemplate | None = None,
         learn_rates: bool = True,
+        pilot: ContextPilot | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigError("RoutingClient needs at least one endpoint")
@@ -453,6 +458,7 @@ class RoutingClient:
         self.keys = PromptKeys(block_tokens=block_tokens, chars_per_token=chars_per_token)
         self.chat_template = _template(chat_template)
         self.learn_rates = learn_rates
+        self.pilot = pilot
         self._replicas = {r.replica_id: r for r in replicas}
         self._lock = threading.RLock()  # _finish releases counters under it
         self._timeout = httpx.Timeout(timeout_s)
@@ -796,10 +802,13 @@ class RoutingClient:
         headers = self._headers(plan.replica.endpoint)
         return {"method": "POST", "url": plan.url, "json": plan.body, "headers": headers}
 
-    def _succeeded(self, plan: _Plan, reply: _Reply) -> ChatResult:
+    def _succeeded(self, plan: _Plan, reply: _Reply, prompt: PromptInput) -> ChatResult:
         result = self._finish(plan, reply, None)
         if result is None:  # closed already: cannot happen on the success path
             raise RoutingError("internal error: an attempt finished twice")
+        cached, total = result.cached_tokens, result.prompt_tokens
+        if self.pilot is not None and isinstance(prompt, Prompt) and cached is not None and total:
+            self.pilot.observe_cache(prompt, min(cached, total), total)
         return result
 
     def _exhausted(self, errors: Sequence[Attempt]) -> RoutingError:
@@ -888,7 +897,7 @@ class RoutingClient:
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
                 raise
-            holder.append(self._succeeded(plan, reply))
+            holder.append(self._succeeded(plan, reply, prompt))
             return
         raise self._exhausted(errors)
 
@@ -929,7 +938,7 @@ class RoutingClient:
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
                 raise
-            holder.append(self._succeeded(plan, reply))
+            holder.append(self._succeeded(plan, reply, prompt))
             return
         raise self._exhausted(errors)
 
