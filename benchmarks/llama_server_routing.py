@@ -39,7 +39,7 @@ from rich.progress import Progress
 
 from contextpilot_rag import ContextBlock, ContextPilot
 from contextpilot_rag.bench.document import write_section
-from contextpilot_rag.bench.workloads import WorkloadRequest, multiturn_workload
+from contextpilot_rag.bench.workloads import Workload, WorkloadRequest, multiturn_workload
 from contextpilot_rag.cli import KEPT_SECTIONS_MARKER
 from contextpilot_rag.routing import Endpoint, RoutingClient
 from contextpilot_rag.testing import LlamaEngine, LlamaServer, find_llama_server
@@ -76,10 +76,8 @@ class Summary:
         return self.cache_n / total if total else 0.0
 
 
-def conversations(users: int, turns: int, k: int, seed: int) -> list[list[WorkloadRequest]]:
-    workload = multiturn_workload(
-        n_sessions=users, turns=turns, interleave=users, k=k, n_docs=400, seed=seed
-    )
+def conversations(workload: Workload) -> list[list[WorkloadRequest]]:
+    """The workload's requests grouped by conversation, turns in order."""
     sessions: dict[str, list[WorkloadRequest]] = {}
     for request in workload.requests:
         sessions.setdefault(str(request.session), []).append(request)
@@ -254,7 +252,6 @@ def main() -> None:
     if engine is None:
         raise SystemExit("llama-server not found: run benchmarks/engines/build_llama_server.sh")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    sessions = conversations(args.users, args.turns, args.k, args.seed)
     workload = multiturn_workload(
         n_sessions=args.users,
         turns=args.turns,
@@ -263,6 +260,7 @@ def main() -> None:
         n_docs=400,
         seed=args.seed,
     )
+    sessions = conversations(workload)
     corpus, system = dict(workload.corpus), workload.system_prompt
     rows: list[Row] = []
     with Progress(console=console) as progress:

@@ -455,3 +455,15 @@ def test_llama_index_openai_like_chats_and_streams(server: OpenAICompatibleServe
     deltas = [r.delta or "" for r in llm.stream_chat([ChatMessage(role="user", content="hi")])]
     assert "".join(deltas) == "Answer from 0 context documents."
     assert len(server.requests) == 2
+
+
+def test_disconnect_next_rejects_a_bad_count_and_keeps_answering() -> None:
+    with OpenAICompatibleServer() as server:
+        for bad in (-1, 1.5, True):
+            with pytest.raises(ConfigError, match="count"):
+                server.disconnect_next(bad)  # type: ignore[arg-type]
+        reply = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert reply.status_code == 200  # nothing was scheduled to be dropped

@@ -723,13 +723,17 @@ class RoutingClient:
             return self.replicas, route_table_entries(self.policy)
 
     def _record(
-        self, plan: _Plan, outcome: Outcome, reply: _Reply | None, result: str | None
+        self,
+        plan: _Plan,
+        outcome: Outcome,
+        observed: int | None,
+        prompt_tokens: int | None,
+        result: str | None,
     ) -> None:
-        """The decision log line and the metrics of one finished attempt."""
+        """The decision log line and the metrics of one finished attempt (``observed``:
+        the cached tokens the engine reported)."""
         if self.metrics is None and not decision_log.isEnabledFor(logging.INFO):
             return
-        observed = _cached_tokens(reply) if reply else None
-        prompt_tokens = _prompt_tokens(reply) if reply else None
         record = DecisionRecord.of(
             self.policy.name, plan.replica.endpoint.base_url, outcome, observed, prompt_tokens
         )
@@ -780,7 +784,7 @@ class RoutingClient:
                 cancelled=cancelled,
             )
             self.policy.observe(outcome)
-        self._record(plan, outcome, reply, result)
+        self._record(plan, outcome, cached, prompt_tokens, result)
         if error is not None or reply is None:
             return None
         usage = reply.usage or {}
