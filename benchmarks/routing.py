@@ -25,10 +25,13 @@ from contextpilot_rag.bench.routing import (
     plot_route_sim,
     route_sim_progress,
     run_route_sim,
+    ttca_results,
+    ttca_row,
 )
 from contextpilot_rag.cli import KEPT_SECTIONS_MARKER
 from contextpilot_rag.routing import make_policy
 from contextpilot_rag.routing.measure import measure_decision_cost
+from contextpilot_rag.sim.traces import load_scbench_kv
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MOONCAKE = DATA / "mooncake" / "synthetic_trace.jsonl"
@@ -60,15 +63,28 @@ def _latency_table(rows: list[dict[str, Any]]) -> list[str]:
 def _ttca_table(rows: list[dict[str, Any]]) -> list[str]:
     ours = next(r["ttca_mean_s"] for r in rows if r["policy"] == "combined")
     lines = [
-        "| policy | mean TTCA s | combined vs this | success | hit ratio | TTFT p95 ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| policy | mean TTCA s | combined vs this | success | hit ratio | TTFT p95 ms "
+        "| prefill k tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['ttca_mean_s']:.3f} | {ours / r['ttca_mean_s'] - 1:+.1%} "
-            f"| {r['success_rate']:.0%} | {r['hit_ratio']:.1%} | {r['ttft_p95_ms']:,.0f} |"
+            f"| {r['success_rate']:.0%} | {r['hit_ratio']:.1%} | {r['ttft_p95_ms']:,.0f} "
+            f"| {r['prefill_tokens'] / 1000:,.1f} |"
         )
     return lines
+
+
+def _without_warm_up(path: Path, per_model: int) -> dict[str, Any]:
+    """The combined policy's TTCA row without retry warm-ups (the ablation)."""
+    (result,) = ttca_results(
+        load_scbench_kv(path),
+        policies=["combined"],
+        replicas_per_model=per_model,
+        combined_options={"warm_retries": False},
+    )
+    return {**ttca_row(result), "policy": "combined, no warm-up"}
 
 
 def main() -> None:
@@ -113,6 +129,7 @@ def main() -> None:
         for path in KV_FILES:
             for per_model in (1, 2):
                 rows = run_route_sim(path, replicas_per_region=per_model, progress=progress)
+                rows.append(_without_warm_up(path, per_model))
                 out += [
                     "",
                     f"### TTCA, {path.name}, 5 models × {per_model} replica(s), "

@@ -81,15 +81,18 @@ class Fixed:
 
     name = "fixed"
 
-    def __init__(self, replica_id: str = "r0", model: str = "sim-8b") -> None:
+    def __init__(
+        self, replica_id: str = "r0", model: str = "sim-8b", warm: tuple[str, ...] = ()
+    ) -> None:
         self.replica_id = replica_id
         self.model = model
+        self.warm = warm
         self.views: list[dict[str, tuple[int, int]]] = []
         self.outcomes: list[Outcome] = []
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         self.views.append({r.replica_id: (r.in_flight, r.queued_tokens) for r in fleet.replicas})
-        return Decision(self.replica_id, self.model, "fixed")
+        return Decision(self.replica_id, self.model, "fixed", warm=self.warm)
 
     def observe(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
@@ -207,6 +210,8 @@ def test_choosing_an_unknown_or_unhealthy_replica_is_an_error() -> None:
         simulate([request("a", (1,))], Fixed(), [replica(healthy=False), replica("r1")])
     with pytest.raises(InvalidDecisionError):
         simulate([request("a", (1,))], Fixed(model="other"), [replica()])
+    with pytest.raises(InvalidDecisionError, match="warm-ups"):
+        simulate([request("a", (1,))], Fixed(warm=("r1",)), [replica(), replica("r1")])
 
 
 def test_choosing_an_excluded_replica_is_an_error_when_another_exists() -> None:

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from contextpilot_rag.errors import ConfigError, NoReplicaAvailableError
+from contextpilot_rag.errors import (
+    ConfigError,
+    InvalidDecisionError,
+    InvalidRouteRequestError,
+    NoReplicaAvailableError,
+)
 from contextpilot_rag.routing import LeastLoadPolicy, SessionAffinityPolicy
 from contextpilot_rag.routing.combined import CombinedPolicy
 from contextpilot_rag.routing.laar import AccuracyModel, LaarPolicy
-from contextpilot_rag.routing.types import Policy, ReplicaState, RouteRequest
+from contextpilot_rag.routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from contextpilot_rag.sim.accuracy import DEFAULT_MODELS, ModelProfile, correct
 from contextpilot_rag.sim.ttca import fit_accuracy, run_ttca, synthetic_requests
 
@@ -201,6 +206,52 @@ def test_combined_keeps_a_cached_prefix_under_load_for_the_queue_behind_it() -> 
     assert route(1.0) == "a/0"
 
 
+def _three_models() -> AccuracyModel:
+    # "good" right 90% of the time, "fair" 60%, "poor" 10%: a retry after "good"
+    # goes to "fair".
+    requests = [_request(request_id=f"t{i}") for i in range(20)]
+    labels = {
+        "good": [i % 10 != 0 for i in range(20)],
+        "fair": [i % 10 < 6 for i in range(20)],
+        "poor": [i % 10 == 0 for i in range(20)],
+    }
+    return AccuracyModel().fit(requests, labels)
+
+
+def test_combined_warms_the_replica_a_retry_would_take() -> None:
+    policy = CombinedPolicy(_three_models())
+    request = _request(max_attempts=3)
+    decision = policy.choose(request, _fleet("poor", "fair", "good"))
+    assert (decision.replica_id, decision.warm) == ("good/0", ("fair/0",))
+    # the warm-up is booked: the retry expects the prompt cached on fair/0
+    retry = replace(request, request_id="r#1", attempt=1, excluded=frozenset({("good/0", "good")}))
+    again = policy.choose(retry, _fleet("poor", "fair", "good", queued=(0, 0, 0)))
+    assert again.replica_id == "fair/0"
+    assert again.predicted_cached_tokens == request.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("options", "changes", "queued"),
+    [
+        ({}, {"max_attempts": 1}, (0, 0, 0)),  # no retry can follow
+        ({"warm_retries": False}, {"max_attempts": 3}, (0, 0, 0)),
+        ({}, {"max_attempts": 3, "features": {}}, (0, 0, 0)),  # Q unknown: sure
+        ({}, {"max_attempts": 3}, (0, 50_000, 0)),  # the retry's replica has a queue
+    ],
+)
+def test_combined_does_not_warm_when_it_cannot_pay(
+    options: dict[str, object], changes: dict[str, object], queued: tuple[int, ...]
+) -> None:
+    policy = CombinedPolicy(_three_models(), **options)  # type: ignore[arg-type]
+    decision = policy.choose(_request(**changes), _fleet("poor", "fair", "good", queued=queued))
+    assert decision.warm == ()
+
+
+def test_route_request_rejects_max_attempts_below_one() -> None:
+    with pytest.raises(InvalidRouteRequestError, match="max_attempts"):
+        _request(max_attempts=0)
+
+
 def test_combined_memory_is_bounded_without_outcomes() -> None:
     policy = CombinedPolicy(max_tracked=10)
     for i in range(50):
@@ -225,6 +276,53 @@ def test_run_ttca_on_synthetic_requests_is_sane_and_deterministic() -> None:
     assert 0.5 < first.success_rate <= 1.0
     assert all(1 <= r.attempts <= 10 for r in first.records)
     assert 0.0 < first.ttca_mean_s <= first.ttca_penalized_mean_s
+
+
+class _WarmingPolicy:
+    """Always answers on model "a" and asks for "b" to be warmed."""
+
+    name = "warming"
+
+    def __init__(self, warm: str = "b/0") -> None:
+        self.warm = warm
+        self.seen: list[RouteRequest] = []
+
+    def choose(self, request: RouteRequest, fleet: _Fleet) -> Decision:
+        self.seen.append(request)
+        if request.attempt == 0:
+            return Decision("a/0", "a", "test", warm=(self.warm,))
+        return Decision("b/0", "b", "test")
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
+
+
+def _two_models() -> tuple[ModelProfile, ...]:
+    never = (0.0,) * 5
+    return (ModelProfile("a", 1.0, 1.0, never), ModelProfile("b", 1.0, 1.0, (1.0,) * 5))
+
+
+def test_ttca_serves_a_warm_up_as_a_prefill_the_retry_finds_cached() -> None:
+    # "a" is always wrong, so every request is retried on "b", which was warmed.
+    requests = synthetic_requests(3, seed=0, interarrival_s=10.0)
+    policy = _WarmingPolicy()
+    result = run_ttca(requests, policy, models=_two_models(), max_attempts=3, seed=0)
+    assert all(r.max_attempts == 3 for r in policy.seen)
+    retries = [a for a in result.attempts if a.model == "b"]
+    assert len(retries) == 3
+    # all blocks but the last, which the engine always computes
+    assert all(a.cached_tokens == (a.prompt_tokens // 16 - 1) * 16 for a in retries)
+    first_tries = sum(a.prompt_tokens for a in result.attempts if a.model == "a")
+    warm_ups = sum(r.prompt_tokens for r in requests)  # nothing was cached on b
+    leftovers = sum(a.prompt_tokens - a.cached_tokens for a in retries)
+    assert result.computed_tokens == first_tries + warm_ups + leftovers
+    assert all(r.success for r in result.records)
+
+
+@pytest.mark.parametrize("warm", ["a/0", "nowhere/0"])
+def test_ttca_rejects_a_warm_up_on_the_chosen_or_an_unknown_replica(warm: str) -> None:
+    with pytest.raises(InvalidDecisionError, match="warm"):
+        run_ttca(synthetic_requests(1), _WarmingPolicy(warm), models=_two_models())
 
 
 def test_retries_never_repeat_a_pair_while_another_is_left() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +55,7 @@ __all__ = [
     "split_trace",
     "trace_kind",
     "ttca_results",
+    "ttca_row",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,10 @@ RESULT_FIELDS = (
     "ttca_mean_s",
     "success_rate",
     "decision_us_p50",
+    "prefill_tokens",
 )
+"""The ``--json`` row fields; ``prefill_tokens``: prompt tokens the fleet prefilled
+(not served from cache), warm-ups included."""
 
 
 def trace_kind(path: str | Path) -> str:
@@ -212,8 +216,11 @@ def ttca_results(
     max_attempts: int = 10,
     seed: int = 0,
     progress: ProgressFactory | None = None,
+    combined_options: Mapping[str, Any] | None = None,
 ) -> list[TtcaResult]:
-    """One :class:`TtcaResult` per runnable policy, on the held-out part only."""
+    """One :class:`TtcaResult` per runnable policy, on the held-out part only;
+    ``combined_options`` are extra keyword arguments of the combined policy (for
+    ablations, e.g. ``{"warm_retries": False}``)."""
     names, tune, held_out = _prepare(requests, policies, tune_fraction)
     accuracy = fit_accuracy([*tune, *synthetic_requests(600, seed=seed + 1)], seed=seed)
     costs = {m.name: m.cost for m in DEFAULT_MODELS}
@@ -223,7 +230,7 @@ def ttca_results(
         if name == "laar":
             return make_policy("laar", accuracy=accuracy, costs=costs)
         if name == "combined":
-            return make_policy("combined", accuracy=accuracy)
+            return make_policy("combined", accuracy=accuracy, **(combined_options or {}))
         if name == "gorgo":
             return _tuned_gorgo(
                 lambda learner: run_ttca(
@@ -239,16 +246,19 @@ def ttca_results(
     return _per_policy(names, "route-sim TTCA policies", progress, run)
 
 
-def _ttca_row(result: TtcaResult) -> dict[str, Any]:
+def ttca_row(result: TtcaResult) -> dict[str, Any]:
+    """A TTCA result as a :data:`RESULT_FIELDS` row (latencies over all attempts)."""
     row: dict[str, Any] = {"policy": result.policy, **result.attempt_summary.as_dict()}
     row["ttca_mean_s"] = result.ttca_mean_s
     row["success_rate"] = result.success_rate
+    row["prefill_tokens"] = result.computed_tokens
     return {field: row[field] for field in RESULT_FIELDS}
 
 
 def _result_row(name: str, result: SimResult) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": name, **result.summary.as_dict()}
     row["ttca_mean_s"] = row["success_rate"] = None  # no correctness in Mooncake traces
+    row["prefill_tokens"] = sum(r.prompt_tokens - r.cached_tokens for r in result.records)
     return {field: row[field] for field in RESULT_FIELDS}
 
 
@@ -280,7 +290,7 @@ def run_route_sim(
             seed=seed,
             progress=progress,
         )
-        return [_ttca_row(result) for result in ttca]
+        return [ttca_row(result) for result in ttca]
     requests = load_mooncake(trace_path, limit=limit)
     if not requests:
         raise ConfigError(f"{trace_path}: the trace has no requests")

@@ -140,6 +140,7 @@ class CombinedPolicy:
         max_tracked: int = 100_000,
         ttft_window: int = 200,
         recorded_boundaries: int = 8,
+        warm_retries: bool = True,
     ) -> None:
         if externality_weight < 0 or queue_externality_weight < 0 or not 0 < q_floor <= 1:
             raise ConfigError(
@@ -153,6 +154,7 @@ class CombinedPolicy:
         if max_tracked < 1 or ttft_window < 1 or recorded_boundaries < 2:
             raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
         self.recorded_boundaries = recorded_boundaries
+        self.warm_retries = warm_retries
         self.accuracy = accuracy
         self.locations = locations if locations is not None else PrefixLocations()
         self.externality_weight = externality_weight
@@ -280,8 +282,39 @@ class CombinedPolicy:
         else:
             best = min(options, key=_COST)  # first minimum: fleet order breaks ties
         _, ttft_s, _, replica, cached, prefill_s, decode_s = best
-        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, fleet.now)
-        return Decision(replica.replica_id, replica.model, "min-expected-ttca", cached, ttft_s)
+        now = fleet.now
+        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
+        warm: tuple[str, ...] = ()
+        retry_follows = request.attempt + 1 < request.max_attempts
+        target = _retry_target(options, best) if self.warm_retries and retry_follows else None
+        if target is not None:
+            self._book_prefill(request, target[3], target[5], target[4], now)
+            warm = (target[3].replica_id,)
+        return Decision(
+            replica.replica_id, replica.model, "min-expected-ttca", cached, ttft_s, warm
+        )
+
+    def _book_prefill(
+        self,
+        request: RouteRequest,
+        replica: ReplicaState,
+        prefill_s: float,
+        cached: int,
+        now: float,
+    ) -> None:
+        """Book ``request``'s prefill on ``replica`` (queue model, duty) and record the
+        route, for a dispatch and for a warm-up alike."""
+        replica_id = replica.replica_id
+        state = self._model(replica_id)
+        if not state.pending:
+            state.head_since = now + replica.rtt_s / 2
+        state.pending.append((request.prompt_tokens, prefill_s))
+        state.pending_tokens += request.prompt_tokens
+        state.pending_s += prefill_s
+        state.duty = state.duty_now(now, self.duty_tau_s) + prefill_s
+        state.duty_at = now
+        relied_on = cached // request.block_tokens
+        self.locations.record_route(request, replica_id, relied_on, now, self.recorded_boundaries)
 
     def _dispatch(
         self,
@@ -292,23 +325,14 @@ class CombinedPolicy:
         cached: int,
         now: float,
     ) -> None:
-        replica_id = replica.replica_id
-        state = self._model(replica_id)
-        if not state.pending:
-            state.head_since = now + replica.rtt_s / 2
-        state.pending.append((request.prompt_tokens, prefill_s))
-        state.pending_tokens += request.prompt_tokens
-        state.pending_s += prefill_s
+        self._book_prefill(request, replica, prefill_s, cached, now)
+        state = self._model(replica.replica_id)
         state.context_tokens += request.prompt_tokens
-        state.duty = state.duty_now(now, self.duty_tau_s) + prefill_s
-        state.duty_at = now
         self._arrivals = self._arrivals * math.exp((self._arrivals_at - now) / self.duty_tau_s) + 1
         self._arrivals_at = now
         ends_at = now + e2e_s
         insort(state.decode_ends, ends_at)
-        self._track(request.request_id, (replica_id, ends_at, request.prompt_tokens))
-        relied_on = cached // request.block_tokens
-        self.locations.record_route(request, replica_id, relied_on, now, self.recorded_boundaries)
+        self._track(request.request_id, (replica.replica_id, ends_at, request.prompt_tokens))
 
     def _track(self, request_id: str, entry: tuple[str, float, int]) -> None:
         """Remember an in-flight request; beyond ``max_tracked`` (outcomes lost), the
@@ -342,3 +366,25 @@ class CombinedPolicy:
                 rank = self.ttft_budget_percentile / 100 * (len(ordered) - 1)
                 self.ttft_budget_s = ordered[round(rank)]
         self.locations.correct(outcome)
+
+
+def _retry_target(options: list[_Option], best: _Option) -> _Option | None:
+    """The option a retry would take if ``best`` answers wrongly (the cheapest one
+    serving another model), when warming it pays: the retry's prefill it saves,
+    ``(1 - Q(best)) · prefill``, exceeds the delay it imposes on others when no retry
+    comes, ``Q(best) · externality`` (the option's cost terms beyond its own TTFT
+    and decode). ``None`` when ``best`` is sure, no other model is left or nothing
+    is left to prefill."""
+    q, model = best[2], best[3].model
+    if q >= 1.0:
+        return None
+    target: _Option | None = None
+    for option in options:
+        if option[3].model != model and (target is None or option[0] < target[0]):
+            target = option
+    if target is None or target[5] <= 0.0:
+        return None
+    if target[1] - target[3].rtt_s - target[5] > 0.0:
+        return None  # a queue: warming would only move the prefill ahead of others
+    external = target[0] * target[2] - target[1] - target[6]
+    return target if (1.0 - q) * target[5] > q * external else None

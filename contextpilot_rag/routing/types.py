@@ -41,7 +41,8 @@ class RouteRequest:
     key for affinity policies. ``features``: cheap request features for accuracy
     models (e.g. ``language``, ``task``, ``length_bucket``). ``logical_id`` and
     ``attempt`` identify retries of one logical request; ``excluded`` holds the
-    ``(replica_id, model)`` pairs already tried for it.
+    ``(replica_id, model)`` pairs already tried for it; ``max_attempts`` is how many
+    answers the caller may ask for it (1: a wrong answer is not retried).
 
     Construction validates the counts and every boundary (``1..len(block_hashes)``,
     else :class:`~contextpilot_rag.errors.InvalidRouteRequestError`) and stores the
@@ -59,6 +60,7 @@ class RouteRequest:
     logical_id: str | None = None
     attempt: int = 0
     excluded: frozenset[tuple[str, str]] = frozenset()
+    max_attempts: int = 1
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0 or self.block_tokens < 1 or self.expected_output_tokens < 0:
@@ -66,6 +68,10 @@ class RouteRequest:
                 f"request {self.request_id!r}: prompt_tokens and expected_output_tokens must "
                 f"be >= 0 and block_tokens >= 1, got {self.prompt_tokens}, "
                 f"{self.expected_output_tokens}, {self.block_tokens}"
+            )
+        if self.max_attempts < 1:
+            raise InvalidRouteRequestError(
+                f"request {self.request_id!r}: max_attempts must be >= 1, got {self.max_attempts}"
             )
         boundaries = self.boundaries
         if not boundaries:
@@ -109,13 +115,19 @@ class FleetView(Protocol):
 
 @dataclass(frozen=True)
 class Decision:
-    """Where to send a request, why, and what the policy expected (for feedback)."""
+    """Where to send a request, why, and what the policy expected (for feedback).
+
+    ``warm``: other replicas (serving other models) where the policy asks for the
+    prompt to be prefilled now, its answer discarded, because a retry is likely to go
+    there (see :class:`~contextpilot_rag.routing.combined.CombinedPolicy`); a driver
+    that cannot warm may ignore it."""
 
     replica_id: str
     model: str
     reason: str
     predicted_cached_tokens: int = 0
     predicted_ttft_s: float | None = None
+    warm: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

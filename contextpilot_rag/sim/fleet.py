@@ -358,6 +358,11 @@ class _Simulation:
                 f"replica {decision.replica_id!r} serves {runtime.config.model!r}, "
                 f"not {decision.model!r}"
             )
+        if decision.warm:
+            raise InvalidDecisionError(
+                f"policy {self.policy.name!r} asked for warm-ups; this simulator replays "
+                "single answers (warm-ups are served by sim.ttca.run_ttca)"
+            )
         pair = (decision.replica_id, decision.model)
         if pair in request.excluded and any(
             rt.config.healthy and (rt.config.replica_id, rt.config.model) not in request.excluded

@@ -157,6 +157,7 @@ class TtcaResult:
     ttca_penalized_mean_s: float  # over all; failure = give-up time + penalty
     attempts_mean: float
     hit_ratio: float  # cached prompt tokens / prompt tokens, over attempts
+    computed_tokens: int = 0  # prompt tokens prefilled (not cached), warm-ups included
     attempts: tuple[RequestRecord, ...] = ()  # every attempt, in completion order
 
     @property
@@ -232,6 +233,7 @@ class _TtcaSim:
         self.records: list[LogicalRecord] = []
         self.attempts: list[RequestRecord] = []
         self.prompt_tokens = self.cached_tokens = 0
+        self.computed_tokens = 0  # prefilled (uncached) tokens, warm-ups included
 
     def push(self, at: float, kind: int, payload: _Logical | _Attempt) -> None:
         heapq.heappush(self.heap, (at, kind, self.seq, payload))
@@ -259,6 +261,7 @@ class _TtcaSim:
             attempt=len(logical.tried),
             excluded=frozenset(logical.tried),
             arrival_s=now,
+            max_attempts=self.max_attempts,
         )
         view = self.view(now)
         started = time.perf_counter_ns()
@@ -267,8 +270,29 @@ class _TtcaSim:
         runtime = self.runtimes.get(decision.replica_id)
         if runtime is None or runtime.config.model != decision.model:
             raise InvalidDecisionError(f"{self.policy.name} chose an unknown replica/model")
+        warm = [self.runtimes.get(replica_id) for replica_id in decision.warm]
+        if any(w is None or w is runtime for w in warm):
+            raise InvalidDecisionError(f"{self.policy.name} asked to warm an unknown replica")
         logical.tried.append((decision.replica_id, decision.model))
         self.serve(now, runtime, logical, request, decision, decision_us)
+        for target in warm:
+            assert target is not None  # checked above
+            self.prefill(now, target, request)
+
+    def prefill(self, now: float, runtime: _Runtime, request: RouteRequest) -> tuple[float, int]:
+        """Queue ``request``'s prefill on ``runtime`` (FIFO unit, prefix cache): its
+        end and the cached tokens. A warm-up is only this: no decode, no answer."""
+        config = runtime.config
+        start = max(now + config.rtt_s / 2, runtime.prefill_free_s)
+        cached = min(
+            runtime.cache.lookup(request.block_hashes) * request.block_tokens, request.prompt_tokens
+        )
+        runtime.cache.admit(request.block_hashes)
+        prefill_end = start + (request.prompt_tokens - cached) / config.prefill_tokens_per_s
+        runtime.prefill_free_s = prefill_end
+        runtime.prefilling.append((prefill_end, request.prompt_tokens))
+        self.computed_tokens += request.prompt_tokens - cached
+        return prefill_end, cached
 
     def serve(
         self,
@@ -280,14 +304,7 @@ class _TtcaSim:
         decision_us: float,
     ) -> None:
         config = runtime.config
-        start = max(now + config.rtt_s / 2, runtime.prefill_free_s)
-        cached = min(
-            runtime.cache.lookup(request.block_hashes) * request.block_tokens, request.prompt_tokens
-        )
-        runtime.cache.admit(request.block_hashes)
-        prefill_end = start + (request.prompt_tokens - cached) / config.prefill_tokens_per_s
-        runtime.prefill_free_s = prefill_end
-        runtime.prefilling.append((prefill_end, request.prompt_tokens))
+        prefill_end, cached = self.prefill(now, runtime, request)
         done = prefill_end + request.expected_output_tokens / config.decode_tokens_per_s
         done += config.rtt_s / 2
         heapq.heappush(runtime.answers_due, done)
@@ -383,5 +400,6 @@ def _summarize(
         ttca_penalized_mean_s=float(np.mean(penalized)) if penalized else 0.0,
         attempts_mean=float(np.mean([r.attempts for r in records])) if records else 0.0,
         hit_ratio=sim.cached_tokens / sim.prompt_tokens if sim.prompt_tokens else 0.0,
+        computed_tokens=sim.computed_tokens,
         attempts=tuple(sim.attempts),
     )
