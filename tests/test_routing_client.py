@@ -8,7 +8,8 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -235,6 +236,135 @@ def test_bad_configuration_and_input_are_rejected() -> None:
     with pytest.raises(ConfigError):
         client.solve(messages("Q?"), verify=bool, max_attempts=0)
     assert idle(client)
+
+
+TOOL_CHAT: list[dict[str, object]] = [
+    {"role": "system", "content": "You look things up."},
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40_000}},
+        ],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "a cat"},
+]
+
+
+TEXT_PART = {"type": "text", "text": "Look it up."}
+
+
+def test_tool_calls_and_content_parts_are_sent_as_given() -> None:
+    received: list[list[dict[str, object]]] = []
+
+    def record(messages: list[dict[str, object]]) -> str:
+        received.append(messages)
+        return "a cat"
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    with (
+        OpenAICompatibleServer(reply=record) as server,
+        RoutingClient([server.base_url], model="test-model") as client,
+    ):
+        # the test server serves a text-only model: an image part is answered HTTP 400
+        chat = [*TOOL_CHAT[:1], {"role": "user", "content": [TEXT_PART, TEXT_PART]}, *TOOL_CHAT[2:]]
+        answer = client.chat(chat, tools=tools, max_tokens=8)
+        assert answer.text == "a cat"
+        assert received == [chat]
+        with pytest.raises(EndpointError, match="only text parts"):
+            client.chat(TOOL_CHAT, max_tokens=8)  # the image reached the server as given
+        assert idle(client)
+
+
+TOOL_STREAM = [
+    {"role": "assistant", "content": None},
+    {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}]},
+    {"tool_calls": [{"index": 0, "function": {"name": "up", "arguments": '{"q": '}}]},
+    {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "now"}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '"cats"}'}}]},
+]
+
+
+@contextmanager
+def tool_calling_server() -> Iterator[str]:
+    """A loopback endpoint that answers every chat request with two streamed tool
+    calls (an engine's fragments: id and name first, then pieces of arguments)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            chunks = [{"choices": [{"index": 0, "delta": d}]} for d in TOOL_STREAM]
+            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+            body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_streamed_tool_calls_are_joined_into_the_answer() -> None:
+    with tool_calling_server() as url, RoutingClient([url], model="m") as client:
+        answer = client.chat(messages("Q?"), tools=[{"type": "function"}], max_tokens=8)
+        assert answer.text == ""
+        assert answer.finish_reason == "tool_calls"
+        assert answer.tool_calls == (
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"q": "cats"}'},
+            },
+            {"id": "c2", "type": "function", "function": {"name": "now", "arguments": ""}},
+        )
+        assert answer.ttft_s > 0  # the first fragment is the first token
+        assert idle(client)
+
+
+def test_route_keys_of_content_parts_and_tool_calls() -> None:
+    keys = PromptKeys()
+    text = serialise(TOOL_CHAT)
+    # the image counts as a short digest, not 40k characters of base64
+    assert len(text.text) < 400
+    assert keys.request(text, request_id="a").prompt_tokens < 100
+    other = [dict(m) for m in TOOL_CHAT]
+    other[1] = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    assert serialise(TOOL_CHAT).text == text.text  # equal parts, equal key
+    assert serialise(other).text != text.text
+    # the system prompt stays a shared boundary of both
+    assert text.boundaries[0] == serialise(other).boundaries[0]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": 42},
+        {"role": "assistant", "content": None},  # None only with tool calls
+        {"role": "user", "content": [{"text": "no type"}]},
+        {"role": 3, "content": "x"},
+    ],
+)
+def test_malformed_messages_are_rejected_before_sending(message: dict[str, object]) -> None:
+    with pytest.raises(InvalidInputError):
+        serialise([message])  # type: ignore[list-item]
 
 
 def test_route_keys_match_exactly_on_shared_prefixes() -> None:

@@ -137,6 +137,10 @@ class ChatResult:
     finish_reason: str | None
     decision: Decision
     attempts: int = 1
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """The tool calls of a chat answer, in the OpenAI format (``id``, ``type``,
+    ``function.name``, ``function.arguments`` as a JSON string), streamed fragments
+    joined."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,7 @@ class _Reply:
     finish_reason: str | None = None
     done: bool = False
     responded: bool = False  # the response's status line arrived
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by index
 
 
 class _AttemptFailed(Exception):
@@ -285,7 +290,27 @@ def _parse_line(kind: Kind, line: str, reply: _Reply) -> str:
     choices = chunk.get("choices") or []
     if choices and choices[0].get("finish_reason"):
         reply.finish_reason = choices[0]["finish_reason"]
+    if kind == "chat" and choices:
+        for fragment in (choices[0].get("delta") or {}).get("tool_calls") or ():
+            _join_tool_call(reply.tool_calls, fragment)
     return _delta(kind, chunk)
+
+
+def _join_tool_call(calls: dict[int, dict[str, Any]], fragment: Mapping[str, Any]) -> None:
+    """Add one streamed tool-call fragment (OpenAI: the first of a call carries its
+    ``id``, ``type`` and name; later ones pieces of ``arguments``) to ``calls``."""
+    index = fragment.get("index", 0)
+    call = calls.setdefault(
+        index if isinstance(index, int) else 0,
+        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+    )
+    if fragment.get("id"):
+        call["id"] = str(fragment["id"])
+    if fragment.get("type"):
+        call["type"] = str(fragment["type"])
+    function = fragment.get("function") or {}
+    call["function"]["name"] += str(function.get("name") or "")
+    call["function"]["arguments"] += str(function.get("arguments") or "")
 
 
 def _cached_tokens(reply: _Reply) -> int | None:
@@ -800,6 +825,7 @@ class RoutingClient:
             finish_reason=reply.finish_reason,
             decision=plan.decision,
             attempts=plan.request.attempt + 1,
+            tool_calls=tuple(reply.tool_calls[i] for i in sorted(reply.tool_calls)),
         )
 
     def _request_args(self, plan: _Plan) -> dict[str, Any]:
@@ -824,11 +850,11 @@ class RoutingClient:
     def _on_line(self, kind: Kind, line: str, plan: _Plan, reply: _Reply, resume: _Resume) -> str:
         """Fold one stream line into ``reply``; the text to deliver (may be empty)."""
         piece = _parse_line(kind, line, reply)
-        if not piece:
-            return ""
-        if reply.first_token_at is None:
+        if reply.first_token_at is None and (piece or reply.tool_calls):
             reply.first_token_at = time.monotonic()
             self._first_token(plan)
+        if not piece:
+            return ""
         reply.text.append(piece)
         return resume.feed(piece)
 

@@ -30,11 +30,14 @@ so hash fallbacks (Ranvier) agree across independent clients.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import random
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ConfigError, InvalidInputError
 from ..prompt import Prompt
@@ -42,7 +45,7 @@ from .types import RouteRequest
 
 __all__ = ["CHAT_TEMPLATES", "ChatTemplate", "Messages", "PromptKeys", "PromptText", "serialise"]
 
-Messages = Sequence[Mapping[str, str]]
+Messages = Sequence[Mapping[str, Any]]
 PromptInput = Prompt | Messages | str
 
 _MASK63 = (1 << 63) - 1
@@ -52,11 +55,12 @@ _unique = itertools.count(random.getrandbits(36))  # per-request bases for fille
 @dataclass(frozen=True)
 class PromptText:
     """A prompt serialised for routing: its text and the character positions (exclusive
-    ends, ascending) where the client knows a boundary."""
+    ends, ascending) where the client knows a boundary; ``messages``: the chat messages
+    to send, as given."""
 
     text: str
     boundaries: tuple[int, ...]
-    messages: tuple[dict[str, str], ...] = field(default=())
+    messages: tuple[dict[str, Any], ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -137,13 +141,51 @@ def chat_template(name: str | ChatTemplate | None) -> ChatTemplate | None:
     return CHAT_TEMPLATES[name]
 
 
-def _message(message: object, where: str) -> dict[str, str]:
+def _message(message: object, where: str) -> dict[str, Any]:
+    """A copy of an OpenAI chat message, checked: a string ``role``; ``content`` a
+    string, a list of content parts (objects with a ``type``), or ``None`` next to
+    ``tool_calls``. Every other field (``tool_calls``, ``tool_call_id``, ``name``) is
+    kept and sent as given."""
     if not isinstance(message, Mapping):
         raise InvalidInputError(f"{where} must be a mapping with 'role' and 'content'")
     role, content = message.get("role"), message.get("content")
-    if not isinstance(role, str) or not isinstance(content, str):
-        raise InvalidInputError(f"{where} needs string 'role' and 'content' fields")
-    return {"role": role, "content": content}
+    if not isinstance(role, str):
+        raise InvalidInputError(f"{where} needs a string 'role'")
+    if content is None:
+        if not message.get("tool_calls"):
+            raise InvalidInputError(f"{where} needs 'content' (None only with 'tool_calls')")
+    elif isinstance(content, list):
+        if not all(
+            isinstance(part, Mapping) and isinstance(part.get("type"), str) for part in content
+        ):
+            raise InvalidInputError(f"{where}: every content part needs a string 'type'")
+    elif not isinstance(content, str):
+        raise InvalidInputError(
+            f"{where}: 'content' must be a string, a list of content parts or None"
+        )
+    return dict(message)
+
+
+def _routing_view(message: Mapping[str, Any]) -> dict[str, str]:
+    """``message`` as role and text for route keys: text parts as they are, any other
+    part (an image, audio) and the tool calls as a short digest of their JSON, so an
+    equal part gives an equal key and a large one does not inflate the token estimate."""
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(
+            str(part["text"]) if part["type"] == "text" and "text" in part else _digest(part)
+            for part in content or ()
+        )
+    if message.get("tool_calls"):
+        text += _digest(message["tool_calls"])
+    return {"role": str(message["role"]), "content": text}
+
+
+def _digest(value: object) -> str:
+    encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return f"<{hashlib.blake2b(encoded, digest_size=8).hexdigest()}>"
 
 
 def serialise(
@@ -157,10 +199,13 @@ def serialise(
     if isinstance(payload, str):
         ends = template.scan(payload) if template is not None else []
         return PromptText(payload, tuple(sorted({*ends, len(payload)})))
+    sent: tuple[dict[str, Any], ...]
     if isinstance(payload, Prompt):
         messages = tuple(dict(m) for m in payload.messages)
+        sent = messages
     elif isinstance(payload, Sequence) and payload:
-        messages = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(payload))
+        sent = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(payload))
+        messages = tuple(_routing_view(m) for m in sent)
     else:
         raise InvalidInputError(
             "expected a Prompt, a non-empty list of chat messages or a completion string, "
@@ -181,7 +226,7 @@ def serialise(
             for b in payload.boundaries
             if 0 <= b.message_index < len(starts)
         )
-    return PromptText(text, tuple(sorted(boundaries)), messages)
+    return PromptText(text, tuple(sorted(boundaries)), sent)
 
 
 class PromptKeys:
