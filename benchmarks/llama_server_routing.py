@@ -18,12 +18,27 @@ template), and the model's answer is recorded into the conversation. Users start
 Reported per policy: mean / p50 / p95 TTFT over all requests, ``cache_n`` and
 ``prompt_n`` totals (llama-server's ``timings``: prompt tokens served from a slot's
 cache / computed), and the ratio of round-robin's mean TTFT to the policy's.
+
+``--workload stream`` (open loop) instead sends ``--requests`` single-turn RAG requests
+at seeded Poisson arrival times, at every rate of ``--rates`` (requests/s): the core's
+topic-clustered workload (``bench.workloads.topic_workload``: ``--topics`` knowledge
+bases of ``--docs-per-topic`` documents, Zipf popularity over topics and within each,
+``--k`` documents per request). One ``ContextPilot`` builds every prompt once, in
+arrival order, so every policy and rate sends the same prompts; the arrival times are
+one seeded unit-rate sequence scaled by the rate. Each request is sent from its own
+thread at its arrival time, whatever the others are doing::
+
+    python benchmarks/llama_server_routing.py --workload stream --policies \\
+        round-robin,combined --write docs/benchmarks.md --plot docs/img/llama_server_stream.png
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
+import os
 import platform
 import random
 import statistics
@@ -37,11 +52,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from contextpilot_rag import ContextBlock, ContextPilot
+from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.bench.document import write_section
-from contextpilot_rag.bench.workloads import Workload, WorkloadRequest, multiturn_workload
+from contextpilot_rag.bench.workloads import (
+    Workload,
+    WorkloadRequest,
+    multiturn_workload,
+    topic_workload,
+)
 from contextpilot_rag.cli import KEPT_SECTIONS_MARKER
-from contextpilot_rag.routing import Endpoint, RoutingClient
+from contextpilot_rag.routing import ChatResult, Endpoint, RoutingClient
 from contextpilot_rag.testing import LlamaEngine, LlamaServer, find_llama_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,12 +96,43 @@ class Summary:
         return self.cache_n / total if total else 0.0
 
 
+def measured(answer: ChatResult) -> tuple[str, float, float, int, int]:
+    """What a row keeps of an answer: endpoint, TTFT, E2E, prompt and cached tokens."""
+    return (
+        answer.endpoint,
+        answer.ttft_s,
+        answer.e2e_s,
+        answer.prompt_tokens or 0,
+        answer.cached_tokens or 0,
+    )
+
+
 def conversations(workload: Workload) -> list[list[WorkloadRequest]]:
     """The workload's requests grouped by conversation, turns in order."""
     sessions: dict[str, list[WorkloadRequest]] = {}
     for request in workload.requests:
         sessions.setdefault(str(request.session), []).append(request)
     return list(sessions.values())
+
+
+def cold_fleet(
+    stack: ExitStack, policy: str, engine: LlamaEngine, args: argparse.Namespace
+) -> RoutingClient:
+    """Fresh llama-server replicas and a client routing over them with ``policy``; both
+    stop when ``stack`` closes."""
+    servers = [
+        stack.enter_context(
+            LlamaServer(engine, slots=args.slots, context_tokens=args.context * args.slots)
+        )
+        for _ in range(args.replicas)
+    ]
+    endpoints = [
+        Endpoint(s.base_url, prefill_tokens_per_s=args.prefill_rate, decode_tokens_per_s=40.0)
+        for s in servers
+    ]
+    return stack.enter_context(
+        RoutingClient(endpoints, model=LlamaServer.model_name, policy=policy, timeout_s=600)
+    )
 
 
 def run_policy(
@@ -95,19 +146,7 @@ def run_policy(
 ) -> list[Row]:
     """One cold fleet, all users concurrently; the rows of every request."""
     with ExitStack() as stack:
-        servers = [
-            stack.enter_context(
-                LlamaServer(engine, slots=args.slots, context_tokens=args.context * args.slots)
-            )
-            for _ in range(args.replicas)
-        ]
-        endpoints = [
-            Endpoint(s.base_url, prefill_tokens_per_s=args.prefill_rate, decode_tokens_per_s=40.0)
-            for s in servers
-        ]
-        client = stack.enter_context(
-            RoutingClient(endpoints, model=LlamaServer.model_name, policy=policy, timeout_s=600)
-        )
+        client = cold_fleet(stack, policy, engine, args)
         pilot = ContextPilot()
         rows: list[Row] = []
         lock = threading.Lock()
@@ -127,16 +166,7 @@ def run_policy(
                     )
                     answer = client.complete(prompt, max_tokens=args.max_tokens, temperature=0)
                     pilot.record_answer(session, answer.text)
-                    row = Row(
-                        policy,
-                        session,
-                        request.turn,
-                        answer.endpoint,
-                        answer.ttft_s,
-                        answer.e2e_s,
-                        answer.prompt_tokens or 0,
-                        answer.cached_tokens or 0,
-                    )
+                    row = Row(policy, session, request.turn, *measured(answer))
                     with lock:
                         rows.append(row)
                     advance()
@@ -155,7 +185,87 @@ def run_policy(
         return rows
 
 
-def summarise(policy: str, rows: Sequence[Row]) -> Summary:
+@dataclass(frozen=True)
+class StreamRow:
+    policy: str
+    rate_per_s: float
+    index: int
+    arrival_s: float
+    endpoint: str
+    ttft_s: float
+    e2e_s: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def stream_prompts(workload: Workload) -> list[Prompt]:
+    """Every request's prompt, built in arrival order by one ``ContextPilot``."""
+    pilot = ContextPilot()
+    return [
+        pilot.optimize(
+            [ContextBlock(text=workload.corpus[d], id=d) for d in request.doc_ids],
+            request.query,
+            system=workload.system_prompt,
+        )
+        for request in workload.requests
+    ]
+
+
+def unit_arrivals(count: int, seed: int) -> list[float]:
+    """Arrival times (s) of a seeded Poisson process of rate 1; divided by a rate, the
+    same sequence at that rate."""
+    rng = random.Random(seed)
+    return list(itertools.accumulate(rng.expovariate(1.0) for _ in range(count)))
+
+
+def dispatch(arrivals: Sequence[float], send: Callable[[int], None]) -> None:
+    """``send(i)`` in a thread of its own at ``arrivals[i]`` seconds from now; returns
+    when every send has returned."""
+    threads: list[threading.Thread] = []
+    start = time.monotonic()
+    for index, arrival in enumerate(arrivals):
+        time.sleep(max(0.0, start + arrival - time.monotonic()))
+        thread = threading.Thread(target=send, args=(index,))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+
+
+def run_stream(
+    policy: str,
+    engine: LlamaEngine,
+    prompts: Sequence[Prompt],
+    rate_per_s: float,
+    args: argparse.Namespace,
+    advance: Callable[[], None],
+) -> list[StreamRow]:
+    """One cold fleet, the prompts sent open loop at ``rate_per_s``; a row per request."""
+    arrivals = [t / rate_per_s for t in unit_arrivals(len(prompts), args.seed)]
+    rows: list[StreamRow] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    with ExitStack() as stack:
+        client = cold_fleet(stack, policy, engine, args)
+
+        def send(index: int) -> None:
+            try:
+                answer = client.complete(prompts[index], max_tokens=args.max_tokens, temperature=0)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+                return
+            row = StreamRow(policy, rate_per_s, index, arrivals[index], *measured(answer))
+            with lock:
+                rows.append(row)
+            advance()
+
+        dispatch(arrivals, send)
+    if errors:
+        raise errors[0]
+    return sorted(rows, key=lambda row: row.index)
+
+
+def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
     ttfts = sorted(r.ttft_s for r in rows)
     return Summary(
         policy,
@@ -176,9 +286,7 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
         f"Machine: {platform.machine()}, {platform.python_implementation()} "
         f"{platform.python_version()}, CPU only; one run. Command: `{command}`.",
         "",
-        f"Engine: llama.cpp `llama-server` (llama-cpp-python 0.3.36 sources), gemma-3-270m "
-        f"Q4_K_M; {args.replicas} replicas, each `-np {args.slots} "
-        f"-c {args.context * args.slots} -t 1 --swa-full`, started cold for every policy. "
+        f"{engine_line(args)}. "
         f"Workload: {args.users} concurrent conversations × {args.turns} turns, "
         f"{args.k} documents per turn (multi-turn RAG workload of the core, seed {args.seed}), "
         f"users {args.stagger_s} s apart, pauses between turns exponential with mean "
@@ -190,12 +298,7 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
         "| cache_n | prompt_n | cached share |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in summaries:
-        lines.append(
-            f"| {s.policy} | {s.requests} | {s.ttft_mean_s:.2f} | {s.ttft_p50_s:.2f} "
-            f"| {s.ttft_p95_s:.2f} | {s.rr_over_this:.2f}× | {s.cache_n:,} | {s.prompt_n:,} "
-            f"| {s.cached_share:.1%} |"
-        )
+    lines += [f"| {s.policy} | {summary_cells(s)} |" for s in summaries]
     if args.plot:
         lines += ["", f"![mean TTFT per policy](img/{args.plot.name})"]
     return "\n".join(lines)
@@ -229,29 +332,129 @@ def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--policies", default="round-robin,least-load,ranvier,combined")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--context", type=int, default=8192, help="tokens per slot")
-    parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--stagger-s", type=float, default=0.5)
-    parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
-    parser.add_argument("--prefill-rate", type=float, default=400.0, help="tokens/s (ENGINES.md)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write", type=Path)
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    console = Console(stderr=True)
-    engine = find_llama_server(ROOT)
-    if engine is None:
-        raise SystemExit("llama-server not found: run benchmarks/engines/build_llama_server.sh")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+def with_ratios(summaries: Sequence[Summary]) -> list[Summary]:
+    """The summaries with round-robin's mean TTFT over each one's (if round-robin ran)."""
+    rr = next((s.ttft_mean_s for s in summaries if s.policy == "round-robin"), None)
+    if rr is None:
+        return list(summaries)
+    return [Summary(**{**asdict(s), "rr_over_this": rr / s.ttft_mean_s}) for s in summaries]
+
+
+def summary_cells(s: Summary) -> str:
+    return (
+        f"{s.requests} | {s.ttft_mean_s:.2f} | {s.ttft_p50_s:.2f} | {s.ttft_p95_s:.2f} "
+        f"| {s.rr_over_this:.2f}× | {s.cache_n:,} | {s.prompt_n:,} | {s.cached_share:.1%}"
+    )
+
+
+def engine_line(args: argparse.Namespace) -> str:
+    return (
+        f"Engine: llama.cpp `llama-server` (llama-cpp-python 0.3.36 sources), gemma-3-270m "
+        f"Q4_K_M; {args.replicas} replicas, each `-np {args.slots} "
+        f"-c {args.context * args.slots} -t 1 --swa-full`, started cold for every policy"
+    )
+
+
+def idle_prefill_rate(rows: Sequence[StreamRow]) -> float:
+    """Prefill tokens/s of an idle replica: the median, over runs, of the computed
+    tokens over the TTFT of each run's first request (sent to a cold, idle fleet)."""
+    return statistics.median(
+        (r.prompt_tokens - r.cached_tokens) / r.ttft_s for r in rows if r.index == 0
+    )
+
+
+def stream_markdown(
+    by_rate: dict[float, list[Summary]],
+    prefill_rate: float,
+    args: argparse.Namespace,
+    command: str,
+) -> str:
+    """The open-loop section: one table row per (rate, policy)."""
+    prompt_tokens = statistics.fmean(
+        (s.cache_n + s.prompt_n) / s.requests for summaries in by_rate.values() for s in summaries
+    )
+    capacity = args.replicas * prefill_rate  # prefill tokens/s of the fleet
+
+    def load(rate: float, tokens_per_request: float) -> str:
+        return f"{rate * tokens_per_request / capacity:.2f}"
+
+    offered = ", ".join(f"{rate:g}/s: {load(rate, prompt_tokens)}" for rate in by_rate)
+    lines = [
+        "## RoutingClient over real llama-server replicas, open-loop RAG stream (issue 6): "
+        "`benchmarks/llama_server_routing.py --workload stream`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared by the replicas, "
+        f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
+        f"Command: `{command}`.",
+        "",
+        f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
+        "defaults otherwise, the same for every policy: host-memory prompt cache "
+        "`--cache-ram 8192` (a prompt evicted from a slot can be restored into any slot "
+        "of the same server), slot chosen by prompt similarity (`-sps 0.1`), continuous "
+        "batching.",
+        "",
+        f"Workload: {args.requests} single-turn requests from the core's topic-clustered "
+        f"workload (`bench.workloads.topic_workload`: {args.topics} topics of "
+        f"{args.docs_per_topic} documents, Zipf popularity over topics and within each, "
+        f"{args.k} documents per request, seed {args.seed}), every prompt built once by one "
+        "`ContextPilot.optimize` in arrival order (the same prompts for every policy and "
+        f"rate; {prompt_tokens:,.0f} prompt tokens per request on average), sent as "
+        f"completions with `max_tokens={args.max_tokens}` from a thread per request at "
+        "seeded Poisson arrival times (one unit-rate sequence, scaled by the rate). "
+        f"Prefill rate of an idle replica: {prefill_rate:.0f} tokens/s (computed tokens "
+        "over TTFT of each run's first request, median over runs). Offered prefill load "
+        "if nothing were cached (rate × prompt tokens / "
+        f"({args.replicas} × {prefill_rate:.0f} tokens/s)): {offered}. *load* below is the "
+        "same with each policy's computed tokens (`prompt_n`) per request; above 1 the "
+        "fleet cannot keep up and queues grow for as long as requests arrive.",
+        "",
+        "| rate /s | policy | requests | mean TTFT s | p50 s | p95 s | round-robin mean / "
+        "this | cache_n | prompt_n | cached share | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rate, summaries in by_rate.items():
+        lines += [
+            f"| {rate:g} | {s.policy} | {summary_cells(s)} "
+            f"| {load(rate, s.prompt_n / s.requests)} |"
+            for s in summaries
+        ]
+    if args.plot:
+        lines += ["", f"![mean TTFT per rate and policy](img/{args.plot.name})"]
+    return "\n".join(lines)
+
+
+def plot_stream(by_rate: dict[float, list[Summary]], rows: Sequence[StreamRow], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    rates = list(by_rate)
+    policies = [s.policy for s in by_rate[rates[0]]]
+    for policy in policies:
+        means = [next(s.ttft_mean_s for s in by_rate[r] if s.policy == policy) for r in rates]
+        left.plot(rates, means, marker="o", label=policy)
+        top = [r for r in rows if r.policy == policy and r.rate_per_s == rates[-1]]
+        right.plot([r.arrival_s for r in top], [r.ttft_s for r in top], ".-", label=policy)
+    left.set_xlabel("arrival rate (requests/s)")
+    left.set_ylabel("mean TTFT (s)")
+    left.set_title("mean TTFT per arrival rate")
+    left.legend()
+    right.set_xlabel("arrival time (s)")
+    right.set_ylabel("TTFT (s)")
+    right.set_title(f"every request at {rates[-1]:g}/s")
+    right.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def multiturn_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """Run the closed-loop conversations under every policy; their section."""
     workload = multiturn_workload(
         n_sessions=args.users,
         turns=args.turns,
@@ -263,7 +466,7 @@ def main() -> None:
     sessions = conversations(workload)
     corpus, system = dict(workload.corpus), workload.system_prompt
     rows: list[Row] = []
-    with Progress(console=console) as progress:
+    with Progress(console=Console(stderr=True)) as progress:
         total = sum(len(s) for s in sessions)
         for policy in policies:
             task = progress.add_task(policy, total=total)
@@ -276,27 +479,108 @@ def main() -> None:
                 args,
                 lambda task=task: progress.advance(task),  # type: ignore[misc]
             )
-    summaries = [summarise(p, [r for r in rows if r.policy == p]) for p in policies]
-    rr = next((s.ttft_mean_s for s in summaries if s.policy == "round-robin"), None)
-    if rr is not None:
-        summaries = [
-            Summary(**{**asdict(s), "rr_over_this": rr / s.ttft_mean_s}) for s in summaries
-        ]
+    summaries = with_ratios([summarise(p, [r for r in rows if r.policy == p]) for p in policies])
+    if args.plot:
+        plot(summaries, rows, args.plot)
+    if args.json:
+        print(json.dumps([asdict(s) | {"cached_share": s.cached_share} for s in summaries]))
+    return markdown(summaries, args, command)
+
+
+def stream_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """Run the open-loop stream at every rate under every policy; its section."""
+    workload = topic_workload(
+        n_topics=args.topics,
+        docs_per_topic=args.docs_per_topic,
+        n_requests=args.requests,
+        k=args.k,
+        seed=args.seed,
+    )
+    prompts = stream_prompts(workload)
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    rows: list[StreamRow] = []
+    with Progress(console=Console(stderr=True)) as progress:
+        for rate in rates:
+            for policy in policies:
+                task = progress.add_task(f"{rate:g}/s {policy}", total=len(prompts))
+                advance = functools.partial(progress.advance, task)
+                rows += run_stream(policy, engine, prompts, rate, args, advance)
+    by_rate = {
+        rate: with_ratios(
+            [
+                summarise(p, [r for r in rows if r.policy == p and r.rate_per_s == rate])
+                for p in policies
+            ]
+        )
+        for rate in rates
+    }
+    if args.plot:
+        plot_stream(by_rate, rows, args.plot)
+    if args.rows:
+        args.rows.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows), encoding="utf-8")
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    asdict(s) | {"rate_per_s": rate, "cached_share": s.cached_share}
+                    for rate, summaries in by_rate.items()
+                    for s in summaries
+                ]
+            )
+        )
+    return stream_markdown(by_rate, idle_prefill_rate(rows), args, command)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policies", default="round-robin,least-load,ranvier,combined")
+    parser.add_argument("--workload", choices=("multiturn", "stream"), default="multiturn")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--context", type=int, default=8192, help="tokens per slot")
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--stagger-s", type=float, default=0.5)
+    parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
+    parser.add_argument("--rates", default="0.12,0.4", help="stream: requests/s, comma-separated")
+    parser.add_argument("--requests", type=int, default=48, help="stream: requests per run")
+    parser.add_argument("--topics", type=int, default=8, help="stream: knowledge bases")
+    parser.add_argument("--docs-per-topic", type=int, default=8)
+    parser.add_argument("--prefill-rate", type=float, default=400.0, help="tokens/s (ENGINES.md)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write", type=Path)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rows", type=Path, help="stream: every request as JSON lines")
+    return parser
+
+
+def main() -> None:
+    arguments = parser()
+    args = arguments.parse_args()
+    engine = find_llama_server(ROOT)
+    if engine is None:
+        raise SystemExit("llama-server not found: run benchmarks/engines/build_llama_server.sh")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     command = "python benchmarks/llama_server_routing.py " + " ".join(
         f"--{name.replace('_', '-')} {value}"
         for name, value in vars(args).items()
-        if name not in ("write", "plot", "json") and value != parser.get_default(name)
+        if name not in ("write", "plot", "json", "rows") and value != arguments.get_default(name)
     )
     command = command.rstrip() + " --write docs/benchmarks.md"
     if args.plot:
         command += f" --plot {args.plot}"
-        plot(summaries, rows, args.plot)
-    if args.json:
-        print(json.dumps([asdict(s) | {"cached_share": s.cached_share} for s in summaries]))
-    text = markdown(summaries, args, command)
+    if args.workload == "stream":
+        text, section = stream_benchmark(policies, engine, args, command), "llama-server-stream"
+    else:
+        text, section = multiturn_benchmark(policies, engine, args, command), "llama-server-routing"
     if args.write:
-        write_section(args.write, "llama-server-routing", text, KEPT_SECTIONS_MARKER)
-        console.print(f"wrote {args.write}")
+        write_section(args.write, section, text, KEPT_SECTIONS_MARKER)
+        Console(stderr=True).print(f"wrote {args.write}")
     elif not args.json:
         print(text)
 

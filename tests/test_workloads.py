@@ -13,6 +13,7 @@ from contextpilot_rag.bench import (
     multiturn_workload,
     online_workload,
     top_share,
+    topic_workload,
 )
 from contextpilot_rag.errors import ConfigError
 
@@ -207,3 +208,65 @@ def test_multiturn_workload_is_deterministic_for_a_seed() -> None:
 def test_multiturn_workload_rejects_bad_sizes(arguments: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         small_multiturn(**arguments)
+
+
+@pytest.fixture(scope="module")
+def topics() -> Workload:
+    return topic_workload(n_topics=6, docs_per_topic=8, n_requests=300, k=5)
+
+
+def topic_pools(workload: Workload) -> list[set[str]]:
+    """The document sets of connected requests: two requests are connected when they
+    share a document."""
+    pools: list[set[str]] = []
+    for request in workload.requests:
+        docs = set(request.doc_ids)
+        touching = [pool for pool in pools if pool & docs]
+        for pool in touching:
+            pools.remove(pool)
+            docs |= pool
+        pools.append(docs)
+    return pools
+
+
+def test_topic_workload_has_the_requested_sizes(topics: Workload) -> None:
+    assert topics.name == "topics"
+    assert len(topics.corpus) == 6 * 8
+    assert len(topics.requests) == 300
+    assert all(len(set(r.doc_ids)) == len(r.doc_ids) == 5 for r in topics.requests)
+    assert all(r.session is None and r.turn == 0 for r in topics.requests)
+
+
+def test_topic_requests_retrieve_only_from_their_topics_pool(topics: Workload) -> None:
+    pools = topic_pools(topics)
+    assert len(pools) == 6  # every topic drawn, no request mixing two pools
+    assert sorted(len(pool) for pool in pools) == [8] * 6
+
+
+def test_topics_are_skewed_and_requests_of_a_topic_share_documents(topics: Workload) -> None:
+    pools = topic_pools(topics)
+    per_topic = Counter(
+        next(i for i, pool in enumerate(pools) if r.doc_ids[0] in pool) for r in topics.requests
+    )
+    assert per_topic.most_common()[0][1] >= 3 * per_topic.most_common()[-1][1]
+    top_doc = Counter(d for r in topics.requests for d in r.doc_ids).most_common(1)[0]
+    topic_of_top = next(i for i, pool in enumerate(pools) if top_doc[0] in pool)
+    assert top_doc[1] >= 0.85 * per_topic[topic_of_top]  # a topic's favourite is in most
+
+
+def test_topic_workload_is_deterministic_for_a_seed() -> None:
+    assert topic_workload(n_requests=40, seed=4) == topic_workload(n_requests=40, seed=4)
+    assert topic_workload(n_requests=40, seed=4) != topic_workload(n_requests=40, seed=5)
+
+
+def test_topic_queries_are_unique(topics: Workload) -> None:
+    assert len({r.query for r in topics.requests}) == len(topics.requests)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"n_topics": 0}, {"docs_per_topic": 0}, {"docs_per_topic": 4, "k": 5}, {"n_requests": -1}],
+)
+def test_topic_workload_rejects_bad_sizes(arguments: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        topic_workload(**arguments)

@@ -12,6 +12,7 @@ from .workloads import (
     multiturn_workload,
     online_workload,
     top_share,
+    topic_workload,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "multiturn_workload",
     "online_workload",
     "top_share",
+    "topic_workload",
 ]

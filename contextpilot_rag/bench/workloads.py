@@ -13,6 +13,9 @@ online and multi-turn results are measured over the same documents.
   most-used documents at the default sizes (see :func:`top_share`).
 * Requests retrieve ``k`` distinct documents by popularity, in a random relevance order
   per request, so the same documents recur in different orders.
+* :func:`topic_workload` splits the corpus into topics (knowledge bases), each with its
+  own small document pool: a request picks a topic by popularity and retrieves only
+  from its pool, so requests of one topic share most of their documents.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "multiturn_workload",
     "online_workload",
     "top_share",
+    "topic_workload",
 ]
 
 ZIPF_EXPONENT = 1.04
@@ -284,6 +288,51 @@ def online_workload(
         for _ in range(n_requests)
     )
     return Workload(name="online", corpus=corpus, requests=requests)
+
+
+def topic_workload(
+    *,
+    n_topics: int = 12,
+    docs_per_topic: int = 8,
+    n_requests: int = 200,
+    k: int = 5,
+    seed: int = 0,
+    zipf_exponent: float = ZIPF_EXPONENT,
+) -> Workload:
+    """Independent single-turn requests over ``n_topics`` knowledge bases: the corpus of
+    ``n_topics * docs_per_topic`` documents is split at random into disjoint pools of
+    ``docs_per_topic``; each request picks a topic by Zipf popularity over the topics
+    and retrieves ``k`` distinct documents of that topic's pool by Zipf popularity
+    within it (both with ``zipf_exponent``), in a random relevance order.
+
+    Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range.
+    """
+    _require(n_topics >= 1, f"n_topics must be >= 1, got {n_topics}")
+    _require(docs_per_topic >= 1, f"docs_per_topic must be >= 1, got {docs_per_topic}")
+    _validate_common(n_topics * docs_per_topic, k, seed, zipf_exponent)
+    _require(k <= docs_per_topic, f"k must be <= docs_per_topic ({docs_per_topic}), got {k}")
+    _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
+    corpus_rng, popularity_rng, rng = _generators(seed)
+    language = _language()
+    doc_ids = _doc_ids(n_topics * docs_per_topic)
+    corpus = _corpus(corpus_rng, doc_ids, language)
+    pools = popularity_rng.permutation(len(doc_ids)).reshape(n_topics, docs_per_topic).tolist()
+    topic_popularity = _log_popularity(popularity_rng, n_topics, zipf_exponent)
+    pool_popularity = _log_popularity(popularity_rng, docs_per_topic, zipf_exponent)
+    seen: set[str] = set()
+    requests = []
+    for _ in range(n_requests):
+        pool = pools[_draw_docs(rng, topic_popularity, 1)[0]]
+        docs = [pool[i] for i in _draw_docs(rng, pool_popularity, k)]
+        requests.append(
+            WorkloadRequest(
+                doc_ids=_relevance_order(rng, docs, doc_ids),
+                query=_query(rng, language, seen),
+                session=None,
+                turn=0,
+            )
+        )
+    return Workload(name="topics", corpus=corpus, requests=tuple(requests))
 
 
 def _session_docs(
