@@ -301,9 +301,9 @@ class CombinedPolicy:
         prefill_s: float,
         cached: int,
         now: float,
-    ) -> None:
+    ) -> _ReplicaModel:
         """Book ``request``'s prefill on ``replica`` (queue model, duty) and record the
-        route, for a dispatch and for a warm-up alike."""
+        route, for a dispatch and for a warm-up alike; the replica's model."""
         replica_id = replica.replica_id
         state = self._model(replica_id)
         if not state.pending:
@@ -315,6 +315,7 @@ class CombinedPolicy:
         state.duty_at = now
         relied_on = cached // request.block_tokens
         self.locations.record_route(request, replica_id, relied_on, now, self.recorded_boundaries)
+        return state
 
     def _dispatch(
         self,
@@ -325,8 +326,7 @@ class CombinedPolicy:
         cached: int,
         now: float,
     ) -> None:
-        self._book_prefill(request, replica, prefill_s, cached, now)
-        state = self._model(replica.replica_id)
+        state = self._book_prefill(request, replica, prefill_s, cached, now)
         state.context_tokens += request.prompt_tokens
         self._arrivals = self._arrivals * math.exp((self._arrivals_at - now) / self.duty_tau_s) + 1
         self._arrivals_at = now

@@ -270,13 +270,15 @@ class _TtcaSim:
         runtime = self.runtimes.get(decision.replica_id)
         if runtime is None or runtime.config.model != decision.model:
             raise InvalidDecisionError(f"{self.policy.name} chose an unknown replica/model")
-        warm = [self.runtimes.get(replica_id) for replica_id in decision.warm]
-        if any(w is None or w is runtime for w in warm):
-            raise InvalidDecisionError(f"{self.policy.name} asked to warm an unknown replica")
+        warm: list[_Runtime] = []
+        for replica_id in decision.warm:
+            target = self.runtimes.get(replica_id)
+            if target is None or target is runtime:
+                raise InvalidDecisionError(f"{self.policy.name} asked to warm an unknown replica")
+            warm.append(target)
         logical.tried.append((decision.replica_id, decision.model))
         self.serve(now, runtime, logical, request, decision, decision_us)
         for target in warm:
-            assert target is not None  # checked above
             self.prefill(now, target, request)
 
     def prefill(self, now: float, runtime: _Runtime, request: RouteRequest) -> tuple[float, int]:
