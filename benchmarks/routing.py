@@ -25,13 +25,15 @@ from contextpilot_rag.bench.routing import (
     plot_route_sim,
     route_sim_progress,
     run_route_sim,
+    split_trace,
     ttca_results,
     ttca_row,
 )
 from contextpilot_rag.cli import KEPT_SECTIONS_MARKER
-from contextpilot_rag.routing import make_policy
+from contextpilot_rag.routing import CombinedPolicy, make_policy
 from contextpilot_rag.routing.measure import measure_decision_cost
-from contextpilot_rag.sim.traces import load_scbench_kv
+from contextpilot_rag.sim import default_fleet, simulate
+from contextpilot_rag.sim.traces import load_mooncake, load_scbench_kv
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MOONCAKE = DATA / "mooncake" / "synthetic_trace.jsonl"
@@ -87,6 +89,22 @@ def _without_warm_up(path: Path, per_model: int) -> dict[str, Any]:
     return {**ttca_row(result), "policy": "combined, no warm-up"}
 
 
+def _mooncake_ablations(per_region: int) -> list[dict[str, Any]]:
+    """The combined policy's Mooncake rows without late binding and with the earlier
+    externality weight 0.5 (held-out half, fresh fleet, as route-sim)."""
+    _, held_out = split_trace(load_mooncake(MOONCAKE), 0.5)
+    rows = []
+    for label, options in (
+        ("combined, no late binding", {"hold_wait_s": None}),
+        ("combined, externality 0.5", {"externality_weight": 0.5}),
+    ):
+        policy = CombinedPolicy(**options)  # type: ignore[arg-type]
+        fleet = default_fleet(3, per_region, block_tokens=held_out[0].block_tokens)
+        summary = simulate(held_out, policy, fleet).summary
+        rows.append({"policy": label, **summary.as_dict()})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", type=Path)
@@ -115,6 +133,7 @@ def main() -> None:
     with route_sim_progress(console) as progress:
         for per_region in (1, 2):
             rows = run_route_sim(MOONCAKE, replicas_per_region=per_region, progress=progress)
+            rows += _mooncake_ablations(per_region)
             out += [
                 "",
                 f"### Mooncake trace, 3 regions × {per_region} replica(s), "

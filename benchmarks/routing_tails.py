@@ -6,9 +6,9 @@ For ``prefix`` (the best baseline) and ``combined`` on the held-out half (fresh 
 as in ``route-sim``): per arrival window, the prompt tokens never seen before in the
 half (the prefill no router can avoid, thousands per second; the 3 x 1 fleet prefills
 60k tokens/s), the requests at or above the run's p95 TTFT and the mean TTFT / E2E.
-Then the trade-off of the combined policy's two knobs (externality weight x
-TTFT-budget percentile) on the tune and held-out halves, as p95 changes against
-``prefix`` on the same half.
+Then the combined policy's two knobs (externality weight x late-binding hold wait,
+``hold_wait_s``; off = no late binding) on the tune and held-out halves, as p95
+changes against ``prefix`` on the same half.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _knob_grid(
     tune: list[RouteRequest], held_out: list[RouteRequest], replicas_per_region: int
 ) -> Table:
     table = Table(title="combined vs prefix, p95 change (TTFT / E2E)")
-    for column in ("externality", "budget pct", "tune half", "held-out half"):
+    for column in ("externality", "hold wait s", "tune half", "held-out half"):
         table.add_column(column, justify="right")
 
     def summary(part: list[RouteRequest], policy: Policy) -> SimSummary:
@@ -79,12 +79,10 @@ def _knob_grid(
 
     parts = {"tune": tune, "held": held_out}
     base = {key: summary(part, make_policy("prefix")) for key, part in parts.items()}
-    for weight, percentile in itertools.product((0.0, 0.25, 0.5, 1.0), (70.0, 80.0, 90.0, None)):
-        cells = [f"{weight}", "none" if percentile is None else f"{percentile:.0f}"]
+    for weight, hold in itertools.product((0.5, 1.0), (None, 0.5, 1.0, 1.5, 2.0, 3.0)):
+        cells = [f"{weight}", "off" if hold is None else f"{hold}"]
         for key, part in parts.items():
-            run = summary(
-                part, CombinedPolicy(externality_weight=weight, ttft_budget_percentile=percentile)
-            )
+            run = summary(part, CombinedPolicy(externality_weight=weight, hold_wait_s=hold))
             ttft = 100 * (run.ttft_p95_ms / base[key].ttft_p95_ms - 1)
             e2e = 100 * (run.e2e_p95_s / base[key].e2e_p95_s - 1)
             cells.append(f"{ttft:+.1f}% / {e2e:+.1f}%")

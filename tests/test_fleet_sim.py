@@ -214,6 +214,77 @@ def test_choosing_an_unknown_or_unhealthy_replica_is_an_error() -> None:
         simulate([request("a", (1,))], Fixed(warm=("r1",)), [replica(), replica("r1")])
 
 
+class Holding(Fixed):
+    """Holds a request while r0 has unprefilled prompts (late binding), predicting a
+    TTFT from ``ttft`` (by request id), or for ``hold_s`` once when r0 is idle."""
+
+    name = "holding"
+
+    def __init__(
+        self, ttft: dict[str, float] | None = None, hold_once_s: float = 0.0, rude: bool = False
+    ) -> None:
+        super().__init__()
+        self.rude = rude  # holds even a request offered without may_hold
+        self.ttft = ttft or {}
+        self.hold_once_s = hold_once_s
+        self.offers: list[tuple[float, str]] = []
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        self.offers.append((fleet.now, request.request_id))
+        queued = next(r.queued_tokens for r in fleet.replicas if r.replica_id == "r0")
+        predicted = self.ttft.get(request.request_id, 1.0)
+        if queued and request.may_hold:
+            return Decision("r0", self.model, "hold", 0, predicted, hold_s=60.0)
+        if self.hold_once_s and (request.may_hold or self.rude):
+            hold_s, self.hold_once_s = self.hold_once_s, 0.0
+            return Decision("r0", self.model, "hold", 0, predicted, hold_s=hold_s)
+        return super().choose(request, fleet)
+
+
+def test_a_held_request_waits_at_the_router_and_goes_when_a_prefill_ends() -> None:
+    # a: at r0 at 0.1, prefill of 300 tokens ends at 0.4. b arrives at 0.1 and is held
+    # (nothing queued or in flight for it) until then; sent at 0.4, at r0 at 0.5,
+    # 2 of its 3 blocks cached: prefill 0.1 s, first token back at 0.7.
+    policy = Holding()
+    requests = [request("a", (1, 2, 3)), request("b", (1, 2, 4), arrival_s=0.1)]
+    a, b = simulate(requests, policy, [replica(max_batch=2)]).records
+    assert a.ttft_s == pytest.approx(0.5)  # unaffected by the held b
+    assert policy.offers == [(0.0, "a"), (0.1, "b"), (pytest.approx(0.4), "b")]
+    assert policy.views[-1]["r0"] == (1, 0)  # the held b was not counted as in flight
+    assert (b.start_s, b.cached_tokens) == (pytest.approx(0.5), 200)
+    assert b.ttft_s == pytest.approx(0.7 - 0.1)  # time held is time waited
+    assert b.e2e_s == pytest.approx(b.ttft_s + 1.0)  # 10 tokens at 10 tokens/s
+
+
+def test_held_requests_are_offered_again_smallest_predicted_ttft_first() -> None:
+    policy = Holding(ttft={"b": 3.0, "c": 1.0, "d": 2.0})
+    requests = [request("a", (1,))] + [
+        request(name, (10 + i,), arrival_s=0.05) for i, name in enumerate("bcd")
+    ]
+    simulate(requests, policy, [replica(max_batch=4)])
+    release = [name for now, name in policy.offers if now > 0.05]
+    assert release[:3] == ["c", "d", "b"]
+
+
+def test_a_held_request_is_offered_again_after_its_hold_at_the_latest() -> None:
+    policy = Holding(hold_once_s=1.0)  # an idle fleet: no prefill ends to wake it
+    (record,) = simulate([request("a", (1,))], policy, [replica()]).records
+    assert policy.offers == [(0.0, "a"), (1.0, "a")]
+    assert record.ttft_s == pytest.approx(1.0 + 0.2 + 0.1)
+
+
+def test_a_hold_without_late_binding_is_an_error() -> None:
+    with pytest.raises(InvalidDecisionError, match="may_hold"):
+        simulate(
+            [request("a", (1,))],
+            Holding(hold_once_s=1.0, rude=True),
+            [replica()],
+            late_binding=False,
+        )
+    records = simulate([request("a", (1,))], Fixed(), [replica()], late_binding=False).records
+    assert len(records) == 1
+
+
 def test_choosing_an_excluded_replica_is_an_error_when_another_exists() -> None:
     excluded = RouteRequest("a", 100, (1,), 100, excluded=frozenset({("r0", "sim-8b")}))
     with pytest.raises(InvalidDecisionError):

@@ -7,7 +7,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,6 +18,7 @@ import pytest
 from contextpilot_rag import ContextBlock, ContextPilot
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.routing import (
+    ChatResult,
     CombinedPolicy,
     Endpoint,
     EndpointError,
@@ -159,6 +161,41 @@ def test_counters_return_to_zero_after_cancellations() -> None:
         asyncio.run(cancel_mid_request())
         assert idle(client)
         assert client.replicas[0].healthy  # a cancellation is not a failure
+
+
+def test_a_request_held_while_the_fleet_is_backlogged_is_sent_once_it_drains() -> None:
+    # 100 tokens/s: the first request's prompt is seconds of predicted queue until its
+    # first token (0.3 s: the server's delay), so the second is held at the client,
+    # touching no counter, and sent once the first one's prompt is prefilled.
+    policy = CombinedPolicy(hold_wait_s=0.1)
+    with OpenAICompatibleServer(token_delay_s=0.3) as server:
+        endpoint = Endpoint(server.base_url, prefill_tokens_per_s=100.0)
+        client = RoutingClient([endpoint], model="m", policy=policy, metrics=True)
+
+        def second_while_first_is_queued(send: Callable[[], ChatResult]) -> ChatResult:
+            first = threading.Thread(target=client.chat, args=(messages("First?"),))
+            first.start()
+            while client.replicas[0].queued_tokens == 0:
+                time.sleep(0.005)
+            assert client.replicas[0].in_flight == 1
+            result = send()
+            first.join()
+            return result
+
+        second = second_while_first_is_queued(lambda: client.chat(messages("Second?")))
+        async_second = second_while_first_is_queued(
+            lambda: asyncio.run(client.achat(messages("Third?")))
+        )
+        assert [r["messages"][-1]["content"] for r in server.requests] == [
+            "First?",
+            "Second?",
+            "First?",
+            "Third?",
+        ]
+        for result in (second, async_second):
+            assert result.ttft_s > 0.2  # the wait at the client counts
+        assert sample(client, "decisions_total", policy="combined", reason="hold") >= 2
+        assert idle(client)
 
 
 def test_async_chat_complete_and_stream(fleet: list[OpenAICompatibleServer]) -> None:

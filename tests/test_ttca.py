@@ -247,6 +247,48 @@ def test_combined_does_not_warm_when_it_cannot_pay(
     assert decision.warm == ()
 
 
+def test_combined_holds_a_request_while_every_replica_is_backlogged() -> None:
+    # Default rate 10k tokens/s: 100k queued tokens on each replica is 10 s of wait.
+    policy = CombinedPolicy(hold_wait_s=1.0, max_hold_s=30.0)
+    backlogged = _fleet("a", "b", queued=(100_000, 100_000))
+    held = policy.choose(_request(request_id="h", may_hold=True), backlogged)
+    assert held.reason == "hold"
+    assert held.hold_s == pytest.approx(10.0 - 1.0, rel=0.05)  # until the wait drops to 1 s
+    assert held.predicted_ttft_s is not None and held.predicted_ttft_s > 10.0
+    assert policy._tracked == {} and len(policy.locations) == 0  # a hold books nothing
+    # offered again once a replica drained: dispatched there
+    drained = _Fleet(
+        5.0, (ReplicaState("a/0", "a", queued_tokens=100_000), ReplicaState("b/0", "b"))
+    )
+    sent = policy.choose(_request(request_id="h", may_hold=True), drained)
+    assert (sent.hold_s, sent.replica_id) == (0.0, "b/0")
+    assert "h" in policy._tracked
+
+
+@pytest.mark.parametrize(
+    ("options", "changes"),
+    [
+        ({}, {"may_hold": False}),  # the caller cannot hold it
+        ({"hold_wait_s": None}, {"may_hold": True}),  # late binding turned off
+        ({"max_hold_s": 30.0}, {"may_hold": True, "arrival_s": -30.0}),  # held long enough
+        ({"hold_wait_s": 20.0}, {"may_hold": True}),  # the wait is within the threshold
+    ],
+)
+def test_combined_dispatches_instead_of_holding(
+    options: dict[str, object], changes: dict[str, object]
+) -> None:
+    policy = CombinedPolicy(**options)  # type: ignore[arg-type]
+    decision = policy.choose(_request(**changes), _fleet("a", "b", queued=(100_000, 100_000)))
+    assert decision.hold_s == 0.0 and decision.reason != "hold"
+
+
+def test_combined_holds_at_most_until_max_hold_s() -> None:
+    policy = CombinedPolicy(hold_wait_s=1.0, max_hold_s=10.0)
+    request = _request(may_hold=True, arrival_s=-8.0)  # held 8 s already
+    decision = policy.choose(request, _fleet("a", "b", queued=(100_000, 100_000)))
+    assert decision.hold_s == pytest.approx(2.0)
+
+
 def test_route_request_rejects_max_attempts_below_one() -> None:
     with pytest.raises(InvalidRouteRequestError, match="max_attempts"):
         _request(max_attempts=0)
@@ -364,6 +406,8 @@ def test_ttca_on_the_kv_file_compares_policies() -> None:
         {"duty_tau_s": 0.0},
         {"max_tracked": 0},
         {"recorded_boundaries": 1},
+        {"hold_wait_s": -1.0},
+        {"max_hold_s": -1.0},
     ],
 )
 def test_combined_rejects_bad_settings(options: dict[str, float]) -> None:

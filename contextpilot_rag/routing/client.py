@@ -124,7 +124,10 @@ class Endpoint:
 @dataclass(frozen=True)
 class ChatResult:
     """One answered request. ``endpoint`` is the base URL that answered; token counts
-    are the engine's (``None`` when it reported none)."""
+    are the engine's (``None`` when it reported none). ``ttft_s`` and ``e2e_s`` count
+    from the start of the answering attempt, time the policy held it included (late
+    binding: the client keeps a held request and offers it to the policy again every
+    50 ms, nothing sent and no endpoint counter touched meanwhile)."""
 
     text: str
     endpoint: str
@@ -236,6 +239,17 @@ class _Plan:
     characters: int
     queued: bool = True
     closed: bool = False
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The policy held the request (late binding): offer it again after ``wait_s``."""
+
+    request: RouteRequest
+    wait_s: float
+
+
+_HOLD_POLL_S = 0.05  # a held request is offered again at least this often
 
 
 @dataclass
@@ -673,27 +687,37 @@ class RoutingClient:
         logical_id: str,
         attempt: int,
         excluded: frozenset[tuple[str, str]],
-    ) -> _Plan:
-        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-            raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
+        held: RouteRequest | None = None,
+    ) -> _Plan | _Held:
+        """Route one attempt (``held``: the request of an attempt the policy held, so
+        its prompt is not hashed again and its wait counts from its first offer)."""
         now = time.monotonic()
-        request = self.keys.request(  # hashing the prompt needs no lock
-            text,
-            request_id=uuid.uuid4().hex,
-            expected_output_tokens=max_tokens,
-            session=params.get("user"),
-            logical_id=logical_id,
-            attempt=attempt,
-            excluded=excluded,
-            arrival_s=now,
-        )
+        request = held
+        if request is None:
+            max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+                raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
+            request = self.keys.request(  # hashing the prompt needs no lock
+                text,
+                request_id=uuid.uuid4().hex,
+                expected_output_tokens=max_tokens,
+                session=params.get("user"),
+                logical_id=logical_id,
+                attempt=attempt,
+                excluded=excluded,
+                arrival_s=now,
+                may_hold=True,
+            )
         with self._lock:
             states = tuple(r.state(now) for r in self._replicas.values())
             if not any(state.healthy for state in states):  # every breaker open: try anyway
                 states = tuple(replace(state, healthy=True) for state in states)
             fleet = _View(now, states)
             decision = self.policy.choose(request, fleet)
+            if decision.hold_s > 0:
+                if self.metrics is not None:
+                    self.metrics.decided(self.policy.name, decision)
+                return _Held(request, min(decision.hold_s, _HOLD_POLL_S))
             replica = self._replicas.get(decision.replica_id)
             if replica is None or replica.model != decision.model:
                 raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
@@ -813,12 +837,13 @@ class RoutingClient:
         if error is not None or reply is None:
             return None
         usage = reply.usage or {}
+        held_s = plan.started - plan.request.arrival_s  # late binding: waited at the client
         return ChatResult(
             text="".join(reply.text),
             endpoint=plan.replica.endpoint.base_url,
             model=plan.replica.model,
-            ttft_s=ttft,
-            e2e_s=now - plan.started,
+            ttft_s=held_s + ttft,
+            e2e_s=held_s + now - plan.started,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             completion_tokens=usage.get("completion_tokens"),
@@ -906,6 +931,9 @@ class RoutingClient:
         resume, errors = _Resume(), failures if failures is not None else []
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
             plan = self._plan(kind, text, params, logical_id, attempt, excluded)
+            while isinstance(plan, _Held):  # late binding: wait at the client, not in a queue
+                time.sleep(plan.wait_s)
+                plan = self._plan(kind, text, params, logical_id, attempt, excluded, plan.request)
             reply = _Reply()
             resume.restart()
             try:
@@ -948,6 +976,9 @@ class RoutingClient:
         ahttp = self._async_http()
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
             plan = self._plan(kind, text, params, logical_id, attempt, excluded)
+            while isinstance(plan, _Held):
+                await asyncio.sleep(plan.wait_s)
+                plan = self._plan(kind, text, params, logical_id, attempt, excluded, plan.request)
             reply = _Reply()
             resume.restart()
             try:

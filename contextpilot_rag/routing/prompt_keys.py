@@ -271,6 +271,7 @@ class PromptKeys:
         attempt: int = 0,
         excluded: frozenset[tuple[str, str]] = frozenset(),
         arrival_s: float = 0.0,
+        may_hold: bool = False,
     ) -> RouteRequest:
         """The :class:`RouteRequest` of a serialised prompt."""
         body, cpt, block = text.text, self.chars_per_token, self.block_tokens
@@ -308,4 +309,5 @@ class PromptKeys:
             logical_id=logical_id,
             attempt=attempt,
             excluded=excluded,
+            may_hold=may_hold,
         )

@@ -43,6 +43,9 @@ class RouteRequest:
     ``attempt`` identify retries of one logical request; ``excluded`` holds the
     ``(replica_id, model)`` pairs already tried for it; ``max_attempts`` is how many
     answers the caller may ask for it (1: a wrong answer is not retried).
+    ``may_hold``: the caller can keep the request back when the policy answers with a
+    hold (:attr:`Decision.hold_s`) and offer it again later (late binding); a
+    policy never holds a request without it.
 
     Construction validates the counts and every boundary (``1..len(block_hashes)``,
     else :class:`~contextpilot_rag.errors.InvalidRouteRequestError`) and stores the
@@ -61,6 +64,7 @@ class RouteRequest:
     attempt: int = 0
     excluded: frozenset[tuple[str, str]] = frozenset()
     max_attempts: int = 1
+    may_hold: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0 or self.block_tokens < 1 or self.expected_output_tokens < 0:
@@ -120,7 +124,14 @@ class Decision:
     ``warm``: other replicas (serving other models) where the policy asks for the
     prompt to be prefilled now, its answer discarded, because a retry is likely to go
     there (see :class:`~contextpilot_rag.routing.combined.CombinedPolicy`); a driver
-    that cannot warm may ignore it."""
+    that cannot warm may ignore it.
+
+    ``hold_s`` > 0 (only for a request with ``may_hold``): do not send the request
+    yet; the router keeps it and offers it to ``choose`` again when the fleet's
+    state changes (a prefill ends) and at the latest after ``hold_s`` seconds.
+    ``replica_id`` then names the replica it is waiting for, ``predicted_ttft_s``
+    its TTFT there if it were sent now (drivers offer held requests again smallest
+    first), and nothing has been booked: a hold is not a dispatch."""
 
     replica_id: str
     model: str
@@ -128,6 +139,7 @@ class Decision:
     predicted_cached_tokens: int = 0
     predicted_ttft_s: float | None = None
     warm: tuple[str, ...] = ()
+    hold_s: float = 0.0
 
 
 @dataclass(frozen=True)

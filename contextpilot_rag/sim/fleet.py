@@ -28,6 +28,13 @@ Service model (every replica, per request):
 - ``TTFT = rtt_s/2 + queue_wait + prefill_s + rtt_s/2`` and ``E2E = TTFT + decode
   time + rtt_s/2`` (decode time as above; the batch slot is held until decode ends).
 
+Late binding (``late_binding=True``, the default): every request is offered with
+``may_hold``, and a policy may answer with a hold (``Decision.hold_s > 0``). The
+simulator then keeps the request at the router (no RTT, nothing queued or in flight)
+and offers it again after every prefill end, held requests in order of their last
+predicted TTFT (smallest first, then arrival), and at the latest ``hold_s`` later.
+Its TTFT and E2E count from its arrival, so time held is time waited.
+
 The fleet state shown to the policy (:class:`SimFleetView`) counts a request as
 ``in_flight`` from the decision until its last token reaches the client, and its
 prompt as ``queued_tokens`` from the decision until its prefill ends.
@@ -43,7 +50,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -278,6 +285,15 @@ class SimFleetView:
     replicas: tuple[ReplicaState, ...]
 
 
+@dataclass(frozen=True)
+class _HoldTimer:
+    """The latest time to offer a held request again (stale once the request was
+    offered again since: ``token`` no longer matches its hold)."""
+
+    request_id: str
+    token: int
+
+
 class _Event(IntEnum):
     # At equal times, work that frees capacity runs before work that uses it.
     COMPLETE = 0
@@ -285,6 +301,10 @@ class _Event(IntEnum):
     PREFILL_DONE = 2
     ENQUEUE = 3
     ARRIVE = 4
+    HOLD_TIMER = 5
+
+
+_Item = _Job | RouteRequest | _DecodeTick | _HoldTimer
 
 
 class _Simulation:
@@ -295,9 +315,13 @@ class _Simulation:
         policy: Policy,
         replicas: Sequence[Replica],
         clock_ns: Callable[[], int],
+        late_binding: bool = True,
     ) -> None:
         self.policy = policy
         self.clock_ns = clock_ns
+        self.late_binding = late_binding
+        # request_id -> (request, its last hold decision, its timer's token)
+        self.held: dict[str, tuple[RouteRequest, Decision, int]] = {}
         self.runtimes = {
             r.replica_id: _ReplicaRuntime(
                 r,
@@ -307,13 +331,11 @@ class _Simulation:
             )
             for r in replicas
         }
-        self.heap: list[tuple[float, int, int, str, _Job | RouteRequest | _DecodeTick]] = []
+        self.heap: list[tuple[float, int, int, str, _Item]] = []
         self.seq = 0
         self.records: list[RequestRecord] = []
 
-    def push(
-        self, at_s: float, kind: _Event, replica_id: str, item: _Job | RouteRequest | _DecodeTick
-    ) -> None:
+    def push(self, at_s: float, kind: _Event, replica_id: str, item: _Item) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (at_s, int(kind), self.seq, replica_id, item))
 
@@ -331,20 +353,56 @@ class _Simulation:
                 self.arrive(now, item)
             elif isinstance(item, _DecodeTick):
                 self.decode_done(now, replica_id, item)
+            elif isinstance(item, _HoldTimer):
+                entry = self.held.get(item.request_id)
+                if entry is not None and entry[2] == item.token:
+                    del self.held[item.request_id]
+                    self.offer(now, entry[0])
             else:
                 handlers[kind](now, replica_id, item)
         return self.records
 
     def arrive(self, now: float, request: RouteRequest) -> None:
+        if self.late_binding and not request.may_hold:
+            request = replace(request, may_hold=True)
+        self.offer(now, request)
+
+    def offer(self, now: float, request: RouteRequest) -> bool:
+        """Ask the policy where ``request`` goes; send it, or hold it (False)."""
         view = SimFleetView(now, tuple(rt.state() for rt in self.runtimes.values()))
         started = self.clock_ns()
         decision = self.policy.choose(request, view)
         decision_us = (self.clock_ns() - started) / 1000.0
+        if decision.hold_s > 0:
+            if not request.may_hold:
+                raise InvalidDecisionError(
+                    f"policy {self.policy.name!r} held request {request.request_id!r}, "
+                    "which was not offered with may_hold"
+                )
+            token = self.seq + 1  # the timer's sequence number
+            self.held[request.request_id] = (request, decision, token)
+            self.push(
+                now + decision.hold_s, _Event.HOLD_TIMER, "", _HoldTimer(request.request_id, token)
+            )
+            return False
         runtime = self._validated(request, decision)
         runtime.in_flight += 1
         runtime.queued_tokens += request.prompt_tokens
         job = _Job(request, decision, decision_us)
         self.push(now + runtime.config.rtt_s / 2, _Event.ENQUEUE, runtime.config.replica_id, job)
+        return True
+
+    def release(self, now: float) -> None:
+        """Offer every held request again, smallest last predicted TTFT first."""
+        if not self.held:
+            return
+        order = sorted(
+            enumerate(self.held.values()),
+            key=lambda entry: (entry[1][1].predicted_ttft_s or 0.0, entry[0]),
+        )
+        self.held = {}
+        for _, (request, _, _) in order:
+            self.offer(now, request)
 
     def _validated(self, request: RouteRequest, decision: Decision) -> _ReplicaRuntime:
         runtime = self.runtimes.get(decision.replica_id)
@@ -424,6 +482,7 @@ class _Simulation:
         runtime.context_tokens += job.request.prompt_tokens
         self.reschedule_decode(now, runtime)
         self.try_start(now, runtime)
+        self.release(now)
 
     def decode_done(self, now: float, replica_id: str, tick: _DecodeTick) -> None:
         runtime = self.runtimes[replica_id]
@@ -485,15 +544,18 @@ def simulate(
     *,
     seed: int = 0,
     clock_ns: Callable[[], int] = time.perf_counter_ns,
+    late_binding: bool = True,
 ) -> SimResult:
     """Replay ``requests`` (in arrival order; ties keep input order) through
     ``replicas``, routed by ``policy``. Every request completes exactly once.
 
     ``clock_ns`` times ``policy.choose`` (wall clock, nanoseconds); inject a fake
-    clock to make ``decision_us`` deterministic. Raises :class:`ConfigError` for an
+    clock to make ``decision_us`` deterministic. ``late_binding``: requests are
+    offered with ``may_hold`` and held ones kept at the router (module docstring).
+    Raises :class:`ConfigError` for an
     invalid fleet or request set and :class:`InvalidDecisionError` for an invalid
     decision."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     _validate_inputs(ordered, replicas)
-    records = _Simulation(policy, replicas, clock_ns).run(ordered)
+    records = _Simulation(policy, replicas, clock_ns, late_binding).run(ordered)
     return SimResult(policy.name, seed, tuple(records), SimSummary.of(records))
