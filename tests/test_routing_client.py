@@ -195,6 +195,8 @@ def test_a_request_held_while_the_fleet_is_backlogged_is_sent_once_it_drains() -
         for result in (second, async_second):
             assert result.ttft_s > 0.2  # the wait at the client counts
         assert sample(client, "decisions_total", policy="combined", reason="hold") >= 2
+        assert sample(client, "held_seconds_count") == 4  # every answered attempt
+        assert sample(client, "held_seconds_sum") >= 2 * 0.05  # at least one poll each
         assert idle(client)
 
 

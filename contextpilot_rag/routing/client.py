@@ -786,8 +786,9 @@ class RoutingClient:
         record = DecisionRecord.of(
             self.policy.name, plan.replica.endpoint.base_url, outcome, observed, prompt_tokens
         )
-        if result is not None:
-            record = replace(record, result=result)
+        held_s = round(plan.started - plan.request.arrival_s, 6)
+        if result is not None or held_s:
+            record = replace(record, result=result or record.result, held_s=held_s)
         record.log()
         if self.metrics is not None:
             self.metrics.finished(record, answered=outcome.error is None)

@@ -22,8 +22,11 @@ What is exported (prefix ``contextpilot_routing_``):
 - ``predicted_cached_tokens_total`` / ``observed_cached_tokens_total`` /
   ``prompt_tokens_total`` ``{endpoint}``: token sums, so hit ratios and the prediction
   error can be computed over any window.
-- ``ttft_seconds`` / ``e2e_seconds`` ``{endpoint}`` histograms; ``ttca_seconds``
-  histogram and ``solves_total{correct}`` for :meth:`RoutingClient.solve`.
+- ``ttft_seconds`` / ``e2e_seconds`` ``{endpoint}`` histograms (from dispatch);
+  ``held_seconds`` histogram: the time answered attempts waited at the client before
+  dispatch (late binding; ``decisions_total{reason="hold"}`` counts each offer held);
+  ``ttca_seconds`` histogram and ``solves_total{correct}`` for
+  :meth:`RoutingClient.solve`.
 - gauges read at scrape time: ``route_table_entries`` (the policy's route memory),
   ``in_flight`` / ``queued_tokens`` / ``healthy`` ``{endpoint,model}``.
 
@@ -93,6 +96,7 @@ class DecisionRecord:
     e2e_s: float
     result: str  # ok, error (retried elsewhere), cancelled, rejected (a 4xx), stale
     error: str | None
+    held_s: float = 0.0  # waited at the client before dispatch (late binding)
 
     @classmethod
     def of(
@@ -177,6 +181,7 @@ class RoutingMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens sent", ("endpoint",))
         self.ttft = histogram("ttft_seconds", "Time to first token", ("endpoint",))
         self.e2e = histogram("e2e_seconds", "Request latency to the last token", ("endpoint",))
+        self.held = histogram("held_seconds", "Time held at the client before dispatch", ())
         self.ttca = histogram("ttca_seconds", "Time to a correct answer (solve)", ())
         self.solves = counter("solves", "solve() calls by whether one answer passed", ("correct",))
         self._namespace = namespace
@@ -207,6 +212,7 @@ class RoutingMetrics:
             self.prompt_tokens.labels(endpoint).inc(record.prompt_tokens)
         self.ttft.labels(endpoint).observe(record.ttft_s)
         self.e2e.labels(endpoint).observe(record.e2e_s)
+        self.held.observe(record.held_s)
 
     def solved(self, ttca_s: float, correct: bool) -> None:
         self.ttca.observe(ttca_s)
