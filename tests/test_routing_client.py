@@ -9,8 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -28,7 +27,7 @@ from contextpilot_rag.routing import (
 from contextpilot_rag.routing.gorgo import PrefixLocations
 from contextpilot_rag.routing.metrics import DECISION_LOGGER
 from contextpilot_rag.routing.prompt_keys import CHAT_TEMPLATES, PromptKeys, serialise
-from contextpilot_rag.testing import OpenAICompatibleServer
+from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
 DOCS = [f"[doc{i}]\n" + f"Document {i} talks about topic {i}. " * 60 for i in range(8)]
 
@@ -331,38 +330,11 @@ TOOL_STREAM = [
 ]
 
 
-@contextmanager
-def tool_calling_server() -> Iterator[str]:
-    """A loopback endpoint that answers every chat request with two streamed tool
-    calls (an engine's fragments: id and name first, then pieces of arguments)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            chunks = [{"choices": [{"index": 0, "delta": d}]} for d in TOOL_STREAM]
-            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
-            body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(body.encode())))
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_streamed_tool_calls_are_joined_into_the_answer() -> None:
-    with tool_calling_server() as url, RoutingClient([url], model="m") as client:
+    with (
+        ScriptedChatServer(TOOL_STREAM, finish_reason="tool_calls") as server,
+        RoutingClient([server.base_url], model="m") as client,
+    ):
         answer = client.chat(messages("Q?"), tools=[{"type": "function"}], max_tokens=8)
         assert answer.text == ""
         assert answer.finish_reason == "tool_calls"

@@ -26,7 +26,8 @@ Service model (every replica, per request):
   ``decode_s_per_context_token=0`` give the plain model: prefill at full rate, every
   request decoding at ``decode_tokens_per_s`` side by side.
 - ``TTFT = rtt_s/2 + queue_wait + prefill_s + rtt_s/2`` and ``E2E = TTFT + decode
-  time + rtt_s/2`` (decode time as above; the batch slot is held until decode ends).
+  time`` (decode time as above; the last token, like the first, reaches the client
+  ``rtt_s/2`` after it is produced; the batch slot is held until decode ends).
 
 Late binding (``late_binding=True``, the default): every request is offered with
 ``may_hold``, and a policy may answer with a hold (``Decision.hold_s > 0``). The

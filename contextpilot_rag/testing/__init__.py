@@ -1,12 +1,14 @@
 """Helpers for tests and examples: an OpenAI-compatible server on loopback that models
 an inference engine's prefix cache (:class:`OpenAICompatibleServer`), real
-``llama-server`` processes when the engine is built (:class:`LlamaServer`), and a small
-sample corpus. Nothing here is imported by the core package.
+``llama-server`` processes when the engine is built (:class:`LlamaServer`), a chat
+endpoint that streams a fixed script of deltas (:class:`ScriptedChatServer`) and a
+small sample corpus. Nothing here is imported by the core package.
 """
 
 from .llama_server import LlamaEngine, LlamaServer, find_llama_server
 from .openai_server import OWNED_BY, OpenAICompatibleServer, ReplyFunction, default_reply
 from .samples import SAMPLE_CORPUS, SAMPLE_QUESTIONS
+from .scripted_server import ScriptedChatServer
 
 __all__ = [
     "OWNED_BY",
@@ -16,6 +18,7 @@ __all__ = [
     "LlamaServer",
     "OpenAICompatibleServer",
     "ReplyFunction",
+    "ScriptedChatServer",
     "default_reply",
     "find_llama_server",
 ]

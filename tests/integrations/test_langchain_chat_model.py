@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from contextpilot_rag.routing import EndpointError
-from contextpilot_rag.testing import OpenAICompatibleServer
+from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
 pytest.importorskip("langchain_core")
 
 from langchain_contextpilot import ChatContextPilot
 from langchain_core._api import LangChainBetaWarning
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.messages import AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from routed_fleet import CONTEXT, question, reply_of
@@ -143,3 +143,49 @@ def test_a_message_with_content_parts_reaches_the_engine_as_given(
     # the part reached the engine as given
     with pytest.raises(EndpointError, match=r"messages\[0\]\.content\[1\].*only text parts"):
         model.invoke([message])
+
+
+TOOL_DELTAS = [
+    {"role": "assistant", "content": None},
+    {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}]},
+    {"tool_calls": [{"index": 0, "function": {"name": "up", "arguments": '{"q": '}}]},
+    {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "lookup"}}]},
+    {"tool_calls": [{"index": 1, "function": {"arguments": "not json"}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '"cats"}'}}]},
+]
+
+
+def lookup(q: str) -> str:
+    """Look ``q`` up in the knowledge base."""
+    return q
+
+
+def test_bound_tools_reach_the_engine_and_its_tool_calls_come_back_parsed() -> None:
+    with ScriptedChatServer(TOOL_DELTAS, finish_reason="tool_calls") as engine:
+        chat = ChatContextPilot(endpoints=[engine.base_url], model="m")
+        with_tools = chat.bind_tools([lookup], tool_choice="lookup")
+        answer = with_tools.invoke("Find cats.")
+        sent = engine.requests[-1]
+        assert sent["tools"][0]["function"]["name"] == "lookup"
+        assert sent["tools"][0]["function"]["parameters"]["required"] == ["q"]
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "lookup"}}
+        assert answer.tool_calls == [
+            {"name": "lookup", "args": {"q": "cats"}, "id": "c1", "type": "tool_call"}
+        ]
+        assert [(c["name"], c["args"]) for c in answer.invalid_tool_calls] == [
+            ("lookup", "not json")
+        ]
+        assert answer.response_metadata["finish_reason"] == "tool_calls"
+
+        streamed = reduce(add, with_tools.stream("Find cats."))
+        assert streamed.tool_calls == answer.tool_calls
+        assert [c["args"] for c in streamed.invalid_tool_calls] == ["not json"]
+
+        # the tool's answer goes back with the call it answers, as LangChain sends them
+        chat.invoke([HumanMessage("Find cats."), answer, ToolMessage("cats", tool_call_id="c1")])
+        messages = engine.requests[-1]["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+        assert messages[1]["tool_calls"][0]["function"]["arguments"] == '{"q": "cats"}'
+        assert messages[2]["tool_call_id"] == "c1"
+        assert chat.bind_tools([lookup], tool_choice="any").kwargs["tool_choice"] == "required"
+        chat.close()

@@ -6,19 +6,27 @@ message."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
     BaseMessage,
+    InvalidToolCall,
+    ToolCall,
     UsageMetadata,
     convert_to_openai_messages,
 )
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, parse_tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 from typing_extensions import override
 
@@ -47,6 +55,11 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
 
     ``stop``, ``max_tokens``, ``temperature`` and any other call keyword (``bind``,
     ``invoke``) go to the engine unchanged; ``None`` values are left out.
+
+    Tools: :meth:`bind_tools` sends them in OpenAI format; the engine's tool calls come
+    back as ``AIMessage.tool_calls`` (arguments parsed; unparsable ones in
+    ``invalid_tool_calls``), and when streaming on the last chunk as whole
+    ``tool_call_chunks`` (the client joins the engine's fragments).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -164,6 +177,27 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
         finally:
             await stream.aclose()
 
+    @override
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model with ``tools`` (dicts, pydantic models, functions or LangChain
+        tools, converted to OpenAI's format) sent on every call. ``tool_choice``:
+        ``"auto"``, ``"none"``, ``"required"`` (or ``"any"``), a tool's name, or an
+        OpenAI ``tool_choice`` dict."""
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        if tool_choice is not None:
+            if tool_choice == "any":
+                tool_choice = "required"
+            elif isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+                tool_choice = {"type": "function", "function": {"name": tool_choice}}
+            kwargs["tool_choice"] = tool_choice
+        return self.bind(tools=formatted, **kwargs)
+
     def _params(self, stop: list[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The engine parameters of one call: the fields, overridden by the call's."""
         params = {"max_tokens": self.max_tokens, "temperature": self.temperature, "stop": stop}
@@ -171,12 +205,30 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
 
 
 def _chat_result(answer: RoutedAnswer) -> ChatResult:
+    tool_calls, invalid = _tool_calls(answer)
     message = AIMessage(
         content=answer.text,
+        tool_calls=tool_calls,
+        invalid_tool_calls=invalid,
         response_metadata=_routing_facts(answer),
         usage_metadata=_usage(answer),
     )
     return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def _tool_calls(answer: RoutedAnswer) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    """The engine's tool calls (OpenAI format) as LangChain's, arguments parsed."""
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for raw in answer.tool_calls:
+        try:
+            call = parse_tool_call(dict(raw), return_id=True)
+        except OutputParserException as exc:
+            invalid.append(make_invalid_tool_call(dict(raw), str(exc)))
+            continue
+        if call is not None:
+            calls.append(ToolCall(name=call["name"], args=call["args"], id=call.get("id")))
+    return calls, invalid
 
 
 def _last_chunk(answer: RoutedAnswer) -> ChatGenerationChunk:
@@ -184,6 +236,15 @@ def _last_chunk(answer: RoutedAnswer) -> ChatGenerationChunk:
     and adding numbers, so the routing facts travel on this one chunk only."""
     message = AIMessageChunk(
         content="",
+        tool_call_chunks=[
+            tool_call_chunk(
+                name=call.get("function", {}).get("name"),
+                args=call.get("function", {}).get("arguments"),
+                id=call.get("id"),
+                index=index,
+            )
+            for index, call in enumerate(answer.tool_calls)
+        ],
         response_metadata=_routing_facts(answer),
         usage_metadata=_usage(answer),
         chunk_position="last",
