@@ -79,7 +79,10 @@ def test_a_slot_endpoint_pins_requests_to_its_llama_server_slot() -> None:
         ContextBlock(text=b.text.replace("harbour", "airport"), id=f"a{i}")
         for i, b in enumerate(BLOCKS)
     ]
-    with LlamaServer(ENGINE, slots=2, context_tokens=4096) as server:
+    # no host-memory prompt cache: it would restore a prompt into any slot
+    with LlamaServer(
+        ENGINE, slots=2, context_tokens=4096, extra_args=("--cache-ram", "0")
+    ) as server:
         slots = [Endpoint(server.base_url, slot=i, max_cached_prompts=1) for i in range(2)]
         with RoutingClient(slots, model=LlamaServer.model_name, policy="round-robin") as client:
             harbour = ContextPilot().optimize(BLOCKS, "Which town had most ships?")
