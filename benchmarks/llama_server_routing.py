@@ -30,6 +30,13 @@ thread at its arrival time, whatever the others are doing::
 
     python benchmarks/llama_server_routing.py --workload stream --policies \\
         round-robin,combined --write docs/benchmarks.md --plot docs/img/llama_server_stream.png
+
+A policy named ``NAME:slots`` routes over every slot of every server instead of over
+the servers: one ``Endpoint(base_url, slot=i, max_cached_prompts=1)`` per slot, so each
+request carries llama-server's ``id_slot`` and the router knows a slot keeps only its
+last prompt; ``NAME`` alone (or ``NAME:servers``) lets llama-server choose the slot.
+``--cache-ram`` sets llama-server's host-memory prompt cache (MiB; default: the
+server's own), the same for every policy.
 """
 
 from __future__ import annotations
@@ -115,21 +122,43 @@ def conversations(workload: Workload) -> list[list[WorkloadRequest]]:
     return list(sessions.values())
 
 
+def policy_spec(label: str) -> tuple[str, bool]:
+    """``NAME``, ``NAME:servers`` or ``NAME:slots`` → the policy name and whether it
+    addresses slots."""
+    name, _, address = label.partition(":")
+    if address not in ("", "servers", "slots"):
+        raise SystemExit(f"{label!r}: the address after ':' must be 'servers' or 'slots'")
+    return name, address == "slots"
+
+
 def cold_fleet(
-    stack: ExitStack, policy: str, engine: LlamaEngine, args: argparse.Namespace
+    stack: ExitStack, label: str, engine: LlamaEngine, args: argparse.Namespace
 ) -> RoutingClient:
-    """Fresh llama-server replicas and a client routing over them with ``policy``; both
-    stop when ``stack`` closes."""
+    """Fresh llama-server replicas and a client routing over them (or over their
+    slots) with the policy of ``label``; both stop when ``stack`` closes."""
+    extra = ("--cache-ram", str(args.cache_ram)) if args.cache_ram is not None else ()
     servers = [
         stack.enter_context(
-            LlamaServer(engine, slots=args.slots, context_tokens=args.context * args.slots)
+            LlamaServer(
+                engine,
+                slots=args.slots,
+                context_tokens=args.context * args.slots,
+                extra_args=extra,
+            )
         )
         for _ in range(args.replicas)
     ]
-    endpoints = [
-        Endpoint(s.base_url, prefill_tokens_per_s=args.prefill_rate, decode_tokens_per_s=40.0)
-        for s in servers
-    ]
+    policy, by_slot = policy_spec(label)
+    rates = {"prefill_tokens_per_s": args.prefill_rate, "decode_tokens_per_s": 40.0}
+    endpoints = (
+        [
+            Endpoint(s.base_url, slot=slot, max_cached_prompts=1, **rates)
+            for s in servers
+            for slot in range(args.slots)
+        ]
+        if by_slot
+        else [Endpoint(s.base_url, **rates) for s in servers]
+    )
     return stack.enter_context(
         RoutingClient(endpoints, model=LlamaServer.model_name, policy=policy, timeout_s=600)
     )
@@ -196,6 +225,8 @@ class StreamRow:
     e2e_s: float
     prompt_tokens: int
     cached_tokens: int
+    target: str  # the routing target: a server, or one slot of it
+    predicted_cached_tokens: int
 
 
 def stream_prompts(workload: Workload) -> list[Prompt]:
@@ -254,7 +285,16 @@ def run_stream(
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
                 return
-            row = StreamRow(policy, rate_per_s, index, arrivals[index], *measured(answer))
+            decision = answer.decision
+            row = StreamRow(
+                policy,
+                rate_per_s,
+                index,
+                arrivals[index],
+                *measured(answer),
+                decision.replica_id,
+                decision.predicted_cached_tokens,
+            )
             with lock:
                 rows.append(row)
             advance()
@@ -334,7 +374,8 @@ def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
 
 def with_ratios(summaries: Sequence[Summary]) -> list[Summary]:
     """The summaries with round-robin's mean TTFT over each one's (if round-robin ran)."""
-    rr = next((s.ttft_mean_s for s in summaries if s.policy == "round-robin"), None)
+    baseline = ("round-robin", False)  # round-robin over the servers
+    rr = next((s.ttft_mean_s for s in summaries if policy_spec(s.policy) == baseline), None)
     if rr is None:
         return list(summaries)
     return [Summary(**{**asdict(s), "rr_over_this": rr / s.ttft_mean_s}) for s in summaries]
@@ -348,10 +389,12 @@ def summary_cells(s: Summary) -> str:
 
 
 def engine_line(args: argparse.Namespace) -> str:
+    cache_ram = f" --cache-ram {args.cache_ram}" if args.cache_ram is not None else ""
     return (
         f"Engine: llama.cpp `llama-server` (llama-cpp-python 0.3.36 sources), gemma-3-270m "
         f"Q4_K_M; {args.replicas} replicas, each `-np {args.slots} "
-        f"-c {args.context * args.slots} -t 1 --swa-full`, started cold for every policy"
+        f"-c {args.context * args.slots} -t 1 --swa-full{cache_ram}`, started cold for "
+        "every policy"
     )
 
 
@@ -379,19 +422,22 @@ def stream_markdown(
         return f"{rate * tokens_per_request / capacity:.2f}"
 
     offered = ", ".join(f"{rate:g}/s: {load(rate, prompt_tokens)}" for rate in by_rate)
+    title = "slot-addressed " if by_slots(args) else ""
     lines = [
-        "## RoutingClient over real llama-server replicas, open-loop RAG stream (issue 6): "
-        "`benchmarks/llama_server_routing.py --workload stream`",
+        f"## RoutingClient over real llama-server replicas, {title}open-loop RAG stream "
+        "(issue 6): `benchmarks/llama_server_routing.py --workload stream`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores shared by the replicas, "
         f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
         f"Command: `{command}`.",
         "",
         f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
-        "defaults otherwise, the same for every policy: host-memory prompt cache "
-        "`--cache-ram 8192` (a prompt evicted from a slot can be restored into any slot "
-        "of the same server), slot chosen by prompt similarity (`-sps 0.1`), continuous "
-        "batching.",
+        f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
+        "chosen by prompt similarity (`-sps 0.1`) unless the client addresses it, "
+        "continuous batching. A policy marked `:slots` routes over every slot of every "
+        "server: one target per slot, `Endpoint(url, slot=i, max_cached_prompts=1)`, "
+        "each request carrying llama-server's `id_slot`; unmarked policies route over the "
+        "servers.",
         "",
         f"Workload: {args.requests} single-turn requests from the core's topic-clustered "
         f"workload (`bench.workloads.topic_workload`: {args.topics} topics of "
@@ -421,6 +467,21 @@ def stream_markdown(
     if args.plot:
         lines += ["", f"![mean TTFT per rate and policy](img/{args.plot.name})"]
     return "\n".join(lines)
+
+
+def by_slots(args: argparse.Namespace) -> bool:
+    """Whether any policy of the run addresses slots."""
+    return any(policy_spec(p)[1] for p in args.policies.split(",") if p.strip())
+
+
+def cache_ram_text(args: argparse.Namespace) -> str:
+    if args.cache_ram == 0:
+        return "host-memory prompt cache off (`--cache-ram 0`)"
+    size = 8192 if args.cache_ram is None else args.cache_ram
+    return (
+        f"host-memory prompt cache `--cache-ram {size}` (a prompt evicted from a slot can "
+        "be restored into any slot of the same server)"
+    )
 
 
 def plot_stream(by_rate: dict[float, list[Summary]], rows: Sequence[StreamRow], path: Path) -> None:
@@ -551,6 +612,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--topics", type=int, default=8, help="stream: knowledge bases")
     parser.add_argument("--docs-per-topic", type=int, default=8)
     parser.add_argument("--prefill-rate", type=float, default=400.0, help="tokens/s (ENGINES.md)")
+    parser.add_argument("--cache-ram", type=int, help="llama-server --cache-ram MiB (0: off)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", type=Path)
     parser.add_argument("--plot", type=Path)
@@ -575,7 +637,8 @@ def main() -> None:
     if args.plot:
         command += f" --plot {args.plot}"
     if args.workload == "stream":
-        text, section = stream_benchmark(policies, engine, args, command), "llama-server-stream"
+        section = "llama-server-slots" if by_slots(args) else "llama-server-stream"
+        text = stream_benchmark(policies, engine, args, command)
     else:
         text, section = multiturn_benchmark(policies, engine, args, command), "llama-server-routing"
     if args.write:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot
-from contextpilot_rag.routing import RoutingClient
+from contextpilot_rag.routing import Endpoint, RoutingClient
 from contextpilot_rag.testing import LlamaEngine, LlamaServer, find_llama_server
 
 ENGINE = find_llama_server(Path(__file__).resolve().parents[1])
@@ -71,3 +71,27 @@ def test_round_robin_alternates_and_misses_the_cache(replicas: list[LlamaServer]
         ]
     assert answers[0].endpoint != answers[1].endpoint
     assert all(a.cached_tokens is not None for a in answers)
+
+
+def test_a_slot_endpoint_pins_requests_to_its_llama_server_slot() -> None:
+    assert ENGINE is not None
+    other = [
+        ContextBlock(text=b.text.replace("harbour", "airport"), id=f"a{i}")
+        for i, b in enumerate(BLOCKS)
+    ]
+    # no host-memory prompt cache: it would restore a prompt into any slot
+    with LlamaServer(
+        ENGINE, slots=2, context_tokens=4096, extra_args=("--cache-ram", "0")
+    ) as server:
+        slots = [Endpoint(server.base_url, slot=i, max_cached_prompts=1) for i in range(2)]
+        with RoutingClient(slots, model=LlamaServer.model_name, policy="round-robin") as client:
+            harbour = ContextPilot().optimize(BLOCKS, "Which town had most ships?")
+            airport = ContextPilot().optimize(other, "Which town had most planes?")
+            client.complete(harbour, max_tokens=2)  # slot 0
+            client.complete(airport, max_tokens=2)  # slot 1
+            again = client.complete(harbour, max_tokens=2)  # slot 0: its own prompt
+            crossed = client.complete(harbour, max_tokens=2)  # slot 1: the airport prompt
+    assert again.decision.replica_id.endswith("#slot0")
+    assert (again.cached_tokens or 0) > 0.9 * (again.prompt_tokens or 1)
+    assert crossed.decision.replica_id.endswith("#slot1")
+    assert (crossed.cached_tokens or 0) < 0.5 * (crossed.prompt_tokens or 1)

@@ -566,3 +566,63 @@ def test_a_cache_miss_the_pilot_predicted_as_a_hit_trims_its_index(
         missed = client.chat(predicted)
     assert missed.cached_tokens == 0
     assert pilot.index_stats().requests == 1  # only the request the engine just cached
+
+
+def test_slot_endpoints_are_targets_of_their_own_and_send_their_slot_id(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    server = fleet[0]
+    slots = [Endpoint(server.base_url, slot=i) for i in range(2)]
+    with RoutingClient(slots, model="m", policy="round-robin") as client:
+        answers = [client.complete(f"Question {i}? " + "words " * 40) for i in range(4)]
+        states = client.replicas
+    assert [s.replica_id for s in states] == [
+        f"{server.base_url}#slot0",
+        f"{server.base_url}#slot1",
+    ]
+    assert [a.decision.replica_id for a in answers] == [s.replica_id for s in states] * 2
+    assert {a.endpoint for a in answers} == {server.base_url}
+    assert [body["id_slot"] for body in server.requests] == [0, 1, 0, 1]
+    assert idle(client)
+
+
+def test_a_slot_id_reaches_the_chat_endpoint_too(fleet: list[OpenAICompatibleServer]) -> None:
+    with RoutingClient([Endpoint(fleet[0].base_url, slot=3)], model="m") as client:
+        client.chat(messages("Q?"))
+    assert fleet[0].requests[-1]["id_slot"] == 3
+
+
+def test_endpoints_without_a_slot_send_no_slot_id(fleet: list[OpenAICompatibleServer]) -> None:
+    with RoutingClient([fleet[0].base_url], model="m") as client:
+        client.complete("Question?")
+    assert "id_slot" not in fleet[0].requests[-1]
+
+
+def test_max_cached_prompts_bounds_the_route_table_of_each_slot(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    server = fleet[0]
+    slot = Endpoint(server.base_url, slot=0, max_cached_prompts=1)
+    with RoutingClient([slot], model="m") as client:
+        assert isinstance(client.policy, CombinedPolicy)
+        for i in range(6):
+            client.chat(messages(f"Q{i}?", docs=[DOCS[i], DOCS[(i + 1) % 8]]))
+        routes = len(client.policy.locations)
+        again = client.chat(messages("Q0?", docs=[DOCS[0], DOCS[1]]))
+    last = 8 + 1  # at most the last prompt's recorded boundaries (and the one relied on)
+    assert routes <= last
+    assert again.decision.predicted_cached_tokens < 0.5 * (again.prompt_tokens or 0)
+
+
+def test_bad_slot_settings_are_rejected_before_any_client_exists() -> None:
+    url = "http://127.0.0.1:1/v1"
+    for bad in (-1, 1.0, True, "0"):
+        with pytest.raises(ConfigError, match="slot"):
+            Endpoint(url, slot=bad)  # type: ignore[arg-type]
+    for bad in (0, -2, 2.5, False):
+        with pytest.raises(ConfigError, match="max_cached_prompts"):
+            Endpoint(url, max_cached_prompts=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="distinct"):
+        RoutingClient([Endpoint(url, slot=1), Endpoint(url, slot=1)], model="m")
+    assert Endpoint(url, slot=0).target == f"{url}#slot0"
+    assert Endpoint(url).target == url

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from contextpilot_rag.routing.gorgo import CostPolicy
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.routing.combined import CombinedPolicy
+from contextpilot_rag.routing.gorgo import CostPolicy, PrefixLocations
 from contextpilot_rag.routing.tuner import CostWeights, TunerBounds, WeightTuner
 from contextpilot_rag.routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 
@@ -129,3 +131,56 @@ def test_route_update_records_a_bounded_spread_including_the_longest_prefix() ->
     assert len(policy.locations) == 8
     decision = policy.choose(req("q", list(range(100))), view)
     assert decision.predicted_cached_tokens == 100 * 16
+
+
+def test_a_prompt_overwritten_on_a_one_prompt_replica_no_longer_attracts() -> None:
+    locations = PrefixLocations()
+    locations.limit_prompts("slot", 1)
+    shared, first, second = req("s", [1]), req("a", [1, 2, 3]), req("b", [1, 7, 8])
+    locations.record(first.block_hashes, first.boundaries, "slot", 0.0)
+    assert locations.cached_blocks(first, 0.0) == {"slot": 3}
+    locations.record(second.block_hashes, second.boundaries, "slot", 1.0)
+    assert locations.cached_blocks(first, 1.0) == {"slot": 1}  # the shared first block stays
+    assert locations.cached_blocks(second, 1.0) == {"slot": 3}
+    assert locations.cached_blocks(shared, 1.0) == {"slot": 1}
+
+
+def test_a_prompt_limit_keeps_the_last_k_prompts_and_spares_other_replicas() -> None:
+    locations = PrefixLocations()
+    locations.limit_prompts("two", 2)
+    prompts = [req(f"p{i}", [100 + i, i]) for i in range(3)]
+    for i, prompt in enumerate(prompts):
+        locations.record(prompt.block_hashes, prompt.boundaries, "two", float(i))
+        locations.record(prompt.block_hashes, prompt.boundaries, "free", float(i))
+    assert locations.cached_blocks(prompts[0], 3.0) == {"free": 2}
+    assert locations.cached_blocks(prompts[1], 3.0) == {"two": 2, "free": 2}
+    assert locations.cached_blocks(prompts[2], 3.0) == {"two": 2, "free": 2}
+
+
+def test_a_prompt_limit_bounds_the_route_table_by_the_kept_prompts() -> None:
+    locations = PrefixLocations()
+    locations.limit_prompts("slot", 1)
+    for i in range(500):
+        prompt = req(f"p{i}", [i, i + 1, i + 2])
+        locations.record(prompt.block_hashes, prompt.boundaries, "slot", float(i))
+    assert len(locations) == 3  # only the last prompt's routes; nothing else holds them
+
+
+def test_the_combined_policy_predicts_no_hit_on_a_slot_overwritten_since() -> None:
+    policy = CombinedPolicy()
+    for slot in ("s0", "s1"):
+        policy.locations.limit_prompts(slot, 1)
+    view = Fleet(0.0, (ReplicaState("s0", "m"), ReplicaState("s1", "m")))
+    assert policy.choose(req("a", list(range(1, 40))), view).replica_id == "s0"
+    overwritten = policy.choose(req("b", [99, *range(2, 40)], tokens=39 * 16), view)
+    assert overwritten.replica_id == "s0"  # predicted nothing cached anywhere: first slot
+    decision = policy.choose(req("c", list(range(1, 40))), view)
+    assert decision.predicted_cached_tokens == 0  # a's prompt is gone from s0
+
+
+def test_prompt_limits_are_validated() -> None:
+    locations = PrefixLocations()
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ConfigError):
+            locations.limit_prompts("slot", bad)  # type: ignore[arg-type]
+    locations.limit_prompts("slot", None)  # no bound: nothing to check

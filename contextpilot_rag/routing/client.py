@@ -47,6 +47,7 @@ import httpx
 from ..errors import ConfigError, ContextPilotError, InvalidInputError
 from ..pilot import ContextPilot
 from ..prompt import Prompt
+from .gorgo import PrefixLocations
 from .metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
 from .prompt_keys import (
     ChatTemplate,
@@ -97,7 +98,15 @@ class EndpointError(ContextPilotError, RuntimeError):
 class Endpoint:
     """One OpenAI-compatible server. ``models`` it serves (empty: the client's
     ``model``); ``rtt_s`` the network round trip if known (else measured by
-    :meth:`RoutingClient.probe`, 0 until then); the rates feed the cost policies."""
+    :meth:`RoutingClient.probe`, 0 until then); the rates feed the cost policies.
+
+    ``slot``: a llama-server slot (``-np``) to address: every request carries it as
+    ``id_slot``, and the endpoint is a routing target of its own (:attr:`target`,
+    its own counters and breaker), so several slots of one server may be listed.
+    ``max_cached_prompts``: how many of its most recent prompts the endpoint keeps
+    cached (a llama-server slot keeps 1), ``None`` for a prefix cache that keeps
+    earlier prefixes; the route table of the ``combined`` and ``gorgo`` policies then
+    forgets prefixes newer prompts have overwritten."""
 
     base_url: str
     models: tuple[str, ...] = ()
@@ -106,6 +115,8 @@ class Endpoint:
     prefill_tokens_per_s: float = 10_000.0
     decode_tokens_per_s: float = 50.0
     api_key: str | None = field(default=None, repr=False)
+    slot: int | None = None
+    max_cached_prompts: int | None = None
 
     def __post_init__(self) -> None:
         url = self.base_url
@@ -119,6 +130,15 @@ class Endpoint:
             raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s}")
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
             raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
+        for name in ("slot", "max_cached_prompts"):
+            value, least = getattr(self, name), 0 if name == "slot" else 1
+            if value is not None and (type(value) is not int or value < least):
+                raise ConfigError(f"{name} must be None or an integer >= {least}, got {value!r}")
+
+    @property
+    def target(self) -> str:
+        """The routing target: ``base_url``, or ``base_url#slot<n>`` for a slot."""
+        return self.base_url if self.slot is None else f"{self.base_url}#slot{self.slot}"
 
 
 @dataclass(frozen=True)
@@ -192,7 +212,7 @@ class _Replica:
         self.endpoint = endpoint
         self.model = model
         multi = len(endpoint.models) > 1
-        self.replica_id = f"{endpoint.base_url}#{model}" if multi else endpoint.base_url
+        self.replica_id = f"{endpoint.target}#{model}" if multi else endpoint.target
         self.in_flight = 0
         self.queued_tokens = 0
         self.rtt_s = endpoint.rtt_s or 0.0
@@ -477,8 +497,8 @@ class RoutingClient:
                 "timeout_s > 0, max_attempts >= 1 and 0 < backoff_s <= max_backoff_s needed"
             )
         parsed = [e if isinstance(e, Endpoint) else Endpoint(e) for e in endpoints]
-        if len({e.base_url for e in parsed}) != len(parsed):
-            raise ConfigError("endpoint base URLs must be distinct")
+        if len({e.target for e in parsed}) != len(parsed):
+            raise ConfigError("endpoints must be distinct (base URL and slot)")
         replicas: list[_Replica] = []
         for endpoint in parsed:
             models = endpoint.models or ((model,) if model else ())
@@ -499,6 +519,7 @@ class RoutingClient:
         self.learn_rates = learn_rates
         self.pilot = pilot
         self._replicas = {r.replica_id: r for r in replicas}
+        _limit_cached_prompts(self.policy, replicas)
         self._lock = threading.RLock()  # _finish releases counters under it
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
@@ -612,7 +633,7 @@ class RoutingClient:
     def probe(self) -> dict[str, float | None]:
         """``GET /models`` on every endpoint: sets its RTT (a failure opens its
         breaker). Returns base URL → RTT in seconds (``None`` if unreachable)."""
-        rtts: dict[str, float | None] = {}
+        rtts: dict[str, float | None] = {}  # slots of one server share its RTT
         for endpoint in {r.endpoint.base_url: r.endpoint for r in self._replicas.values()}.values():
             started = time.monotonic()
             try:
@@ -622,7 +643,7 @@ class RoutingClient:
                 rtts[endpoint.base_url] = None
             with self._lock:
                 for replica in self._replicas.values():
-                    if replica.endpoint is endpoint:
+                    if replica.endpoint.base_url == endpoint.base_url:
                         if rtts[endpoint.base_url] is None:
                             self._trip(replica, time.monotonic())
                         else:
@@ -739,6 +760,8 @@ class RoutingClient:
         )
         body: dict[str, Any] = {**params, "model": replica.model, "stream": True}
         body["stream_options"] = {"include_usage": True}
+        if replica.endpoint.slot is not None:
+            body["id_slot"] = replica.endpoint.slot  # llama-server's slot field
         if kind == "chat":
             body["messages"] = [dict(m) for m in text.messages]
             path = "chat/completions"
@@ -784,7 +807,7 @@ class RoutingClient:
         if self.metrics is None and not decision_log.isEnabledFor(logging.INFO):
             return
         record = DecisionRecord.of(
-            self.policy.name, plan.replica.endpoint.base_url, outcome, observed, prompt_tokens
+            self.policy.name, plan.replica.endpoint.target, outcome, observed, prompt_tokens
         )
         held_s = round(plan.started - plan.request.arrival_s, 6)
         if result is not None or held_s:
@@ -1006,6 +1029,16 @@ class RoutingClient:
 
 
 _template = chat_template  # the constructor's parameter shadows the function
+
+
+def _limit_cached_prompts(policy: Policy, replicas: Sequence[_Replica]) -> None:
+    """Tell the policy's route table (if it is a :class:`PrefixLocations`) how many
+    prompts each replica keeps (:attr:`Endpoint.max_cached_prompts`)."""
+    locations = getattr(policy, "locations", None)
+    if isinstance(locations, PrefixLocations):
+        for replica in replicas:
+            if replica.endpoint.max_cached_prompts is not None:
+                locations.limit_prompts(replica.replica_id, replica.endpoint.max_cached_prompts)
 
 
 class OwnedClient:

@@ -14,13 +14,16 @@ longest, the first and evenly spaced ones between, plus the prefix the decision 
 on), so the route update costs O(1) rather than O(boundaries): a later request sharing
 a prefix is credited the longest recorded boundary inside it, an underestimate of at
 most one spacing.
+A replica that keeps only its last few prompts (a llama-server slot keeps one) can be
+given that bound (:meth:`PrefixLocations.limit_prompts`): a prefix it was sent stops
+attracting requests once newer prompts have overwritten it.
 Weights are fixed, or tuned online by :class:`~contextpilot_rag.routing.tuner.WeightTuner`
 and then frozen.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from ..errors import ConfigError
@@ -55,7 +58,9 @@ class _Holders:
 class PrefixLocations:
     """Bounded LRU map: boundary block hash → {replica_id: blocks} of replicas sent it.
 
-    Invariant: at most ``capacity`` keys; an entry older than ``ttl_s`` is never used."""
+    Invariants: at most ``capacity`` keys; an entry older than ``ttl_s`` is never used;
+    a replica limited to ``k`` prompts (:meth:`limit_prompts`) is listed only under
+    keys recorded for one of the ``k`` prompts most recently recorded on it."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 600.0) -> None:
         if capacity < 1 or ttl_s <= 0:
@@ -63,6 +68,21 @@ class PrefixLocations:
         self.capacity = capacity
         self.ttl_s = ttl_s
         self._entries: OrderedDict[int, _Holders] = OrderedDict()
+        self._prompt_limits: dict[str, int] = {}
+        self._recent: dict[str, deque[frozenset[int]]] = {}  # keys of each kept prompt
+
+    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
+        """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
+        (a llama-server slot: 1); ``None`` removes the bound. Routes recorded before
+        the call are not counted."""
+        if max_prompts is None:
+            self._prompt_limits.pop(replica_id, None)
+            self._recent.pop(replica_id, None)
+            return
+        if isinstance(max_prompts, bool) or not isinstance(max_prompts, int) or max_prompts < 1:
+            raise ConfigError(f"max_prompts must be an integer >= 1 or None, got {max_prompts!r}")
+        self._prompt_limits[replica_id] = max_prompts
+        self._recent[replica_id] = deque()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -91,13 +111,17 @@ class PrefixLocations:
     def record(
         self, block_hashes: Sequence[int], boundaries: Sequence[int], replica_id: str, now: float
     ) -> None:
-        """Note that ``replica_id`` was sent the prefixes ending at ``boundaries``."""
+        """Note that ``replica_id`` was sent the prefixes ending at ``boundaries`` (one
+        prompt: on a replica limited by :meth:`limit_prompts`, its oldest prompt's routes
+        go when this one makes it one too many)."""
         n = len(block_hashes)
         entries, oldest = self._entries, now - self.ttl_s
+        keys: list[int] = []
         for b in boundaries:
             if not 1 <= b <= n:
                 continue
             key = block_hashes[b - 1]
+            keys.append(key)
             entry = entries.get(key)
             if entry is None:
                 entries[key] = _Holders(now, {replica_id: b})  # new keys go last
@@ -109,6 +133,22 @@ class PrefixLocations:
             entries.move_to_end(key)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
+        limit = self._prompt_limits.get(replica_id)
+        if limit is not None:
+            self._keep_recent(replica_id, frozenset(keys), limit)
+
+    def _keep_recent(self, replica_id: str, keys: frozenset[int], limit: int) -> None:
+        """Add one prompt's keys to ``replica_id``'s kept prompts; drop the replica from
+        the keys of prompts beyond ``limit`` that no kept prompt shares."""
+        recent = self._recent[replica_id]
+        recent.append(keys)
+        while len(recent) > limit:
+            for key in recent.popleft().difference(*recent):
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.replicas.pop(replica_id, None)
+                    if not entry.replicas:
+                        del self._entries[key]
 
     def record_route(
         self, request: RouteRequest, replica_id: str, relied_on: int, now: float, keep: int

@@ -1,0 +1,92 @@
+"""How much of the llama-server stream's prompts one-prompt slots could serve from cache.
+
+    python benchmarks/slot_reuse.py            # the defaults of llama_server_routing.py's stream
+
+Offline, no engine: the prompts of ``llama_server_routing.py --workload stream`` (the
+topic workload, every prompt built by one ``ContextPilot.optimize`` in arrival order),
+rendered as the completion text the client sends. Shares are of prompt characters
+that a cache could serve as a shared prefix:
+
+- ``unbounded``: the longest prefix shared with any earlier prompt (a prefix cache that
+  keeps everything);
+- ``greedy N slots``: N slots holding one prompt each, every prompt sent to the slot
+  whose prompt shares the longest prefix with it (ties: least recently used), which
+  then holds it;
+- ``round-robin N slots``: the same slots taken in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from contextpilot_rag import ContextBlock, ContextPilot
+from contextpilot_rag.bench.workloads import topic_workload
+from contextpilot_rag.routing.prompt_keys import serialise
+
+
+def shared(a: str, b: str) -> int:
+    """Characters of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def unbounded(texts: Sequence[str]) -> int:
+    return sum(max((shared(t, u) for u in texts[:i]), default=0) for i, t in enumerate(texts))
+
+
+def greedy_slots(texts: Sequence[str], slots: int) -> int:
+    held, used, total = [""] * slots, [-1] * slots, 0
+    for i, text in enumerate(texts):
+        best = max(range(slots), key=lambda s: (shared(held[s], text), -used[s]))
+        total += shared(held[best], text)
+        held[best], used[best] = text, i
+    return total
+
+
+def round_robin_slots(texts: Sequence[str], slots: int) -> int:
+    held, total = [""] * slots, 0
+    for i, text in enumerate(texts):
+        total += shared(held[i % slots], text)
+        held[i % slots] = text
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--topics", type=int, default=8)
+    parser.add_argument("--docs-per-topic", type=int, default=8)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    workload = topic_workload(
+        n_topics=args.topics,
+        docs_per_topic=args.docs_per_topic,
+        n_requests=args.requests,
+        k=args.k,
+        seed=args.seed,
+    )
+    pilot = ContextPilot()
+    texts = [
+        serialise(
+            pilot.optimize(
+                [ContextBlock(text=workload.corpus[d], id=d) for d in request.doc_ids],
+                request.query,
+                system=workload.system_prompt,
+            ),
+            completion=True,
+        ).text
+        for request in workload.requests
+    ]
+    size = sum(len(t) for t in texts)
+    print(f"unbounded: {unbounded(texts) / size:.1%}")
+    for slots in (2, 4, 8):
+        print(
+            f"{slots} slots: greedy {greedy_slots(texts, slots) / size:.1%}, "
+            f"round-robin {round_robin_slots(texts, slots) / size:.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
