@@ -199,6 +199,33 @@ def test_a_request_held_while_the_fleet_is_backlogged_is_sent_once_it_drains() -
         assert idle(client)
 
 
+def test_a_held_request_is_sent_after_max_hold_s_even_if_the_backlog_stays() -> None:
+    # The first request's prompt stays queued for 1.5 s (the server's delay before its
+    # first token); the second may be held at most 0.2 s, so it reaches the server
+    # while the first is still queued instead of waiting for it to drain.
+    policy = CombinedPolicy(hold_wait_s=0.0, max_hold_s=0.2)
+    with OpenAICompatibleServer(token_delay_s=1.5) as server:
+        endpoint = Endpoint(server.base_url, prefill_tokens_per_s=100.0)
+        client = RoutingClient([endpoint], model="m", policy=policy, metrics=True)
+        threads = [
+            threading.Thread(target=client.chat, args=(messages(q),), kwargs={"max_tokens": 2})
+            for q in ("First?", "Second?")
+        ]
+        threads[0].start()
+        while client.replicas[0].queued_tokens == 0:
+            time.sleep(0.005)
+        first_queued = client.replicas[0].queued_tokens
+        threads[1].start()
+        while len(server.requests) < 2:
+            time.sleep(0.005)
+        replica = client.replicas[0]
+        assert replica.in_flight == 2 and replica.queued_tokens > first_queued
+        for thread in threads:
+            thread.join()
+        assert sample(client, "decisions_total", policy="combined", reason="hold") >= 1
+        assert idle(client)
+
+
 def test_async_chat_complete_and_stream(fleet: list[OpenAICompatibleServer]) -> None:
     async def run() -> tuple[str, str, str]:
         async with RoutingClient([s.base_url for s in fleet], model="m") as client:
