@@ -31,3 +31,15 @@ def idle(client: RoutingClient) -> bool:
 def served_by(fleet: list[OpenAICompatibleServer]) -> dict[str, int]:
     """Base URL → how many completion requests that server answered."""
     return {server.base_url: len(server.requests) for server in fleet}
+
+
+# An engine's streamed tool calls, split as engines split them: id and name first, then
+# pieces of the arguments; the second call's arguments are not JSON.
+TOOL_DELTAS = [
+    {"role": "assistant", "content": None},
+    {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}]},
+    {"tool_calls": [{"index": 0, "function": {"name": "up", "arguments": '{"q": '}}]},
+    {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "lookup"}}]},
+    {"tool_calls": [{"index": 1, "function": {"arguments": "not json"}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '"cats"}'}}]},
+]

@@ -23,7 +23,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from routed_fleet import CONTEXT, question, reply_of
+from routed_fleet import CONTEXT, TOOL_DELTAS, question, reply_of
 
 WORDS = ["answer", " from", " server", " a", " in", " words"]
 
@@ -143,16 +143,6 @@ def test_a_message_with_content_parts_reaches_the_engine_as_given(
     # the part reached the engine as given
     with pytest.raises(EndpointError, match=r"messages\[0\]\.content\[1\].*only text parts"):
         model.invoke([message])
-
-
-TOOL_DELTAS = [
-    {"role": "assistant", "content": None},
-    {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}]},
-    {"tool_calls": [{"index": 0, "function": {"name": "up", "arguments": '{"q": '}}]},
-    {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "lookup"}}]},
-    {"tool_calls": [{"index": 1, "function": {"arguments": "not json"}}]},
-    {"tool_calls": [{"index": 0, "function": {"arguments": '"cats"}'}}]},
-]
 
 
 def lookup(q: str) -> str:

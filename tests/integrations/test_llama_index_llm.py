@@ -12,18 +12,19 @@ from typing import Any
 import pytest
 
 from contextpilot_rag.errors import InvalidInputError
-from contextpilot_rag.testing import OpenAICompatibleServer
+from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
 pytest.importorskip("llama_index.core")
 
 from llama_index.core import VectorStoreIndex
-from llama_index.core.base.llms.types import ImageBlock, TextBlock
+from llama_index.core.base.llms.types import ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.embeddings import MockEmbedding
-from llama_index.core.llms import ChatMessage, CompletionResponse
+from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.schema import TextNode
+from llama_index.core.tools import FunctionTool
 from llama_index.llms.contextpilot import ContextPilotLLM
-from routed_fleet import question, reply_of
+from routed_fleet import TOOL_DELTAS, question, reply_of
 
 WORDS = ["answer", " from", " server", " a", " in", " words"]
 
@@ -145,7 +146,7 @@ def test_a_message_with_a_non_text_block_is_refused_before_any_request(
 ) -> None:
     image = ImageBlock(url="https://example.invalid/a.png", image_mimetype="image/png")
     message = ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), image])
-    with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a non-text block"):
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a block other than text"):
         llm.chat([message])
     assert server.requests == []
 
@@ -159,3 +160,49 @@ def test_a_streaming_query_engine_streams_through_the_llm(
     assert [delta for delta in response.response_gen if delta] == WORDS
     sent = server.requests[-1]["messages"][-1]["content"]
     assert "is about topic" in sent and "Which topic?" in sent  # the retrieved context
+
+
+def lookup(q: str) -> str:
+    """Look ``q`` up in the knowledge base."""
+    return q
+
+
+def test_tool_calling_sends_the_tools_and_reads_back_the_engines_calls() -> None:
+    tool = FunctionTool.from_defaults(fn=lookup)
+    with ScriptedChatServer(TOOL_DELTAS, finish_reason="tool_calls") as engine:
+        llm = ContextPilotLLM(endpoints=[engine.base_url], model="m")
+        assert llm.metadata.is_function_calling_model
+        response = llm.chat_with_tools([tool], user_msg="Find cats.", tool_required=True)
+        sent = engine.requests[-1]
+        assert sent["tools"][0]["function"]["name"] == "lookup"
+        assert sent["tool_choice"] == "required" and sent["parallel_tool_calls"] is False
+        calls = llm.get_tool_calls_from_response(response)
+        assert [(c.tool_id, c.tool_name, c.tool_kwargs) for c in calls] == [
+            ("c1", "lookup", {"q": "cats"}),
+            ("c2", "lookup", {}),  # arguments that are not JSON
+        ]
+        assert response.message.additional_kwargs["tool_calls"][0]["id"] == "c1"
+
+        *_, last = llm.stream_chat_with_tools([tool], user_msg="Find cats.")
+        assert llm.get_tool_calls_from_response(last) == calls
+
+        # the tool's answer goes back with the call it answers
+        answered = ChatMessage(
+            role=MessageRole.TOOL, content="cats", additional_kwargs={"tool_call_id": "c1"}
+        )
+        llm.chat([ChatMessage(role="user", content="Find cats."), response.message, answered])
+        messages = engine.requests[-1]["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+        assert messages[1]["content"] is None
+        assert messages[1]["tool_calls"][0]["function"] == {
+            "name": "lookup",
+            "arguments": '{"q": "cats"}',
+        }
+        assert messages[2] == {"role": "tool", "content": "cats", "tool_call_id": "c1"}
+        with pytest.raises(InvalidInputError, match="tool_call_id"):
+            llm.chat([ChatMessage(role=MessageRole.TOOL, content="cats")])
+        plain = ChatResponse(message=ChatMessage(role="assistant", content="no tools"))
+        with pytest.raises(ValueError, match="no tool call"):
+            llm.get_tool_calls_from_response(plain)
+        assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
+        llm.close()

@@ -11,6 +11,13 @@ Which endpoint the engine serves decides both paths (``is_chat_model``):
   ``completion_to_prompt`` unless ``formatted``), and ``chat`` renders the messages
   with ``messages_to_prompt`` and does the same.
 
+Tool calling (chat engines): ``chat_with_tools`` / ``stream_chat_with_tools`` and the
+agents built on them send LlamaIndex tools in OpenAI format; the engine's tool calls
+come back as :class:`ToolCallBlock` blocks of the answer's message (and OpenAI-shaped
+in its ``additional_kwargs["tool_calls"]``), and a history holding them (an assistant message
+with tool calls, ``TOOL`` messages with ``additional_kwargs["tool_call_id"]``) is sent
+as the OpenAI API expects.
+
 Every answer carries the routing facts in ``additional_kwargs`` (``endpoint``,
 ``model``, ``ttft_s``, ``e2e_s``, ``prompt_tokens``, ``cached_tokens``,
 ``completion_tokens``, ``finish_reason``, ``attempts``, ``routing_reason``) and the
@@ -21,8 +28,9 @@ with an empty ``delta`` that carries those facts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from llama_index.core.base.llms.generic_utils import (
     messages_to_prompt as generic_messages_to_prompt,
@@ -38,28 +46,33 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+    ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM, default_completion_to_prompt
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
 
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.routing import AsyncChatStream, ChatStream, Endpoint, Policy, RoutingClient
 from contextpilot_rag.routing import ChatResult as RoutedAnswer
 from contextpilot_rag.routing.client import OwnedClient, client_source
 
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
 __all__ = ["ContextPilotLLM"]
 
 Kind = Literal["chat", "completion"]
-Payload = str | list[dict[str, str]]
+Payload = str | list[dict[str, Any]]
 """What one request sends: a completion prompt or OpenAI chat messages."""
 
 _Response = TypeVar("_Response", ChatResponse, CompletionResponse)
 _MakeResponse = Callable[[str, str | None, RoutedAnswer | None], _Response]
 
 
-class ContextPilotLLM(OwnedClient, LLM):
+class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
     """A LlamaIndex LLM whose requests a :class:`RoutingClient` routes over a fleet.
 
     Build it from a client (``client=``; the caller keeps and closes it) or from
@@ -115,8 +128,59 @@ class ContextPilotLLM(OwnedClient, LLM):
             context_window=self.context_window,
             num_output=self.max_tokens or DEFAULT_NUM_OUTPUTS,
             is_chat_model=self.is_chat_model,
+            is_function_calling_model=self.is_chat_model,
             model_name=self._routing.model or "contextpilot-routing",
         )
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The ``chat`` arguments of a tool-calling turn: the tools in OpenAI format,
+        ``tool_choice`` ``"required"`` or ``"auto"``, ``parallel_tool_calls``."""
+        if not self.is_chat_model:
+            raise ConfigError("tool calling needs a chat engine (is_chat_model=True)")
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
+        if user_msg is not None:
+            messages.append(user_msg)
+        specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
+        if specs:
+            kwargs.setdefault("tools", specs)
+            kwargs.setdefault("tool_choice", "required" if tool_required else "auto")
+            kwargs.setdefault("parallel_tool_calls", allow_parallel_tool_calls)
+        return {"messages": messages, **kwargs}
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The answer's tool calls; arguments that are not a JSON object give ``{}``."""
+        selections = []
+        for block in response.message.blocks:
+            if isinstance(block, ToolCallBlock):
+                arguments = block.tool_kwargs
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments) if arguments.strip() else {}
+                    except json.JSONDecodeError:
+                        arguments = {}
+                selections.append(
+                    ToolSelection(
+                        tool_id=block.tool_call_id or "",
+                        tool_name=block.tool_name,
+                        tool_kwargs=arguments if isinstance(arguments, dict) else {},
+                    )
+                )
+        if not selections and error_on_no_tool_call:
+            raise ValueError("the answer holds no tool call")
+        return selections
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -206,14 +270,42 @@ class ContextPilotLLM(OwnedClient, LLM):
         return self._routing.astream(payload, kind=kind, **self._params(kwargs))
 
 
-def _openai_message(index: int, message: ChatMessage) -> dict[str, str]:
-    """``{"role", "content"}``; the client sends text only, so other blocks are refused
-    rather than dropped."""
-    if not all(isinstance(block, TextBlock) for block in message.blocks):
+def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
+    """The OpenAI message of ``message``: its text, its tool calls (an assistant's
+    :class:`ToolCallBlock` blocks) and, for a ``TOOL`` message, the id of the call it
+    answers. Other blocks (images, audio) are refused rather than dropped."""
+    if not all(isinstance(block, (TextBlock, ToolCallBlock)) for block in message.blocks):
         raise InvalidInputError(
-            f"messages[{index}] holds a non-text block; ContextPilotLLM sends text only"
+            f"messages[{index}] holds a block other than text or a tool call; "
+            "ContextPilotLLM sends text and tool calls only"
         )
-    return {"role": message.role.value, "content": message.content or ""}
+    calls = [block for block in message.blocks if isinstance(block, ToolCallBlock)]
+    text = "".join(block.text for block in message.blocks if isinstance(block, TextBlock))
+    out: dict[str, Any] = {
+        "role": message.role.value,
+        "content": text or ("" if not calls else None),
+    }
+    if calls:
+        out["tool_calls"] = [_openai_tool_call(call) for call in calls]
+    if message.role == MessageRole.TOOL:
+        call_id = message.additional_kwargs.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidInputError(
+                f"messages[{index}] is a tool message without additional_kwargs['tool_call_id']"
+            )
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _openai_tool_call(block: ToolCallBlock) -> dict[str, Any]:
+    arguments = block.tool_kwargs
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {
+        "id": block.tool_call_id,
+        "type": "function",
+        "function": {"name": block.tool_name, "arguments": arguments},
+    }
 
 
 def _responses(
@@ -241,7 +333,19 @@ async def _aresponses(
 
 
 def _chat_response(text: str, delta: str | None, answer: RoutedAnswer | None) -> ChatResponse:
-    message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+    blocks: list[TextBlock | ToolCallBlock] = [TextBlock(text=text)]
+    calls: dict[str, Any] = {}
+    if answer is not None and answer.tool_calls:
+        blocks += [
+            ToolCallBlock(
+                tool_call_id=call.get("id"),
+                tool_name=call.get("function", {}).get("name") or "",
+                tool_kwargs=call.get("function", {}).get("arguments") or "",
+            )
+            for call in answer.tool_calls
+        ]
+        calls["tool_calls"] = [dict(call) for call in answer.tool_calls]
+    message = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=calls)
     return ChatResponse(message=message, delta=delta, **_answer_fields(answer))
 
 
