@@ -641,25 +641,6 @@ def test_max_cached_prompts_bounds_the_route_table_of_each_slot(
     assert again.decision.predicted_cached_tokens < 0.5 * (again.prompt_tokens or 0)
 
 
-def test_a_slot_waits_for_the_prompts_queued_on_the_other_slots_of_its_server() -> None:
-    # One server prefills for all its slots: while server a's slot 0 has a prompt
-    # queued, a's slot 1 is not idle, so the next request goes to server b.
-    with ExitStack() as stack:
-        a, b = (stack.enter_context(OpenAICompatibleServer(token_delay_s=0.3)) for _ in "ab")
-        slots = [
-            Endpoint(s.base_url, slot=i, prefill_tokens_per_s=100.0) for s in (a, b) for i in (0, 1)
-        ]
-        client = stack.enter_context(RoutingClient(slots, model="m"))
-        first = threading.Thread(target=client.chat, args=(messages("First?"),))
-        first.start()
-        while client.replicas[0].queued_tokens == 0:
-            time.sleep(0.005)
-        second = client.chat(messages("Second?", docs=DOCS[4:]))
-        first.join()
-        assert second.decision.replica_id == f"{b.base_url}#slot0"
-        assert [state.queued_tokens for state in client.replicas] == [0, 0, 0, 0]  # per slot
-
-
 def test_bad_slot_settings_are_rejected_before_any_client_exists() -> None:
     url = "http://127.0.0.1:1/v1"
     for bad in (-1, 1.0, True, "0"):

@@ -520,12 +520,6 @@ class RoutingClient:
         self.pilot = pilot
         self._replicas = {r.replica_id: r for r in replicas}
         _limit_cached_prompts(self.policy, replicas)
-        # slot targets grouped by server: the slots of one server share its prefill
-        servers: dict[str, list[str]] = {}
-        for r in replicas:
-            if r.endpoint.slot is not None:
-                servers.setdefault(r.endpoint.base_url, []).append(r.replica_id)
-        self._slot_servers = [ids for ids in servers.values() if len(ids) > 1]
         self._lock = threading.RLock()  # _finish releases counters under it
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
@@ -739,8 +733,6 @@ class RoutingClient:
             states = tuple(r.state(now) for r in self._replicas.values())
             if not any(state.healthy for state in states):  # every breaker open: try anyway
                 states = tuple(replace(state, healthy=True) for state in states)
-            if self._slot_servers:
-                states = self._server_queues(states)
             fleet = _View(now, states)
             decision = self.policy.choose(request, fleet)
             if decision.hold_s > 0:
@@ -778,18 +770,6 @@ class RoutingClient:
             path = "completions"
         url = f"{replica.endpoint.base_url}/{path}"
         return _Plan(replica, request, decision, body, url, now, len(text.text))
-
-    def _server_queues(self, states: tuple[ReplicaState, ...]) -> tuple[ReplicaState, ...]:
-        """The policy's view of slot targets: a slot waits for the prompts queued on
-        every slot of its server (one server prefills for all of them), so each slot
-        target shows its server's queued tokens."""
-        index = {state.replica_id: i for i, state in enumerate(states)}
-        shown = list(states)
-        for ids in self._slot_servers:
-            queued = sum(states[index[i]].queued_tokens for i in ids)
-            for i in ids:
-                shown[index[i]] = replace(states[index[i]], queued_tokens=queued)
-        return tuple(shown)
 
     def _first_token(self, plan: _Plan) -> None:
         with self._lock:
