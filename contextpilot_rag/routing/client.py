@@ -260,6 +260,11 @@ class _Plan:
     queued: bool = True
     closed: bool = False
 
+    @property
+    def held_s(self) -> float:
+        """Time the request waited at the client before dispatch (late binding)."""
+        return self.started - self.request.arrival_s
+
 
 @dataclass(frozen=True)
 class _Held:
@@ -735,17 +740,16 @@ class RoutingClient:
                 states = tuple(replace(state, healthy=True) for state in states)
             fleet = _View(now, states)
             decision = self.policy.choose(request, fleet)
-            if decision.hold_s > 0:
-                if self.metrics is not None:
-                    self.metrics.decided(self.policy.name, decision)
-                return _Held(request, min(decision.hold_s, _HOLD_POLL_S))
-            replica = self._replicas.get(decision.replica_id)
-            if replica is None or replica.model != decision.model:
+            replica = None if decision.hold_s > 0 else self._replicas.get(decision.replica_id)
+            if replica is not None and replica.model == decision.model:
+                replica.in_flight += 1
+                replica.queued_tokens += request.prompt_tokens
+            elif decision.hold_s <= 0:
                 raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
-            replica.in_flight += 1
-            replica.queued_tokens += request.prompt_tokens
         if self.metrics is not None:
             self.metrics.decided(self.policy.name, decision)
+        if replica is None:  # a hold: offer the request again later
+            return _Held(request, min(decision.hold_s, _HOLD_POLL_S))
         logger.debug(
             "route %s -> %s (%s)",
             request.request_id,
@@ -807,11 +811,15 @@ class RoutingClient:
         if self.metrics is None and not decision_log.isEnabledFor(logging.INFO):
             return
         record = DecisionRecord.of(
-            self.policy.name, plan.replica.endpoint.target, outcome, observed, prompt_tokens
+            self.policy.name,
+            plan.replica.endpoint.target,
+            outcome,
+            observed,
+            prompt_tokens,
+            held_s=plan.held_s,
         )
-        held_s = round(plan.started - plan.request.arrival_s, 6)
-        if result is not None or held_s:
-            record = replace(record, result=result or record.result, held_s=held_s)
+        if result is not None:
+            record = replace(record, result=result)
         record.log()
         if self.metrics is not None:
             self.metrics.finished(record, answered=outcome.error is None)
@@ -861,7 +869,7 @@ class RoutingClient:
         if error is not None or reply is None:
             return None
         usage = reply.usage or {}
-        held_s = plan.started - plan.request.arrival_s  # late binding: waited at the client
+        held_s = plan.held_s
         return ChatResult(
             text="".join(reply.text),
             endpoint=plan.replica.endpoint.base_url,

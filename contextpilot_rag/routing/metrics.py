@@ -106,6 +106,8 @@ class DecisionRecord:
         outcome: Outcome,
         observed_cached: int | None,
         prompt_tokens: int | None,
+        *,
+        held_s: float = 0.0,
     ) -> DecisionRecord:
         decision: Decision = outcome.decision
         request = outcome.request
@@ -126,6 +128,7 @@ class DecisionRecord:
             round(outcome.e2e_s, 6),
             result,
             outcome.error,
+            round(held_s, 6),
         )
 
     def log(self) -> None:
