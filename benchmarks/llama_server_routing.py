@@ -229,6 +229,18 @@ class StreamRow:
     predicted_cached_tokens: int
 
 
+def stream_workload(args: argparse.Namespace) -> Workload:
+    """The stream's topic workload from the command line (``--topics``,
+    ``--docs-per-topic``, ``--requests``, ``--k``, ``--seed``)."""
+    return topic_workload(
+        n_topics=args.topics,
+        docs_per_topic=args.docs_per_topic,
+        n_requests=args.requests,
+        k=args.k,
+        seed=args.seed,
+    )
+
+
 def stream_prompts(workload: Workload) -> list[Prompt]:
     """Every request's prompt, built in arrival order by one ``ContextPilot``."""
     pilot = ContextPilot()
@@ -552,14 +564,7 @@ def stream_benchmark(
     policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
 ) -> str:
     """Run the open-loop stream at every rate under every policy; its section."""
-    workload = topic_workload(
-        n_topics=args.topics,
-        docs_per_topic=args.docs_per_topic,
-        n_requests=args.requests,
-        k=args.k,
-        seed=args.seed,
-    )
-    prompts = stream_prompts(workload)
+    prompts = stream_prompts(stream_workload(args))
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     rows: list[StreamRow] = []
     with Progress(console=Console(stderr=True)) as progress:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from contextpilot_rag import ContextBlock, ContextPilot
-from contextpilot_rag.bench.workloads import topic_workload
+from llama_server_routing import stream_prompts, stream_workload  # this directory
+
 from contextpilot_rag.routing.prompt_keys import serialise
 
 
@@ -60,25 +60,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    workload = topic_workload(
-        n_topics=args.topics,
-        docs_per_topic=args.docs_per_topic,
-        n_requests=args.requests,
-        k=args.k,
-        seed=args.seed,
-    )
-    pilot = ContextPilot()
-    texts = [
-        serialise(
-            pilot.optimize(
-                [ContextBlock(text=workload.corpus[d], id=d) for d in request.doc_ids],
-                request.query,
-                system=workload.system_prompt,
-            ),
-            completion=True,
-        ).text
-        for request in workload.requests
-    ]
+    texts = [serialise(p, completion=True).text for p in stream_prompts(stream_workload(args))]
     size = sum(len(t) for t in texts)
     print(f"unbounded: {unbounded(texts) / size:.1%}")
     for slots in (2, 4, 8):
