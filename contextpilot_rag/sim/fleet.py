@@ -368,8 +368,8 @@ class _Simulation:
             request = replace(request, may_hold=True)
         self.offer(now, request)
 
-    def offer(self, now: float, request: RouteRequest) -> bool:
-        """Ask the policy where ``request`` goes; send it, or hold it (False)."""
+    def offer(self, now: float, request: RouteRequest) -> None:
+        """Ask the policy where ``request`` goes; send it, or hold it."""
         view = SimFleetView(now, tuple(rt.state() for rt in self.runtimes.values()))
         started = self.clock_ns()
         decision = self.policy.choose(request, view)
@@ -385,24 +385,21 @@ class _Simulation:
             self.push(
                 now + decision.hold_s, _Event.HOLD_TIMER, "", _HoldTimer(request.request_id, token)
             )
-            return False
+            return
         runtime = self._validated(request, decision)
         runtime.in_flight += 1
         runtime.queued_tokens += request.prompt_tokens
         job = _Job(request, decision, decision_us)
         self.push(now + runtime.config.rtt_s / 2, _Event.ENQUEUE, runtime.config.replica_id, job)
-        return True
 
     def release(self, now: float) -> None:
         """Offer every held request again, smallest last predicted TTFT first."""
         if not self.held:
             return
-        order = sorted(
-            enumerate(self.held.values()),
-            key=lambda entry: (entry[1][1].predicted_ttft_s or 0.0, entry[0]),
-        )
+        # a stable sort: ties keep the order they were held in (arrival)
+        order = sorted(self.held.values(), key=lambda entry: entry[1].predicted_ttft_s or 0.0)
         self.held = {}
-        for _, (request, _, _) in order:
+        for request, _, _ in order:
             self.offer(now, request)
 
     def _validated(self, request: RouteRequest, decision: Decision) -> _ReplicaRuntime:
