@@ -199,8 +199,10 @@ def test_tool_calling_sends_the_tools_and_reads_back_the_engines_calls() -> None
             "arguments": '{"q": "cats"}',
         }
         assert messages[2] == {"role": "tool", "content": "cats", "tool_call_id": "c1"}
+        sent_before = len(engine.requests)
         with pytest.raises(InvalidInputError, match="tool_call_id"):
             llm.chat([ChatMessage(role=MessageRole.TOOL, content="cats")])
+        assert len(engine.requests) == sent_before  # refused before anything was sent
         plain = ChatResponse(message=ChatMessage(role="assistant", content="no tools"))
         with pytest.raises(ValueError, match="no tool call"):
             llm.get_tool_calls_from_response(plain)
