@@ -31,6 +31,16 @@ thread at its arrival time, whatever the others are doing::
     python benchmarks/llama_server_routing.py --workload stream --policies \\
         round-robin,combined --write docs/benchmarks.md --plot docs/img/llama_server_stream.png
 
+``--workload chat`` sends the same conversations open loop: they start at seeded
+Poisson times, at every rate of ``--conversation-rates`` (conversations/s), instead of
+``--stagger-s`` apart, so the fleet sees new conversations arrive while others go on,
+as a chat service does; each still waits for its answer and a pause before its next
+turn::
+
+    python benchmarks/llama_server_routing.py --workload chat --users 12 \\
+        --conversation-rates 0.06 --policies round-robin,combined,combined:slots \\
+        --write docs/benchmarks.md --plot docs/img/llama_server_chat.png   # ~13 min
+
 A policy named ``NAME:slots`` routes over every slot of every server instead of over
 the servers: one ``Endpoint(base_url, slot=i, max_cached_prompts=1)`` per slot, so each
 request carries llama-server's ``id_slot`` and the router knows a slot keeps only its
@@ -167,13 +177,15 @@ def cold_fleet(
 def run_policy(
     policy: str,
     engine: LlamaEngine,
-    sessions: list[list[WorkloadRequest]],
-    corpus: dict[str, str],
-    system: str,
+    workload: Workload,
     args: argparse.Namespace,
     advance: Callable[[], None],
+    starts: Sequence[float],
 ) -> list[Row]:
-    """One cold fleet, all users concurrently; the rows of every request."""
+    """One cold fleet, all users concurrently, user ``i`` starting ``starts[i]`` seconds
+    after the fleet is up; the rows of every request."""
+    sessions = conversations(workload)
+    corpus, system = workload.corpus, workload.system_prompt
     with ExitStack() as stack:
         client = cold_fleet(stack, policy, engine, args)
         pilot = ContextPilot()
@@ -181,8 +193,10 @@ def run_policy(
         lock = threading.Lock()
         errors: list[BaseException] = []
 
+        started = time.monotonic()
+
         def user(number: int, requests: Sequence[WorkloadRequest]) -> None:
-            time.sleep(number * args.stagger_s)
+            time.sleep(max(0.0, started + starts[number] - time.monotonic()))
             think = random.Random(args.seed * 1000 + number)  # the same pauses for every policy
             try:
                 for request in requests:
@@ -418,6 +432,42 @@ def idle_prefill_rate(rows: Sequence[StreamRow]) -> float:
     )
 
 
+def print_by_rate(by_rate: dict[float, list[Summary]], rate_key: str) -> None:
+    """Every (rate, policy) summary as one JSON list on stdout."""
+    print(
+        json.dumps(
+            [
+                asdict(s) | {rate_key: rate, "cached_share": s.cached_share}
+                for rate, summaries in by_rate.items()
+                for s in summaries
+            ]
+        )
+    )
+
+
+def open_loop_header(
+    title: str, workload: str, args: argparse.Namespace, command: str
+) -> list[str]:
+    """The heading, machine and engine paragraphs of an open-loop section."""
+    return [
+        f"## RoutingClient over real llama-server replicas, {title} "
+        f"(issue 6): `benchmarks/llama_server_routing.py --workload {workload}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared by the replicas, "
+        f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
+        f"Command: `{command}`.",
+        "",
+        f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
+        f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
+        "chosen by prompt similarity (`-sps 0.1`) unless the client addresses it, "
+        "continuous batching. A policy marked `:slots` routes over every slot of every "
+        "server: one target per slot, `Endpoint(url, slot=i, max_cached_prompts=1)`, "
+        "each request carrying llama-server's `id_slot`; unmarked policies route over the "
+        "servers.",
+        "",
+    ]
+
+
 def stream_markdown(
     by_rate: dict[float, list[Summary]],
     prefill_rate: float,
@@ -436,21 +486,7 @@ def stream_markdown(
     offered = ", ".join(f"{rate:g}/s: {load(rate, prompt_tokens)}" for rate in by_rate)
     title = "slot-addressed " if by_slots(args) else ""
     lines = [
-        f"## RoutingClient over real llama-server replicas, {title}open-loop RAG stream "
-        "(issue 6): `benchmarks/llama_server_routing.py --workload stream`",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared by the replicas, "
-        f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
-        f"Command: `{command}`.",
-        "",
-        f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
-        f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
-        "chosen by prompt similarity (`-sps 0.1`) unless the client addresses it, "
-        "continuous batching. A policy marked `:slots` routes over every slot of every "
-        "server: one target per slot, `Endpoint(url, slot=i, max_cached_prompts=1)`, "
-        "each request carrying llama-server's `id_slot`; unmarked policies route over the "
-        "servers.",
-        "",
+        *open_loop_header(f"{title}open-loop RAG stream", "stream", args, command),
         f"Workload: {args.requests} single-turn requests from the core's topic-clustered "
         f"workload (`bench.workloads.topic_workload`: {args.topics} topics of "
         f"{args.docs_per_topic} documents, Zipf popularity over topics and within each, "
@@ -524,11 +560,9 @@ def plot_stream(by_rate: dict[float, list[Summary]], rows: Sequence[StreamRow], 
     plt.close(fig)
 
 
-def multiturn_benchmark(
-    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
-) -> str:
-    """Run the closed-loop conversations under every policy; their section."""
-    workload = multiturn_workload(
+def conversation_workload(args: argparse.Namespace) -> Workload:
+    """The conversations of ``--users`` × ``--turns`` (``--k``, ``--seed``)."""
+    return multiturn_workload(
         n_sessions=args.users,
         turns=args.turns,
         interleave=args.users,
@@ -536,28 +570,127 @@ def multiturn_benchmark(
         n_docs=400,
         seed=args.seed,
     )
-    sessions = conversations(workload)
-    corpus, system = dict(workload.corpus), workload.system_prompt
+
+
+def multiturn_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """Run the closed-loop conversations under every policy; their section."""
+    workload = conversation_workload(args)
+    starts = [number * args.stagger_s for number in range(args.users)]
     rows: list[Row] = []
     with Progress(console=Console(stderr=True)) as progress:
-        total = sum(len(s) for s in sessions)
         for policy in policies:
-            task = progress.add_task(policy, total=total)
-            rows += run_policy(
-                policy,
-                engine,
-                sessions,
-                corpus,
-                system,
-                args,
-                lambda task=task: progress.advance(task),  # type: ignore[misc]
-            )
+            task = progress.add_task(policy, total=len(workload.requests))
+            advance = functools.partial(progress.advance, task)
+            rows += run_policy(policy, engine, workload, args, advance, starts)
     summaries = with_ratios([summarise(p, [r for r in rows if r.policy == p]) for p in policies])
     if args.plot:
         plot(summaries, rows, args.plot)
     if args.json:
         print(json.dumps([asdict(s) | {"cached_share": s.cached_share} for s in summaries]))
     return markdown(summaries, args, command)
+
+
+def chat_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """Run the open-loop conversations at every rate under every policy; their section."""
+    workload = conversation_workload(args)
+    rates = [float(r) for r in args.conversation_rates.split(",") if r.strip()]
+    runs: dict[tuple[float, str], list[Row]] = {}
+    with Progress(console=Console(stderr=True)) as progress:
+        for rate in rates:
+            starts = [t / rate for t in unit_arrivals(args.users, args.seed)]
+            for policy in policies:
+                task = progress.add_task(f"{rate:g}/s {policy}", total=len(workload.requests))
+                advance = functools.partial(progress.advance, task)
+                runs[rate, policy] = run_policy(policy, engine, workload, args, advance, starts)
+    by_rate = {rate: with_ratios([summarise(p, runs[rate, p]) for p in policies]) for rate in rates}
+    # prefill rate of an idle replica: each run's first answer, sent to a cold idle fleet
+    idle_rate = statistics.median(
+        (rows[0].prompt_tokens - rows[0].cached_tokens) / rows[0].ttft_s for rows in runs.values()
+    )
+    if args.plot:
+        plot_chat(by_rate, runs, args.plot)
+    if args.json:
+        print_by_rate(by_rate, "conversations_per_s")
+    return chat_markdown(by_rate, idle_rate, args, command)
+
+
+def chat_markdown(
+    by_rate: dict[float, list[Summary]],
+    prefill_rate: float,
+    args: argparse.Namespace,
+    command: str,
+) -> str:
+    """The open-loop conversation section: one table row per (rate, policy)."""
+    capacity = args.replicas * prefill_rate  # prefill tokens/s of the fleet
+
+    def load(rate: float, s: Summary) -> str:  # computed tokens per conversation × rate
+        return f"{rate * s.prompt_n / args.users / capacity:.2f}"
+
+    lines = [
+        *open_loop_header("open-loop conversations", "chat", args, command),
+        f"Workload: {args.users} conversations × {args.turns} turns of the core's multi-turn "
+        f"RAG workload ({args.k} documents per turn, seed {args.seed}; "
+        "what the closed-loop run sends for these sizes), but open loop: conversations start at "
+        "seeded Poisson times (one unit-rate sequence scaled by the rate, the same for every "
+        "policy), and each sends its next turn a seeded exponential pause (mean "
+        f"{args.think_s} s) after the previous answer. Prompts from `ContextPilot.optimize` "
+        "with the conversation's id, the answer recorded into the conversation, sent as "
+        f"completions with `max_tokens={args.max_tokens}`. Prefill rate of an idle replica: "
+        f"{prefill_rate:.0f} tokens/s (each run's first answer, median over runs). *load*: "
+        "conversations/s × computed tokens (`prompt_n`) per conversation / "
+        f"({args.replicas} × {prefill_rate:.0f} tokens/s), the fraction of the fleet's "
+        "prefill time the policy's computed tokens take at that rate.",
+        "",
+        "| conversations /s | policy | requests | mean TTFT s | p50 s | p95 s | round-robin "
+        "mean / this | cache_n | prompt_n | cached share | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rate, summaries in by_rate.items():
+        lines += [
+            f"| {rate:g} | {s.policy} | {summary_cells(s)} | {load(rate, s)} |" for s in summaries
+        ]
+    if args.plot:
+        lines += ["", f"![mean TTFT per rate and policy](img/{args.plot.name})"]
+    return "\n".join(lines)
+
+
+def plot_chat(
+    by_rate: dict[float, list[Summary]], runs: dict[tuple[float, str], list[Row]], path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    rates = list(by_rate)
+    for s in by_rate[rates[0]]:
+        means = [next(x.ttft_mean_s for x in by_rate[r] if x.policy == s.policy) for r in rates]
+        left.plot(rates, means, marker="o", label=s.policy)
+        rows = runs[rates[-1], s.policy]
+        turns = sorted({r.turn for r in rows})
+        right.plot(
+            [t + 1 for t in turns],
+            [statistics.fmean(r.ttft_s for r in rows if r.turn == t) for t in turns],
+            marker="o",
+            label=s.policy,
+        )
+    left.set_xlabel("conversations started per second")
+    left.set_ylabel("mean TTFT (s)")
+    left.set_title("mean TTFT per arrival rate")
+    left.legend()
+    right.set_xlabel("turn")
+    right.set_ylabel("mean TTFT (s)")
+    right.set_title(f"by conversation turn at {rates[-1]:g}/s")
+    right.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def stream_benchmark(
@@ -587,22 +720,14 @@ def stream_benchmark(
     if args.rows:
         args.rows.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows), encoding="utf-8")
     if args.json:
-        print(
-            json.dumps(
-                [
-                    asdict(s) | {"rate_per_s": rate, "cached_share": s.cached_share}
-                    for rate, summaries in by_rate.items()
-                    for s in summaries
-                ]
-            )
-        )
+        print_by_rate(by_rate, "rate_per_s")
     return stream_markdown(by_rate, idle_prefill_rate(rows), args, command)
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--policies", default="round-robin,least-load,ranvier,combined")
-    parser.add_argument("--workload", choices=("multiturn", "stream"), default="multiturn")
+    parser.add_argument("--workload", choices=("multiturn", "chat", "stream"), default="multiturn")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--context", type=int, default=8192, help="tokens per slot")
@@ -613,6 +738,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--stagger-s", type=float, default=0.5)
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
     parser.add_argument("--rates", default="0.12,0.4", help="stream: requests/s, comma-separated")
+    parser.add_argument(
+        "--conversation-rates", default="0.03,0.06", help="chat: conversations/s, comma-separated"
+    )
     parser.add_argument("--requests", type=int, default=48, help="stream: requests per run")
     parser.add_argument("--topics", type=int, default=8, help="stream: knowledge bases")
     parser.add_argument("--docs-per-topic", type=int, default=8)
@@ -644,6 +772,8 @@ def main() -> None:
     if args.workload == "stream":
         section = "llama-server-slots" if by_slots(args) else "llama-server-stream"
         text = stream_benchmark(policies, engine, args, command)
+    elif args.workload == "chat":
+        text, section = chat_benchmark(policies, engine, args, command), "llama-server-chat"
     else:
         text, section = multiturn_benchmark(policies, engine, args, command), "llama-server-routing"
     if args.write:
