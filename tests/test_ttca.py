@@ -182,6 +182,27 @@ def test_combined_keeps_a_long_prefill_away_from_decoding_requests() -> None:
     assert policy.choose(heavy, _Fleet(5.0, (busy_a, b))).replica_id == "b/0"
 
 
+def test_combined_prices_prefill_interference_as_decode_time_over_one_minus_duty() -> None:
+    # a spent 15 s of the last 30 s prefilling (duty 0.5): every decode step that
+    # carries a 2,048-token chunk takes 0.2 s longer, so half of a's time goes to
+    # prefill and a 1,000-token answer takes 1,000 x 0.02 s / (1 - 0.5) = 40 s there.
+    # b is idle but decodes at 20 tokens/s: 50 s. So a. (Charging every step
+    # duty x chunk time, 0.02 + 0.5 x 0.2048 s, would predict 122 s and pick b.)
+    engine = {"prefill_chunk_tokens": 2048}
+    policy = CombinedPolicy(externality_weight=0.0, queue_externality_weight=0.0)
+    a = ReplicaState("a/0", "a", **engine)  # type: ignore[arg-type]
+    b = ReplicaState("b/0", "b", decode_tokens_per_s=20.0, **engine)  # type: ignore[arg-type]
+    big = _request(request_id="big", tokens=150_000, expected_output_tokens=1)
+    assert policy.choose(big, _Fleet(0.0, (a,))).replica_id == "a/0"  # 15 s booked
+    busy_a = replace(a, in_flight=1)  # big prefilled (nothing queued), still in flight
+    fresh = tuple(range(10**6, 10**6 + 512))  # 8k tokens cached nowhere
+    answer = _request(request_id="answer", block_hashes=fresh, expected_output_tokens=1_000)
+    assert policy.choose(answer, _Fleet(0.0, (busy_a, b))).replica_id == "a/0"
+    # a short answer costs little decode anywhere: a, whose prefill is as fast
+    short = _request(request_id="short", block_hashes=fresh, expected_output_tokens=10)
+    assert policy.choose(short, _Fleet(0.0, (busy_a, b))).replica_id == "a/0"
+
+
 def test_combined_keeps_a_cached_prefix_under_load_for_the_queue_behind_it() -> None:
     # a holds the 40k-token prefix but has 5 s of queue; b is idle and would prefill
     # it in 4 s. Alone, b is faster for this request; under a steady stream of

@@ -7,7 +7,7 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
     TTFT(u, x)   = RTT(u) + wait(u) + prefill(u, x)
     prefill(u, x) = uncached(u, x) / prefill_rate(u)
                     + ceil(uncached / chunk) · decode step(u)      (chunked prefill)
-    decode(u, x) = output_tokens(x) · (decode step(u) with x + duty(u) · chunk / prefill_rate(u))
+    decode(u, x) = output_tokens(x) · decode step(u) with x / (1 - duty(u))
     harm(u, x)   = decoders on u still running when x's prefill starts
                    · uncached(u, x) / prefill_rate(u)
     queue_harm(u, x) = prefill(u, x) · λ · (wait(u) + prefill(u, x))
@@ -24,8 +24,14 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 - ``decode step`` = ``1/decode_rate + decode_s_per_context_token · context`` of the
   requests decoding on ``u`` (this router's in-flight prompts minus the queued ones);
   ``duty`` is the fraction of time ``u`` spends prefilling (an exponentially decayed
-  sum of the prefill time this router booked on it), during which every decode step
-  also carries a prefill chunk (prefill–decode interference).
+  sum of the prefill time this router booked on it, capped at 0.95), during which
+  every decode step also carries a prefill chunk (prefill–decode interference): a
+  step with a chunk takes the chunk's time longer, so the prefill time ``u`` runs
+  during ``x``'s decode adds to the decode one for one, and at duty ``d`` a decode of
+  ``n`` steps takes ``n · step / (1 - d)``. (Before, each step was charged
+  ``d · chunk / prefill_rate``, as if a fraction ``d`` of every *step* carried a whole
+  chunk: with 2,048-token chunks at 20k tokens/s against 10 ms steps, 7× the slowdown
+  at ``d`` = 0.3; see docs/routing.md.)
 - ``harm`` is the delay ``x``'s prefill imposes on requests already decoding on ``u``
   (each step carries a chunk of ``x``), weighted by ``externality_weight`` ``e``: the
   router minimises the fleet's time, not only ``x``'s.
@@ -154,7 +160,7 @@ class CombinedPolicy:
         ttft_window: int = 200,
         recorded_boundaries: int = 8,
         warm_retries: bool = True,
-        hold_wait_s: float | None = 0.5,
+        hold_wait_s: float | None = 1.0,
         max_hold_s: float = 60.0,
     ) -> None:
         if externality_weight < 0 or queue_externality_weight < 0 or not 0 < q_floor <= 1:
@@ -267,7 +273,9 @@ class CombinedPolicy:
                 decode_step_s = step_s + per_context * tokens
                 if chunk:
                     duty = state.duty * exp((state.duty_at - now) / tau) / tau
-                    decode_step_s += (duty if duty < 0.95 else 0.95) * chunk / rate
+                    # the replica's prefill time during x's decode adds to it (each
+                    # step then carries a chunk): decode = steps / (1 - duty)
+                    decode_step_s /= 1.0 - (duty if duty < 0.95 else 0.95)
                     ends = state.decode_ends
                     if ends:
                         running = len(ends) - bisect_right(ends, now + half_rtt + wait_s)

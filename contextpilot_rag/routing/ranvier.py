@@ -119,10 +119,13 @@ class RouteTable:
         ``boundaries`` are block counts; they are probed longest first, one dict lookup
         each on ``block_hashes[b - 1]``."""
         n = len(block_hashes)
+        local, peer = self._local, self._peer
         for b in sorted(boundaries, reverse=True):
             if b < 1 or b > n:
                 continue
             key = block_hashes[b - 1]
+            if key not in local and key not in peer:
+                continue  # most probes miss: no call, no Route built
             route = self.get(key, now)
             if route is not None and (accept is None or accept(key, route)):
                 return RouteMatch(key, route)
