@@ -345,14 +345,15 @@ def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
 
 
 def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: str) -> str:
+    title = ", slot caches only" if args.cache_ram == 0 else ""
     lines = [
-        "## RoutingClient over real llama-server replicas (issue 6): "
+        f"## RoutingClient over real llama-server replicas{title} (issue 6): "
         "`benchmarks/llama_server_routing.py`",
         "",
         f"Machine: {platform.machine()}, {platform.python_implementation()} "
         f"{platform.python_version()}, CPU only; one run. Command: `{command}`.",
         "",
-        f"{engine_line(args)}. "
+        f"{engine_line(args)}; {cache_ram_text(args)}. "
         f"Workload: {args.users} concurrent conversations × {args.turns} turns, "
         f"{args.k} documents per turn (multi-turn RAG workload of the core, seed {args.seed}), "
         f"users {args.stagger_s} s apart, pauses between turns exponential with mean "
@@ -775,7 +776,9 @@ def main() -> None:
     elif args.workload == "chat":
         text, section = chat_benchmark(policies, engine, args, command), "llama-server-chat"
     else:
-        text, section = multiturn_benchmark(policies, engine, args, command), "llama-server-routing"
+        # without llama-server's host-memory prompt cache: a section of its own
+        section = "llama-server-routing" + ("-slot-cache" if args.cache_ram == 0 else "")
+        text = multiturn_benchmark(policies, engine, args, command)
     if args.write:
         write_section(args.write, section, text, KEPT_SECTIONS_MARKER)
         Console(stderr=True).print(f"wrote {args.write}")
