@@ -165,11 +165,14 @@ def test_counters_return_to_zero_after_cancellations() -> None:
 def test_a_request_held_while_the_fleet_is_backlogged_is_sent_once_it_drains() -> None:
     # 100 tokens/s: the first request's prompt is seconds of predicted queue until its
     # first token (0.3 s: the server's delay), so the second is held at the client,
-    # touching no counter, and sent once the first one's prompt is prefilled.
+    # touching no counter, and sent when the first one's first token shows its prompt
+    # prefilled: one hold decision each, no timer or polling in between.
     policy = CombinedPolicy(hold_wait_s=0.1)
     with OpenAICompatibleServer(token_delay_s=0.3) as server:
         endpoint = Endpoint(server.base_url, prefill_tokens_per_s=100.0)
-        client = RoutingClient([endpoint], model="m", policy=policy, metrics=True)
+        client = RoutingClient(
+            [endpoint], model="m", policy=policy, metrics=True, learn_rates=False
+        )
 
         def second_while_first_is_queued(send: Callable[[], ChatResult]) -> ChatResult:
             first = threading.Thread(target=client.chat, args=(messages("First?"),))
@@ -193,9 +196,72 @@ def test_a_request_held_while_the_fleet_is_backlogged_is_sent_once_it_drains() -
         ]
         for result in (second, async_second):
             assert result.ttft_s > 0.2  # the wait at the client counts
-        assert sample(client, "decisions_total", policy="combined", reason="hold") >= 2
+        assert sample(client, "decisions_total", policy="combined", reason="hold") == 2
         assert sample(client, "held_seconds_count") == 4  # every answered attempt
-        assert sample(client, "held_seconds_sum") >= 2 * 0.05  # at least one poll each
+        assert 0.05 < sample(client, "held_seconds_sum") < 2 * 0.3  # until a first token
+        assert idle(client)
+
+
+def _first_queued(server: OpenAICompatibleServer) -> tuple[RoutingClient, threading.Thread]:
+    """A client over ``server`` priced at 100 tokens/s (learning nothing), holding
+    requests predicted to wait more than 0.1 s, with "First?" sent and queued."""
+    endpoint = Endpoint(server.base_url, prefill_tokens_per_s=100.0)
+    policy = CombinedPolicy(hold_wait_s=0.1)
+    client = RoutingClient([endpoint], model="m", policy=policy, learn_rates=False)
+    first = threading.Thread(target=client.chat, args=(messages("First?"),))
+    first.start()
+    while client.replicas[0].queued_tokens == 0:
+        time.sleep(0.005)
+    return client, first
+
+
+def _held_count(client: RoutingClient, count: int) -> None:
+    while len(client._held) < count:
+        time.sleep(0.005)
+
+
+def test_a_prefill_end_releases_the_held_request_with_the_smallest_predicted_ttft() -> None:
+    # At 100 tokens/s the first prompt is ~20 s of predicted queue, so "Long?" (its
+    # own ~20 s prefill) and then "Short?" (~0.5 s) are held. When the first token of
+    # the first one arrives, the held requests are offered again smallest predicted
+    # TTFT first: the short one goes, and its 0.5 s of queue keeps the long one held
+    # until the short one's first token. Offered in arrival order, the long one would
+    # have gone first and the short one would have waited behind its 20 s.
+    short = [{"role": "user", "content": "Short? " + "Tell me more. " * 12}]
+    with OpenAICompatibleServer(token_delay_s=0.3) as server:
+        client, first = _first_queued(server)
+        long = threading.Thread(target=client.chat, args=(messages("Long?", DOCS[4:]),))
+        long.start()
+        _held_count(client, 1)
+        result: list[ChatResult] = []
+        client_short = threading.Thread(target=lambda: result.append(client.chat(short)))
+        client_short.start()
+        _held_count(client, 2)
+        for thread in (first, long, client_short):
+            thread.join()
+        asked = [r["messages"][-1]["content"].split()[0] for r in server.requests]
+        assert asked == ["First?", "Short?", "Long?"]
+        assert result[0].ttft_s < 1.0  # it waited for the first prompt only
+        assert idle(client) and client._held == {}
+
+
+def test_a_cancelled_held_request_leaves_nothing_held_or_booked() -> None:
+    with OpenAICompatibleServer(token_delay_s=0.3) as server:
+        client, first = _first_queued(server)
+
+        async def cancel_while_held() -> None:
+            task = asyncio.create_task(client.achat(messages("Second?", DOCS[4:])))
+            while not client._held:
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert client._held == {}
+            await asyncio.to_thread(first.join)
+            await client.aclose()
+
+        asyncio.run(cancel_while_held())
+        assert [r["messages"][-1]["content"] for r in server.requests] == ["First?"]
         assert idle(client)
 
 

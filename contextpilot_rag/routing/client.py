@@ -33,8 +33,12 @@ Other 4xx answers are the caller's error and raise :class:`EndpointError` at onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
+import math
+import operator
 import threading
 import time
 import uuid
@@ -146,8 +150,9 @@ class ChatResult:
     """One answered request. ``endpoint`` is the base URL that answered; token counts
     are the engine's (``None`` when it reported none). ``ttft_s`` and ``e2e_s`` count
     from the start of the answering attempt, time the policy held it included (late
-    binding: the client keeps a held request and offers it to the policy again every
-    50 ms, nothing sent and no endpoint counter touched meanwhile)."""
+    binding: the client keeps a held request and offers it to the policy again when
+    one of its prompts is prefilled, or after the policy's ``hold_s`` at the latest,
+    nothing sent and no endpoint counter touched meanwhile)."""
 
     text: str
     endpoint: str
@@ -266,15 +271,34 @@ class _Plan:
         return self.started - self.request.arrival_s
 
 
+class _Waiter:
+    """A request the policy held (late binding), waiting at the client. ``order``:
+    (predicted TTFT, arrival number), the order releases offer held requests in;
+    ``ready``: the dispatch a release decided for it (counters booked); ``wake``
+    nudges the waiting caller (thread or task)."""
+
+    __slots__ = ("order", "ready", "request", "wake")
+
+    def __init__(
+        self, request: RouteRequest, order: tuple[float, int], wake: Callable[[], None]
+    ) -> None:
+        self.request = request
+        self.order = order
+        self.wake = wake
+        self.ready: tuple[Decision, _Replica] | None = None
+
+
 @dataclass(frozen=True)
 class _Held:
-    """The policy held the request (late binding): offer it again after ``wait_s``."""
+    """The policy held the request: wait for a release or ``wait_s`` (the policy's
+    estimate of when the request's wait drops to its threshold), then resume."""
 
-    request: RouteRequest
+    waiter: _Waiter
     wait_s: float
 
 
-_HOLD_POLL_S = 0.05  # a held request is offered again at least this often
+_HOLD_RECHECK_S = 0.5  # a held request is offered again at least this often
+_WAITER_ORDER = operator.attrgetter("order")
 
 
 @dataclass
@@ -526,6 +550,8 @@ class RoutingClient:
         self._replicas = {r.replica_id: r for r in replicas}
         _limit_cached_prompts(self.policy, replicas)
         self._lock = threading.RLock()  # _finish releases counters under it
+        self._held: dict[str, _Waiter] = {}  # late binding: requests waiting at the client
+        self._held_numbers = itertools.count()
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
         self._async_transport = async_transport
@@ -713,43 +739,117 @@ class RoutingClient:
         logical_id: str,
         attempt: int,
         excluded: frozenset[tuple[str, str]],
-        held: RouteRequest | None = None,
+        wake: Callable[[], None],
     ) -> _Plan | _Held:
-        """Route one attempt (``held``: the request of an attempt the policy held, so
-        its prompt is not hashed again and its wait counts from its first offer)."""
+        """Route one attempt; a hold registers the request as held (``wake``: how a
+        release nudges its caller)."""
         now = time.monotonic()
-        request = held
-        if request is None:
-            max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
-            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-                raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
-            request = self.keys.request(  # hashing the prompt needs no lock
-                text,
-                request_id=uuid.uuid4().hex,
-                expected_output_tokens=max_tokens,
-                session=params.get("user"),
-                logical_id=logical_id,
-                attempt=attempt,
-                excluded=excluded,
-                arrival_s=now,
-                may_hold=True,
-            )
+        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
+        request = self.keys.request(  # hashing the prompt needs no lock
+            text,
+            request_id=uuid.uuid4().hex,
+            expected_output_tokens=max_tokens,
+            session=params.get("user"),
+            logical_id=logical_id,
+            attempt=attempt,
+            excluded=excluded,
+            arrival_s=now,
+            may_hold=True,
+        )
         with self._lock:
-            states = tuple(r.state(now) for r in self._replicas.values())
-            if not any(state.healthy for state in states):  # every breaker open: try anyway
-                states = tuple(replace(state, healthy=True) for state in states)
-            fleet = _View(now, states)
-            decision = self.policy.choose(request, fleet)
-            replica = None if decision.hold_s > 0 else self._replicas.get(decision.replica_id)
-            if replica is not None and replica.model == decision.model:
-                replica.in_flight += 1
-                replica.queued_tokens += request.prompt_tokens
-            elif decision.hold_s <= 0:
-                raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
+            decision, replica = self._offer(request, now)
+            if replica is None:
+                return self._hold(request, decision, wake)
+        return self._build(kind, text, params, request, decision, replica, now)
+
+    def _resume(
+        self, kind: Kind, text: PromptText, params: Mapping[str, Any], held: _Held
+    ) -> _Plan | _Held:
+        """After a wake-up or ``held.wait_s``: the dispatch a release decided, else
+        the request offered again (its wait counts from its first offer)."""
+        waiter, now = held.waiter, time.monotonic()
+        with self._lock:
+            if waiter.ready is None:
+                self._held.pop(waiter.request.request_id, None)
+                decision, replica = self._offer(waiter.request, now)
+                if replica is None:
+                    return self._hold(waiter.request, decision, waiter.wake)
+            else:
+                decision, replica = waiter.ready
+        return self._build(kind, text, params, waiter.request, decision, replica, now)
+
+    def _abandon(
+        self, kind: Kind, text: PromptText, params: Mapping[str, Any], held: _Held
+    ) -> None:
+        """The caller of a held request gave up (cancelled, interrupted): forget it,
+        and give back what a release had booked for it."""
+        waiter = held.waiter
+        with self._lock:
+            self._held.pop(waiter.request.request_id, None)
+            ready, waiter.ready = waiter.ready, None
+        if ready is not None:
+            plan = self._build(kind, text, params, waiter.request, *ready, time.monotonic())
+            self._finish(plan, None, "cancelled", cancelled=True)
+
+    def _offer(self, request: RouteRequest, now: float) -> tuple[Decision, _Replica | None]:
+        """The policy's decision for ``request`` (call with the lock held); a dispatch
+        books its replica's counters, a hold (``None``) books nothing."""
+        states = tuple(r.state(now) for r in self._replicas.values())
+        if not any(state.healthy for state in states):  # every breaker open: try anyway
+            states = tuple(replace(state, healthy=True) for state in states)
+        decision = self.policy.choose(request, _View(now, states))
         if self.metrics is not None:
             self.metrics.decided(self.policy.name, decision)
-        if replica is None:  # a hold: offer the request again later
-            return _Held(request, min(decision.hold_s, _HOLD_POLL_S))
+        if decision.hold_s > 0:
+            return decision, None
+        replica = self._replicas.get(decision.replica_id)
+        if replica is None or replica.model != decision.model:
+            raise RoutingError(f"policy chose unknown replica {decision.replica_id!r}")
+        replica.in_flight += 1
+        replica.queued_tokens += request.prompt_tokens
+        return decision, replica
+
+    def _hold(self, request: RouteRequest, decision: Decision, wake: Callable[[], None]) -> _Held:
+        """Register a held request (lock held) until a release or its timer."""
+        predicted = decision.predicted_ttft_s
+        order = (math.inf if predicted is None else predicted, next(self._held_numbers))
+        waiter = self._held[request.request_id] = _Waiter(request, order, wake)
+        return _Held(waiter, min(decision.hold_s, _HOLD_RECHECK_S))
+
+    def _release_held(self) -> None:
+        """A prompt was prefilled: offer the held requests again, smallest predicted
+        TTFT first (as the simulator does); each dispatched one is handed to its
+        caller, already booked. Called with the lock held."""
+        if not self._held:
+            return
+        now = time.monotonic()
+        for waiter in sorted(self._held.values(), key=_WAITER_ORDER):
+            try:
+                decision, replica = self._offer(waiter.request, now)
+            except RoutingError:  # raised again in the caller's own offer
+                continue
+            if replica is None:
+                predicted = decision.predicted_ttft_s
+                waiter.order = (math.inf if predicted is None else predicted, waiter.order[1])
+                continue
+            del self._held[waiter.request.request_id]
+            waiter.ready = (decision, replica)
+            with contextlib.suppress(RuntimeError):  # the caller's event loop is gone
+                waiter.wake()
+
+    def _build(
+        self,
+        kind: Kind,
+        text: PromptText,
+        params: Mapping[str, Any],
+        request: RouteRequest,
+        decision: Decision,
+        replica: _Replica,
+        now: float,
+    ) -> _Plan:
+        """The HTTP request of a dispatched attempt."""
         logger.debug(
             "route %s -> %s (%s)",
             request.request_id,
@@ -759,7 +859,7 @@ class RoutingClient:
                 "replica": decision.replica_id,
                 "reason": decision.reason,
                 "predicted_cached_tokens": decision.predicted_cached_tokens,
-                "attempt": attempt,
+                "attempt": request.attempt,
             },
         )
         body: dict[str, Any] = {**params, "model": replica.model, "stream": True}
@@ -780,6 +880,7 @@ class RoutingClient:
             if plan.queued:
                 plan.queued = False
                 plan.replica.queued_tokens -= plan.request.prompt_tokens
+                self._release_held()
 
     def _release(self, plan: _Plan) -> None:
         """Give back the plan's counters (once)."""
@@ -962,10 +1063,17 @@ class RoutingClient:
         logical_id = logical_id or uuid.uuid4().hex
         resume, errors = _Resume(), failures if failures is not None else []
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
-            while isinstance(plan, _Held):  # late binding: wait at the client, not in a queue
-                time.sleep(plan.wait_s)
-                plan = self._plan(kind, text, params, logical_id, attempt, excluded, plan.request)
+            woken = threading.Event()
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded, woken.set)
+            try:
+                while isinstance(plan, _Held):  # late binding: wait at the client
+                    woken.wait(plan.wait_s)
+                    woken.clear()
+                    plan = self._resume(kind, text, params, plan)
+            except BaseException:
+                if isinstance(plan, _Held):
+                    self._abandon(kind, text, params, plan)
+                raise
             reply = _Reply()
             resume.restart()
             try:
@@ -1006,11 +1114,24 @@ class RoutingClient:
         logical_id = logical_id or uuid.uuid4().hex
         resume, errors = _Resume(), failures if failures is not None else []
         ahttp = self._async_http()
+        loop = asyncio.get_running_loop()
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
-            while isinstance(plan, _Held):
-                await asyncio.sleep(plan.wait_s)
-                plan = self._plan(kind, text, params, logical_id, attempt, excluded, plan.request)
+            woken = asyncio.Event()
+
+            def wake(woken: asyncio.Event = woken) -> None:  # from any thread
+                loop.call_soon_threadsafe(woken.set)
+
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded, wake)
+            try:
+                while isinstance(plan, _Held):
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(woken.wait(), plan.wait_s)
+                    woken.clear()
+                    plan = self._resume(kind, text, params, plan)
+            except BaseException:
+                if isinstance(plan, _Held):
+                    self._abandon(kind, text, params, plan)
+                raise
             reply = _Reply()
             resume.restart()
             try:
