@@ -44,7 +44,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import httpx
 
@@ -274,18 +274,54 @@ class _Plan:
 class _Waiter:
     """A request the policy held (late binding), waiting at the client. ``order``:
     (predicted TTFT, arrival number), the order releases offer held requests in;
-    ``ready``: the dispatch a release decided for it (counters booked); ``wake``
-    nudges the waiting caller (thread or task)."""
+    ``ready``: the dispatch a release decided for it (counters booked)."""
 
-    __slots__ = ("order", "ready", "request", "wake")
+    __slots__ = ("order", "ready", "request")
 
-    def __init__(
-        self, request: RouteRequest, order: tuple[float, int], wake: Callable[[], None]
-    ) -> None:
+    def __init__(self, request: RouteRequest) -> None:
         self.request = request
-        self.order = order
-        self.wake = wake
+        self.order = (math.inf, 0)
         self.ready: tuple[Decision, _Replica] | None = None
+
+    def wake(self) -> None:
+        """Nudge the waiting caller (from any thread)."""
+        raise NotImplementedError
+
+
+class _ThreadWaiter(_Waiter):
+    """A held request of a blocking call."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, request: RouteRequest) -> None:
+        super().__init__(request)
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def wait(self, timeout_s: float) -> None:
+        self.event.wait(timeout_s)
+        self.event.clear()
+
+
+class _TaskWaiter(_Waiter):
+    """A held request of a coroutine on ``loop``."""
+
+    __slots__ = ("event", "loop")
+
+    def __init__(self, request: RouteRequest, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(request)
+        self.event = asyncio.Event()
+        self.loop = loop
+
+    def wake(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout_s)
+        self.event.clear()
 
 
 @dataclass(frozen=True)
@@ -739,10 +775,10 @@ class RoutingClient:
         logical_id: str,
         attempt: int,
         excluded: frozenset[tuple[str, str]],
-        wake: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> _Plan | _Held:
-        """Route one attempt; a hold registers the request as held (``wake``: how a
-        release nudges its caller)."""
+        """Route one attempt; a hold registers the request as held, to be woken in
+        ``loop`` (a coroutine's) or in the calling thread (``None``)."""
         now = time.monotonic()
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
@@ -761,7 +797,8 @@ class RoutingClient:
         with self._lock:
             decision, replica = self._offer(request, now)
             if replica is None:
-                return self._hold(request, decision, wake)
+                waiter = _ThreadWaiter(request) if loop is None else _TaskWaiter(request, loop)
+                return self._hold(waiter, decision)
         return self._build(kind, text, params, request, decision, replica, now)
 
     def _resume(
@@ -775,7 +812,7 @@ class RoutingClient:
                 self._held.pop(waiter.request.request_id, None)
                 decision, replica = self._offer(waiter.request, now)
                 if replica is None:
-                    return self._hold(waiter.request, decision, waiter.wake)
+                    return self._hold(waiter, decision)
             else:
                 decision, replica = waiter.ready
         return self._build(kind, text, params, waiter.request, decision, replica, now)
@@ -811,11 +848,11 @@ class RoutingClient:
         replica.queued_tokens += request.prompt_tokens
         return decision, replica
 
-    def _hold(self, request: RouteRequest, decision: Decision, wake: Callable[[], None]) -> _Held:
+    def _hold(self, waiter: _Waiter, decision: Decision) -> _Held:
         """Register a held request (lock held) until a release or its timer."""
         predicted = decision.predicted_ttft_s
-        order = (math.inf if predicted is None else predicted, next(self._held_numbers))
-        waiter = self._held[request.request_id] = _Waiter(request, order, wake)
+        waiter.order = (math.inf if predicted is None else predicted, next(self._held_numbers))
+        self._held[waiter.request.request_id] = waiter
         return _Held(waiter, min(decision.hold_s, _HOLD_RECHECK_S))
 
     def _release_held(self) -> None:
@@ -1063,12 +1100,10 @@ class RoutingClient:
         logical_id = logical_id or uuid.uuid4().hex
         resume, errors = _Resume(), failures if failures is not None else []
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            woken = threading.Event()
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded, woken.set)
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
             try:
                 while isinstance(plan, _Held):  # late binding: wait at the client
-                    woken.wait(plan.wait_s)
-                    woken.clear()
+                    cast(_ThreadWaiter, plan.waiter).wait(plan.wait_s)
                     plan = self._resume(kind, text, params, plan)
             except BaseException:
                 if isinstance(plan, _Held):
@@ -1116,17 +1151,10 @@ class RoutingClient:
         ahttp = self._async_http()
         loop = asyncio.get_running_loop()
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            woken = asyncio.Event()
-
-            def wake(woken: asyncio.Event = woken) -> None:  # from any thread
-                loop.call_soon_threadsafe(woken.set)
-
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded, wake)
+            plan = self._plan(kind, text, params, logical_id, attempt, excluded, loop)
             try:
                 while isinstance(plan, _Held):
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(woken.wait(), plan.wait_s)
-                    woken.clear()
+                    await cast(_TaskWaiter, plan.waiter).wait(plan.wait_s)
                     plan = self._resume(kind, text, params, plan)
             except BaseException:
                 if isinstance(plan, _Held):
