@@ -6,6 +6,7 @@ is in test_routed_models.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 pytest.importorskip("llama_index.core")
 
 from llama_index.core import VectorStoreIndex
-from llama_index.core.base.llms.types import ImageBlock, MessageRole, TextBlock
+from llama_index.core.base.llms.types import AudioBlock, ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
@@ -141,14 +142,48 @@ def test_a_chat_engine_streams_through_the_llm(
     assert server.requests[-1]["messages"][0] == {"role": "system", "content": "Answer briefly."}
 
 
-def test_a_message_with_a_non_text_block_is_refused_before_any_request(
-    llm: ContextPilotLLM, server: OpenAICompatibleServer
-) -> None:
-    image = ImageBlock(url="https://example.invalid/a.png", image_mimetype="image/png")
-    message = ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), image])
-    with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a block other than text"):
-        llm.chat([message])
-    assert server.requests == []
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def test_images_are_sent_as_content_parts_and_other_blocks_are_refused() -> None:
+    by_url = ImageBlock(url="https://example.invalid/a.png", detail="low")
+    blocks = [
+        TextBlock(text="What is in"),
+        by_url,
+        TextBlock(text=" and in"),
+        ImageBlock(image=PNG),
+    ]
+    with ScriptedChatServer([{"content": "A cat."}]) as engine:  # a vision model's stand-in
+        llm = ContextPilotLLM(endpoints=[engine.base_url], model="m")
+        answer = llm.chat([ChatMessage(role="user", blocks=blocks)])
+        assert answer.message.content == "A cat."
+        assert engine.requests[-1]["messages"] == [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in"},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "https://example.invalid/a.png", "detail": "low"},
+                    },
+                    {"type": "text", "text": " and in"},
+                    {
+                        "type": "image_url",
+                        "image_url": {
+                            "url": "data:image/png;base64," + base64.b64encode(PNG).decode()
+                        },
+                    },
+                ],
+            }
+        ]
+        audio = AudioBlock(audio=b"RIFF0000WAVE", format="wav")
+        message = ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), audio])
+        with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a AudioBlock"):
+            llm.chat([message])
+        assert len(engine.requests) == 1  # refused before any request
+        llm.close()
 
 
 def test_a_streaming_query_engine_streams_through_the_llm(

@@ -16,7 +16,9 @@ agents built on them send LlamaIndex tools in OpenAI format; the engine's tool c
 come back as :class:`ToolCallBlock` blocks of the answer's message (and OpenAI-shaped
 in its ``additional_kwargs["tool_calls"]``), and a history holding them (an assistant message
 with tool calls, ``TOOL`` messages with ``additional_kwargs["tool_call_id"]``) is sent
-as the OpenAI API expects.
+as the OpenAI API expects. A message with :class:`ImageBlock` blocks is sent as OpenAI
+content parts (``image_url``: the block's URL, or its bytes or file as a base64 data
+URL); audio, video and document blocks are refused.
 
 Every answer carries the routing facts in ``additional_kwargs`` (``endpoint``,
 ``model``, ``ttft_s``, ``e2e_s``, ``prompt_tokens``, ``cached_tokens``,
@@ -43,6 +45,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponse,
     CompletionResponseAsyncGen,
     CompletionResponseGen,
+    ImageBlock,
     LLMMetadata,
     MessageRole,
     TextBlock,
@@ -271,19 +274,29 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
 
 
 def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
-    """The OpenAI message of ``message``: its text, its tool calls (an assistant's
-    :class:`ToolCallBlock` blocks) and, for a ``TOOL`` message, the id of the call it
-    answers. Other blocks (images, audio) are refused rather than dropped."""
-    if not all(isinstance(block, (TextBlock, ToolCallBlock)) for block in message.blocks):
-        raise InvalidInputError(
-            f"messages[{index}] holds a block other than text or a tool call; "
-            "ContextPilotLLM sends text and tool calls only"
-        )
-    calls = [block for block in message.blocks if isinstance(block, ToolCallBlock)]
-    text = "".join(block.text for block in message.blocks if isinstance(block, TextBlock))
+    """The OpenAI message of ``message``: its text (content parts in block order when
+    it holds images), its tool calls (an assistant's :class:`ToolCallBlock` blocks) and,
+    for a ``TOOL`` message, the id of the call it answers. Other blocks (audio, video,
+    documents) are refused rather than dropped."""
+    parts: list[dict[str, Any]] = []
+    calls: list[ToolCallBlock] = []
+    for block in message.blocks:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append(_image_part(index, block))
+        elif isinstance(block, ToolCallBlock):
+            calls.append(block)
+        else:
+            raise InvalidInputError(
+                f"messages[{index}] holds a {type(block).__name__}; ContextPilotLLM sends "
+                "text, images and tool calls only"
+            )
+    text = "".join(part["text"] for part in parts if part["type"] == "text")
+    images = any(part["type"] == "image_url" for part in parts)
     out: dict[str, Any] = {
         "role": message.role.value,
-        "content": text or ("" if not calls else None),
+        "content": parts if images else text or ("" if not calls else None),
     }
     if calls:
         out["tool_calls"] = [_openai_tool_call(call) for call in calls]
@@ -295,6 +308,21 @@ def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
             )
         out["tool_call_id"] = call_id
     return out
+
+
+def _image_part(index: int, block: ImageBlock) -> dict[str, Any]:
+    """An OpenAI ``image_url`` content part: the block's URL, else its bytes (or file)
+    as a base64 data URL."""
+    if block.url is not None:
+        url = str(block.url)
+    else:
+        try:
+            data = block.resolve_image(as_base64=True).read().decode("ascii")
+        except (ValueError, OSError) as exc:
+            raise InvalidInputError(f"messages[{index}]: unreadable image ({exc})") from exc
+        url = f"data:{block.image_mimetype or 'image/png'};base64,{data}"
+    image_url = {"url": url} if block.detail is None else {"url": url, "detail": block.detail}
+    return {"type": "image_url", "image_url": image_url}
 
 
 def _openai_tool_call(block: ToolCallBlock) -> dict[str, Any]:
