@@ -21,6 +21,7 @@ from contextpilot_rag.routing import (
     CombinedPolicy,
     Endpoint,
     EndpointError,
+    RanvierPolicy,
     RoutingClient,
     RoutingError,
 )
@@ -705,6 +706,19 @@ def test_max_cached_prompts_bounds_the_route_table_of_each_slot(
     last = 8 + 1  # at most the last prompt's recorded boundaries (and the one relied on)
     assert routes <= last
     assert again.decision.predicted_cached_tokens < 0.5 * (again.prompt_tokens or 0)
+
+
+def test_max_cached_prompts_bounds_ranvier_routes_too(fleet: list[OpenAICompatibleServer]) -> None:
+    slot = Endpoint(fleet[0].base_url, slot=0, max_cached_prompts=1)
+    with RoutingClient([slot], model="m", policy="ranvier") as client:
+        for i in range(6):
+            client.chat(messages(f"Q{i}?", docs=[DOCS[i], DOCS[(i + 1) % 8]]))
+        again = client.chat(messages("Q0?", docs=[DOCS[0], DOCS[1]]))
+        assert isinstance(client.policy, RanvierPolicy)
+        routes = len(client.policy.table)
+    # the last prompt's message-boundary routes (and the prefix it shares), not six prompts'
+    assert routes <= 2 * 4
+    assert again.decision.reason != "route"  # Q0's prompt was overwritten five times since
 
 
 def test_bad_slot_settings_are_rejected_before_any_client_exists() -> None:

@@ -104,6 +104,38 @@ def test_policy_follows_learned_route() -> None:
     assert second.reason == "route" and second.predicted_cached_tokens == 2 * 16
 
 
+def test_a_one_prompt_slot_forgets_the_routes_its_next_prompt_overwrote() -> None:
+    table = RouteTable()
+    table.limit_prompts("slot", 1)
+    first, second = request([1, 2, 3, 4], [2, 4], "a"), request([1, 2, 9, 9], [2, 4], "b")
+    elsewhere = request([5, 6, 7, 8], [2, 4], "x")
+    table.learn(first.block_hashes, first.boundaries, "slot", 0.0)
+    table.learn(elsewhere.block_hashes, elsewhere.boundaries, "other", 0.0)
+    table.learn(second.block_hashes, second.boundaries, "slot", 1.0)
+    assert table.get(first.block_hashes[3], 1.0) is None  # overwritten on its slot
+    assert table.get(first.block_hashes[1], 1.0) == Route("slot", 2, 1.0)  # shared: kept
+    assert table.get(second.block_hashes[3], 1.0) == Route("slot", 4, 1.0)
+    assert table.get(elsewhere.block_hashes[3], 1.0) == Route("other", 4, 0.0)  # unbounded
+    assert len(table) == 4
+    table.limit_prompts("slot", None)  # unbounded again: nothing more is forgotten
+    table.learn(first.block_hashes, first.boundaries, "slot", 2.0)
+    table.learn(elsewhere.block_hashes, elsewhere.boundaries, "slot", 3.0)
+    assert table.get(first.block_hashes[3], 3.0) == Route("slot", 4, 2.0)
+
+
+def test_ranvier_over_slots_stops_following_an_overwritten_prompt() -> None:
+    policy = RanvierPolicy()
+    for slot in ("r0", "r1", "r2", "r3"):
+        policy.table.limit_prompts(slot, 1)
+    first = policy.choose(request([1, 2, 3, 4], [2, 4], "a"), fleet())
+    # a prompt sharing nothing lands on first's slot (hash fallback) and overwrites it
+    slot = first.replica_id
+    overwrite = request([7, 8, 9, 9], [2, 4], "b")
+    policy.table.learn(overwrite.block_hashes, overwrite.boundaries, slot, 0.0)
+    again = policy.choose(request([1, 2, 3, 4], [2, 4], "c"), fleet())
+    assert again.reason != "route" and again.predicted_cached_tokens == 0
+
+
 def test_load_override_when_preferred_far_above_median() -> None:
     policy = RanvierPolicy(RanvierConfig(load_factor=2.0, load_slack=4))
     first = policy.choose(request([1, 2], [2], "a"), fleet())

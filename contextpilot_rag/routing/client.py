@@ -61,6 +61,7 @@ from .prompt_keys import (
     chat_template,
     serialise,
 )
+from .ranvier import RouteTable
 from .types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 
 __all__ = [
@@ -109,8 +110,8 @@ class Endpoint:
     its own counters and breaker), so several slots of one server may be listed.
     ``max_cached_prompts``: how many of its most recent prompts the endpoint keeps
     cached (a llama-server slot keeps 1), ``None`` for a prefix cache that keeps
-    earlier prefixes; the route table of the ``combined`` and ``gorgo`` policies then
-    forgets prefixes newer prompts have overwritten."""
+    earlier prefixes; the route table of the ``combined``, ``gorgo`` and ``ranvier``
+    policies then forgets prefixes newer prompts have overwritten."""
 
     base_url: str
     models: tuple[str, ...] = ()
@@ -1189,13 +1190,16 @@ _template = chat_template  # the constructor's parameter shadows the function
 
 
 def _limit_cached_prompts(policy: Policy, replicas: Sequence[_Replica]) -> None:
-    """Tell the policy's route table (if it is a :class:`PrefixLocations`) how many
-    prompts each replica keeps (:attr:`Endpoint.max_cached_prompts`)."""
-    locations = getattr(policy, "locations", None)
-    if isinstance(locations, PrefixLocations):
+    """Tell the policy's route table (a :class:`PrefixLocations` or ranvier's
+    :class:`RouteTable`) how many prompts each replica keeps
+    (:attr:`Endpoint.max_cached_prompts`)."""
+    table = getattr(policy, "locations", None)  # an empty table is falsy: no ``or``
+    if table is None:
+        table = getattr(policy, "table", None)
+    if isinstance(table, PrefixLocations | RouteTable):
         for replica in replicas:
             if replica.endpoint.max_cached_prompts is not None:
-                locations.limit_prompts(replica.replica_id, replica.endpoint.max_cached_prompts)
+                table.limit_prompts(replica.replica_id, replica.endpoint.max_cached_prompts)
 
 
 class OwnedClient:

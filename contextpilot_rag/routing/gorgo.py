@@ -23,11 +23,11 @@ and then frozen.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .common import candidate_replicas
+from .common import PromptBound, candidate_replicas
 from .tuner import CostWeights, WeightTuner
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
@@ -68,21 +68,13 @@ class PrefixLocations:
         self.capacity = capacity
         self.ttl_s = ttl_s
         self._entries: OrderedDict[int, _Holders] = OrderedDict()
-        self._prompt_limits: dict[str, int] = {}
-        self._recent: dict[str, deque[frozenset[int]]] = {}  # keys of each kept prompt
+        self._bound = PromptBound()
 
     def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
         """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
         (a llama-server slot: 1); ``None`` removes the bound. Routes recorded before
         the call are not counted."""
-        if max_prompts is None:
-            self._prompt_limits.pop(replica_id, None)
-            self._recent.pop(replica_id, None)
-            return
-        if isinstance(max_prompts, bool) or not isinstance(max_prompts, int) or max_prompts < 1:
-            raise ConfigError(f"max_prompts must be an integer >= 1 or None, got {max_prompts!r}")
-        self._prompt_limits[replica_id] = max_prompts
-        self._recent[replica_id] = deque()
+        self._bound.limit(replica_id, max_prompts)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -133,22 +125,13 @@ class PrefixLocations:
             entries.move_to_end(key)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
-        limit = self._prompt_limits.get(replica_id)
-        if limit is not None:
-            self._keep_recent(replica_id, frozenset(keys), limit)
-
-    def _keep_recent(self, replica_id: str, keys: frozenset[int], limit: int) -> None:
-        """Add one prompt's keys to ``replica_id``'s kept prompts; drop the replica from
-        the keys of prompts beyond ``limit`` that no kept prompt shares."""
-        recent = self._recent[replica_id]
-        recent.append(keys)
-        while len(recent) > limit:
-            for key in recent.popleft().difference(*recent):
-                entry = self._entries.get(key)
+        if replica_id in self._bound.limits:  # drop it from the routes of pushed-out prompts
+            for key in self._bound.add(replica_id, frozenset(keys)):
+                entry = entries.get(key)
                 if entry is not None:
                     entry.replicas.pop(replica_id, None)
                     if not entry.replicas:
-                        del self._entries[key]
+                        del entries[key]
 
     def record_route(
         self, request: RouteRequest, replica_id: str, relied_on: int, now: float, keep: int

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ..errors import ConfigError
-from .common import candidate_replicas
+from .common import PromptBound, candidate_replicas
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
 __all__ = [
@@ -87,6 +87,13 @@ class RouteTable:
         # to build ~50 times per dispatch; the dict a route lives in is its trust rank
         self._local: OrderedDict[int, _Entry] = OrderedDict()
         self._peer: OrderedDict[int, _Entry] = OrderedDict()
+        self._bound = PromptBound()
+
+    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
+        """``replica_id`` holds only the prompts of its ``max_prompts`` latest learns
+        (a llama-server slot: 1): routes to it that only older prompts had are
+        forgotten. ``None`` removes the bound."""
+        self._bound.limit(replica_id, max_prompts)
 
     def __len__(self) -> int:
         return len(self._local) + len(self._peer)
@@ -145,16 +152,20 @@ class RouteTable:
             for b in boundaries:
                 if 1 <= b <= n:
                     self.put(block_hashes[b - 1], Route(replica_id, b, now, trust))
-            return
-        local, peer = self._local, self._peer
-        for b in boundaries:
-            if 1 <= b <= n:
-                key = block_hashes[b - 1]
-                if peer:
-                    peer.pop(key, None)
-                local[key] = (replica_id, b, now)
-                local.move_to_end(key)
-        self._evict()
+        else:
+            local, peer = self._local, self._peer
+            for b in boundaries:
+                if 1 <= b <= n:
+                    key = block_hashes[b - 1]
+                    if peer:
+                        peer.pop(key, None)
+                    local[key] = (replica_id, b, now)
+                    local.move_to_end(key)
+            self._evict()
+        if replica_id in self._bound.limits:  # forget it for the prompts pushed out
+            keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
+            for key in self._bound.add(replica_id, keys):
+                self.forget(key, replica_id)
 
     def put(self, key: int, route: Route) -> None:
         """Insert one route, honouring trust ranks, then evict down to capacity."""
