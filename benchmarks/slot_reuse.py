@@ -17,7 +17,10 @@ that a cache could serve as a shared prefix:
   slot: each request goes to the slot whose prompt starts with the most of its
   documents (ties: least recently used) and its documents follow that prompt's order,
   the rest by popularity so far (as ``ContextPilot`` orders a remainder), rendered by
-  ``ContextPilot.optimize`` with reordering off; its share is of these prompts.
+  ``ContextPilot.optimize`` with reordering off; its share is of these prompts;
+- ``N replicas keeping every prefix``: engines whose prefix cache keeps every earlier
+  prompt (vLLM's, unbounded here), each prompt sent round-robin or to the replica
+  holding its longest prefix (ties: the replica with fewer prompts).
 """
 
 from __future__ import annotations
@@ -90,6 +93,26 @@ def reordered_slots(workload: Workload, slots: int) -> tuple[int, int]:
     return total, size
 
 
+def replicas_keeping_everything(texts: Sequence[str], replicas: int) -> tuple[int, int]:
+    """(round-robin, longest-prefix routing) shared characters over ``replicas``
+    prefix caches that keep every prompt they were sent."""
+
+    def best(held: list[str], text: str) -> int:
+        return max((shared(earlier, text) for earlier in held), default=0)
+
+    turns: list[list[str]] = [[] for _ in range(replicas)]
+    routed: list[list[str]] = [[] for _ in range(replicas)]
+    by_turn = by_prefix = 0
+    for i, text in enumerate(texts):
+        by_turn += best(turns[i % replicas], text)
+        turns[i % replicas].append(text)
+        scores = [(best(held, text), -len(held)) for held in routed]
+        chosen = max(range(replicas), key=scores.__getitem__)
+        by_prefix += scores[chosen][0]
+        routed[chosen].append(text)
+    return by_turn, by_prefix
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=48)
@@ -108,6 +131,12 @@ def main() -> None:
             f"{slots} slots: greedy {greedy_slots(texts, slots) / size:.1%}, "
             f"round-robin {round_robin_slots(texts, slots) / size:.1%}, "
             f"reordered for the slot {reused / total:.1%}"
+        )
+    for replicas in (2, 4):
+        by_turn, by_prefix = replicas_keeping_everything(texts, replicas)
+        print(
+            f"{replicas} replicas keeping every prefix: round-robin {by_turn / size:.1%}, "
+            f"longest-prefix routing {by_prefix / size:.1%}"
         )
 
 
