@@ -51,6 +51,7 @@ import httpx
 from ..errors import ConfigError, ContextPilotError, InvalidInputError
 from ..pilot import ContextPilot
 from ..prompt import Prompt
+from .common import route_memory
 from .gorgo import PrefixLocations
 from .metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
 from .prompt_keys import (
@@ -851,8 +852,7 @@ class RoutingClient:
 
     def _hold(self, waiter: _Waiter, decision: Decision) -> _Held:
         """Register a held request (lock held) until a release or its timer."""
-        predicted = decision.predicted_ttft_s
-        waiter.order = (math.inf if predicted is None else predicted, next(self._held_numbers))
+        waiter.order = (_predicted_ttft(decision), next(self._held_numbers))
         self._held[waiter.request.request_id] = waiter
         return _Held(waiter, min(decision.hold_s, _HOLD_RECHECK_S))
 
@@ -868,9 +868,8 @@ class RoutingClient:
                 decision, replica = self._offer(waiter.request, now)
             except RoutingError:  # raised again in the caller's own offer
                 continue
-            if replica is None:
-                predicted = decision.predicted_ttft_s
-                waiter.order = (math.inf if predicted is None else predicted, waiter.order[1])
+            if replica is None:  # held again: its place by its new prediction
+                waiter.order = (_predicted_ttft(decision), waiter.order[1])
                 continue
             del self._held[waiter.request.request_id]
             waiter.ready = (decision, replica)
@@ -1189,13 +1188,17 @@ class RoutingClient:
 _template = chat_template  # the constructor's parameter shadows the function
 
 
+def _predicted_ttft(decision: Decision) -> float:
+    """The order key of a held request: its predicted TTFT (unknown: last)."""
+    predicted = decision.predicted_ttft_s
+    return math.inf if predicted is None else predicted
+
+
 def _limit_cached_prompts(policy: Policy, replicas: Sequence[_Replica]) -> None:
     """Tell the policy's route table (a :class:`PrefixLocations` or ranvier's
     :class:`RouteTable`) how many prompts each replica keeps
     (:attr:`Endpoint.max_cached_prompts`)."""
-    table = getattr(policy, "locations", None)  # an empty table is falsy: no ``or``
-    if table is None:
-        table = getattr(policy, "table", None)
+    table = route_memory(policy)
     if isinstance(table, PrefixLocations | RouteTable):
         for replica in replicas:
             if replica.endpoint.max_cached_prompts is not None:

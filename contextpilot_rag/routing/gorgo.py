@@ -108,12 +108,10 @@ class PrefixLocations:
         go when this one makes it one too many)."""
         n = len(block_hashes)
         entries, oldest = self._entries, now - self.ttl_s
-        keys: list[int] = []
         for b in boundaries:
             if not 1 <= b <= n:
                 continue
             key = block_hashes[b - 1]
-            keys.append(key)
             entry = entries.get(key)
             if entry is None:
                 entries[key] = _Holders(now, {replica_id: b})  # new keys go last
@@ -126,7 +124,8 @@ class PrefixLocations:
         while len(entries) > self.capacity:
             entries.popitem(last=False)
         if replica_id in self._bound.limits:  # drop it from the routes of pushed-out prompts
-            for key in self._bound.add(replica_id, frozenset(keys)):
+            keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
+            for key in self._bound.add(replica_id, keys):
                 entry = entries.get(key)
                 if entry is not None:
                     entry.replicas.pop(replica_id, None)

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from .common import route_memory
 from .types import Decision, Outcome, Policy, ReplicaState
 
 if TYPE_CHECKING:
@@ -61,10 +62,9 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 def route_table_entries(policy: Policy) -> int | None:
     """How many routes ``policy`` remembers (prefix entries or learned routes), or
     ``None`` for a policy without route memory."""
-    for name in ("locations", "table"):  # combined / gorgo, ranvier
-        memory = getattr(policy, name, None)
-        if memory is not None and hasattr(memory, "__len__"):
-            return len(memory)
+    memory = route_memory(policy)
+    if memory is not None:
+        return len(memory)
     return len(policy) if isinstance(policy, Sized) else None  # the prefix baseline
 
 
