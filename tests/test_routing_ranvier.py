@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.routing.measure import measure_decision_cost
 from contextpilot_rag.routing.ranvier import RanvierConfig, RanvierPolicy, Route, RouteTable
 from contextpilot_rag.routing.types import Decision, Outcome, ReplicaState, RouteRequest
@@ -121,6 +123,19 @@ def test_a_one_prompt_slot_forgets_the_routes_its_next_prompt_overwrote() -> Non
     table.learn(first.block_hashes, first.boundaries, "slot", 2.0)
     table.learn(elsewhere.block_hashes, elsewhere.boundaries, "slot", 3.0)
     assert table.get(first.block_hashes[3], 3.0) == Route("slot", 4, 2.0)
+
+
+def test_a_bad_prompt_limit_is_refused_and_changes_nothing() -> None:
+    table = RouteTable()
+    table.limit_prompts("slot", 1)
+    first, second = request([1, 2, 3, 4], [2, 4], "a"), request([1, 2, 9, 9], [2, 4], "b")
+    table.learn(first.block_hashes, first.boundaries, "slot", 0.0)
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ConfigError, match="max_prompts"):
+            table.limit_prompts("slot", bad)  # type: ignore[arg-type]
+    assert table.get(first.block_hashes[3], 0.0) == Route("slot", 4, 0.0)  # kept
+    table.learn(second.block_hashes, second.boundaries, "slot", 1.0)  # the bound of 1 holds
+    assert table.get(first.block_hashes[3], 1.0) is None
 
 
 def test_ranvier_over_slots_stops_following_an_overwritten_prompt() -> None:

@@ -182,7 +182,12 @@ def test_images_are_sent_as_content_parts_and_other_blocks_are_refused() -> None
         message = ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), audio])
         with pytest.raises(InvalidInputError, match=r"messages\[0\] holds a AudioBlock"):
             llm.chat([message])
-        assert len(engine.requests) == 1  # refused before any request
+        empty = ChatMessage(
+            role="user", blocks=[TextBlock(text="And this?"), ImageBlock(image=b"")]
+        )
+        with pytest.raises(InvalidInputError, match=r"messages\[0\]: unreadable image"):
+            llm.chat([empty])
+        assert len(engine.requests) == 1  # both refused before any request
         llm.close()
 
 
