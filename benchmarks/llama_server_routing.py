@@ -105,7 +105,8 @@ class Summary:
     ttft_p95_s: float
     cache_n: int
     prompt_n: int
-    rr_over_this: float = 0.0
+    rr_over_this: float = 0.0  # round-robin over the servers
+    same_targets_over_this: float = 0.0  # round-robin over this policy's targets (0: not run)
 
     @property
     def cached_share(self) -> float:
@@ -350,10 +351,11 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
         f"## RoutingClient over real llama-server replicas{title} (issue 6): "
         "`benchmarks/llama_server_routing.py`",
         "",
-        f"Machine: {platform.machine()}, {platform.python_implementation()} "
+        f"Machine: {machine()}, {platform.python_implementation()} "
         f"{platform.python_version()}, CPU only; one run. Command: `{command}`.",
         "",
         f"{engine_line(args)}; {cache_ram_text(args)}. "
+        f"{SLOT_ADDRESSING + ' ' if by_slots(args) else ''}"
         f"Workload: {args.users} concurrent conversations × {args.turns} turns, "
         f"{args.k} documents per turn (multi-turn RAG workload of the core, seed {args.seed}), "
         f"users {args.stagger_s} s apart, pauses between turns exponential with mean "
@@ -361,14 +363,25 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
         "prompts from `ContextPilot.optimize`, sent as completions with "
         f"`max_tokens={args.max_tokens}`.",
         "",
-        "| policy | requests | mean TTFT s | p50 s | p95 s | round-robin mean / this "
+        f"| policy | requests | mean TTFT s | p50 s | p95 s | {RATIO_COLUMNS} "
         "| cache_n | prompt_n | cached share |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {s.policy} | {summary_cells(s)} |" for s in summaries]
     if args.plot:
         lines += ["", f"![mean TTFT per policy](img/{args.plot.name})"]
     return "\n".join(lines)
+
+
+def machine() -> str:
+    """The architecture and, where Linux tells it, the CPU model: runs on different
+    CPUs are not comparable in seconds."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line]
+    except OSError:
+        names = []
+    return f"{platform.machine()} ({names[0]})" if names else platform.machine()
 
 
 def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
@@ -380,6 +393,7 @@ def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = [s.policy for s in summaries]
     left.bar(names, [s.ttft_mean_s for s in summaries], color="tab:blue")
+    left.tick_params(axis="x", labelrotation=20)
     left.set_ylabel("mean TTFT (s)")
     left.set_title("mean TTFT per policy")
     for s in summaries:
@@ -400,19 +414,43 @@ def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
 
 
 def with_ratios(summaries: Sequence[Summary]) -> list[Summary]:
-    """The summaries with round-robin's mean TTFT over each one's (if round-robin ran)."""
-    baseline = ("round-robin", False)  # round-robin over the servers
-    rr = next((s.ttft_mean_s for s in summaries if policy_spec(s.policy) == baseline), None)
-    if rr is None:
-        return list(summaries)
-    return [Summary(**{**asdict(s), "rr_over_this": rr / s.ttft_mean_s}) for s in summaries]
+    """The summaries with round-robin's mean TTFT over each one's: round-robin over the
+    servers (llama-server picks the slot), and round-robin over the same targets as the
+    policy (the servers, or every slot addressed separately); 0 where it did not run."""
+    rr = {
+        policy_spec(s.policy)[1]: s.ttft_mean_s
+        for s in summaries
+        if policy_spec(s.policy)[0] == "round-robin"
+    }
+
+    def ratio(by_slot: bool, s: Summary) -> float:
+        return rr[by_slot] / s.ttft_mean_s if by_slot in rr else 0.0
+
+    return [
+        Summary(
+            **{
+                **asdict(s),
+                "rr_over_this": ratio(False, s),
+                "same_targets_over_this": ratio(policy_spec(s.policy)[1], s),
+            }
+        )
+        for s in summaries
+    ]
+
+
+RATIO_COLUMNS = "round-robin (servers) mean / this | round-robin (same targets) mean / this"
 
 
 def summary_cells(s: Summary) -> str:
     return (
         f"{s.requests} | {s.ttft_mean_s:.2f} | {s.ttft_p50_s:.2f} | {s.ttft_p95_s:.2f} "
-        f"| {s.rr_over_this:.2f}× | {s.cache_n:,} | {s.prompt_n:,} | {s.cached_share:.1%}"
+        f"| {_times(s.rr_over_this)} | {_times(s.same_targets_over_this)} "
+        f"| {s.cache_n:,} | {s.prompt_n:,} | {s.cached_share:.1%}"
     )
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}×" if ratio else "–"
 
 
 def engine_line(args: argparse.Namespace) -> str:
@@ -446,6 +484,13 @@ def print_by_rate(by_rate: dict[float, list[Summary]], rate_key: str) -> None:
     )
 
 
+SLOT_ADDRESSING = (
+    "A policy marked `:slots` routes over every slot of every server: one target per slot, "
+    "`Endpoint(url, slot=i, max_cached_prompts=1)`, each request carrying llama-server's "
+    "`id_slot`; unmarked policies route over the servers and llama-server picks the slot."
+)
+
+
 def open_loop_header(
     title: str, workload: str, args: argparse.Namespace, command: str
 ) -> list[str]:
@@ -454,17 +499,14 @@ def open_loop_header(
         f"## RoutingClient over real llama-server replicas, {title} "
         f"(issue 6): `benchmarks/llama_server_routing.py --workload {workload}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared by the replicas, "
+        f"Machine: {machine()}, {os.cpu_count()} cores shared by the replicas, "
         f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
         f"Command: `{command}`.",
         "",
         f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
         f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
         "chosen by prompt similarity (`-sps 0.1`) unless the client addresses it, "
-        "continuous batching. A policy marked `:slots` routes over every slot of every "
-        "server: one target per slot, `Endpoint(url, slot=i, max_cached_prompts=1)`, "
-        "each request carrying llama-server's `id_slot`; unmarked policies route over the "
-        "servers.",
+        f"continuous batching. {SLOT_ADDRESSING}",
         "",
     ]
 
@@ -503,9 +545,9 @@ def stream_markdown(
         "same with each policy's computed tokens (`prompt_n`) per request; above 1 the "
         "fleet cannot keep up and queues grow for as long as requests arrive.",
         "",
-        "| rate /s | policy | requests | mean TTFT s | p50 s | p95 s | round-robin mean / "
-        "this | cache_n | prompt_n | cached share | load |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| rate /s | policy | requests | mean TTFT s | p50 s | p95 s | {RATIO_COLUMNS} "
+        "| cache_n | prompt_n | cached share | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate, summaries in by_rate.items():
         lines += [
@@ -646,9 +688,9 @@ def chat_markdown(
         f"({args.replicas} × {prefill_rate:.0f} tokens/s), the fraction of the fleet's "
         "prefill time the policy's computed tokens take at that rate.",
         "",
-        "| conversations /s | policy | requests | mean TTFT s | p50 s | p95 s | round-robin "
-        "mean / this | cache_n | prompt_n | cached share | load |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| conversations /s | policy | requests | mean TTFT s | p50 s | p95 s | "
+        f"{RATIO_COLUMNS} | cache_n | prompt_n | cached share | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate, summaries in by_rate.items():
         lines += [
