@@ -209,7 +209,7 @@ def run_policy(
                         blocks, request.query, conversation_id=session, system=system
                     )
                     answer = client.complete(prompt, max_tokens=args.max_tokens, temperature=0)
-                    pilot.record_answer(session, answer.text)
+                    pilot.record_answer(prompt, answer.text)
                     row = Row(policy, session, request.turn, *measured(answer))
                     with lock:
                         rows.append(row)

@@ -8,7 +8,7 @@ labels and are placed after all blocks, so they never break a shared prefix.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .blocks import ContextBlock
@@ -63,19 +63,26 @@ def order_note(
     original: Sequence[ContextBlock],
     shown: Sequence[ContextBlock],
     templates: NoteTemplates,
+    labels: Mapping[str, str] | None = None,
 ) -> str | None:
     """The ranking of ``original`` when the ``shown`` blocks are not in their original
-    relative order; ``None`` when nothing moved."""
+    relative order; ``None`` when nothing moved. ``labels`` (block id → label shown)
+    overrides the blocks' own labels."""
     rank = {block.id: position for position, block in enumerate(original)}
     positions = [rank[block.id] for block in shown]
     if all(a < b for a, b in itertools.pairwise(positions)):
         return None
-    labels = templates.separator.join([block.label for block in original])
-    return templates.order.format(labels=labels)
+    if labels is None:
+        names = [block.label for block in original]
+    else:
+        names = [labels[block.id] for block in original]
+    return templates.order.format(labels=templates.separator.join(names))
 
 
 def location_note(
-    deduplicated: Sequence[tuple[ContextBlock, int]], templates: NoteTemplates
+    deduplicated: Sequence[tuple[ContextBlock, int]],
+    templates: NoteTemplates,
+    labels: Mapping[str, str] | None = None,
 ) -> str | None:
     """One note naming the de-duplicated blocks, grouped by the (0-based, shown
     1-based) turn that holds them, earliest turn first."""
@@ -83,9 +90,13 @@ def location_note(
         return None
     by_turn: dict[int, list[str]] = {}
     for block, turn in deduplicated:
-        by_turn.setdefault(turn, []).append(block.label)
+        by_turn.setdefault(turn, []).append(_label(block, labels))
     groups = templates.group_separator.join(
         templates.location_group.format(labels=templates.separator.join(labels), turn=turn + 1)
         for turn, labels in sorted(by_turn.items())
     )
     return templates.location.format(groups=groups)
+
+
+def _label(block: ContextBlock, labels: Mapping[str, str] | None) -> str:
+    return block.label if labels is None else labels[block.id]

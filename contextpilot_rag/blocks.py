@@ -21,8 +21,10 @@ from .errors import (
     ConfigError,
     EmptyContextError,
     InvalidBlockError,
+    InvalidInputError,
     OversizeBlockError,
 )
+from .escaping import CONTROL_TOKEN, StructureGuard
 
 __all__ = [
     "BlockId",
@@ -30,8 +32,11 @@ __all__ = [
     "ContextBlock",
     "RegisteredBlock",
     "block_label",
+    "check_encodable",
     "content_id",
     "render_block",
+    "shown_label",
+    "unique_label",
     "validate_blocks",
 ]
 
@@ -41,11 +46,27 @@ _ID_HEX_CHARS = 16
 _LABEL_HEX_CHARS = 8
 _SAFE_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]{1,32}$")
 _CONTENT_ID = re.compile(rf"^[0-9a-f]{{{_ID_HEX_CHARS}}}$")
+_PLAIN_LABEL = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")  # any label unique_label() makes
 
 
 def content_id(text: str) -> BlockId:
     """The default id of a block: a short SHA-256 of its text."""
     return BlockId(hashlib.sha256(text.encode("utf-8")).hexdigest()[:_ID_HEX_CHARS])
+
+
+def check_encodable(
+    name: str, text: str, error: type[InvalidInputError] = InvalidInputError
+) -> None:
+    """Raise ``error`` when ``text`` cannot be sent as UTF-8 (a lone surrogate)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise error(
+                f"{name} holds a character that is not valid Unicode text "
+                f"({text[exc.start]!r} at position {exc.start}, a lone surrogate); "
+                "decode the source with errors='replace'"
+            ) from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +76,8 @@ class ContextBlock:
     ``id`` defaults to :func:`content_id` of ``text``. ``score`` is the retriever's
     relevance score (informational). ``metadata`` is copied into a read-only mapping.
     Equality and hashing use ``(id, text)``; metadata and score do not change identity.
+    ``digest`` is :func:`content_id` of the text whatever the id: conversations keep it
+    to tell a block they showed from a changed text under the same id.
     """
 
     text: str
@@ -62,7 +85,9 @@ class ContextBlock:
     score: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     label: str = field(init=False, repr=False, compare=False)
-    """The position-independent label used in the rendered prompt and notes."""
+    """The position-independent label used in the rendered prompt and notes (unless
+    another block of the same prompt has it: see :attr:`Prompt.labels`)."""
+    digest: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -71,10 +96,15 @@ class ContextBlock:
             )
         if not self.text.strip():
             raise InvalidBlockError("ContextBlock.text is empty; drop empty blocks before passing")
+        check_encodable("ContextBlock.text", self.text, InvalidBlockError)
+        digest = content_id(self.text)
+        object.__setattr__(self, "digest", digest)
         if self.id is None:
-            object.__setattr__(self, "id", content_id(self.text))
+            object.__setattr__(self, "id", digest)
         elif not isinstance(self.id, str) or not self.id:
             raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {self.id!r}")
+        else:
+            check_encodable("ContextBlock.id", self.id, InvalidBlockError)
         if self.score is not None and (
             isinstance(self.score, bool) or not isinstance(self.score, (int, float))
         ):
@@ -97,17 +127,64 @@ def block_label(block_id: str) -> str:
     """A short printable label for a block id, depending on the id only: the id
     itself when it is short and plain, the first 8 characters of a content-hash id,
     otherwise 8 hex characters of a hash of the id (labels are repeated in notes, so
-    every token counts)."""
+    every token counts). An id that would read as a chat-template control token
+    (``INST`` makes ``[INST]``) is hashed too."""
     if _CONTENT_ID.match(block_id):
         return block_id[:_LABEL_HEX_CHARS]
-    if _SAFE_LABEL.match(block_id):
+    if _SAFE_LABEL.match(block_id) and not CONTROL_TOKEN.fullmatch(f"[{block_id}]"):
         return block_id
-    return hashlib.sha256(block_id.encode("utf-8")).hexdigest()[:_LABEL_HEX_CHARS]
+    return _hashed(block_id)
 
 
-def render_block(block: ContextBlock) -> str:
-    """The exact text a block contributes to a prompt (same bytes at any position)."""
-    return f"[{block.label}]\n{block.text.strip()}\n\n"
+def _hashed(text: str, hex_chars: int = _LABEL_HEX_CHARS) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:hex_chars]
+
+
+def unique_label(block: ContextBlock, taken: Mapping[str, str]) -> str:
+    """The label ``block`` shows in a prompt whose other blocks already hold the
+    labels in ``taken`` (label → block id): its own :attr:`~ContextBlock.label`
+    unless another block holds it, then a longer one derived from its id alone, so
+    the same collision always resolves to the same bytes."""
+    owner = taken.get(block.label)
+    if owner is None or owner == block.id:
+        return block.label
+    longer = [block.id[:12], block.id] if _CONTENT_ID.match(block.id) else []
+    longer += [f"{block.label}-{_hashed(block.id, 6)}", f"{block.label}-{_hashed(block.id, 16)}"]
+    for label in longer:
+        owner = taken.get(label)
+        if owner is None or owner == block.id:
+            return label
+    number = 2
+    while taken.get(f"{longer[-1]}-{number}", block.id) != block.id:
+        number += 1
+    return f"{longer[-1]}-{number}"
+
+
+def shown_label(block: ContextBlock, reported: object) -> str:
+    """The label to render ``block`` under when an outside record (document metadata
+    an adapter wrote) reports the one a prompt showed: ``reported`` when it is a label
+    the pilot could have made, the block's own label otherwise (a forged record cannot
+    inject text through it)."""
+    if (
+        isinstance(reported, str)
+        and _PLAIN_LABEL.fullmatch(reported)
+        and not CONTROL_TOKEN.fullmatch(f"[{reported}]")
+    ):
+        return reported
+    return block.label
+
+
+_DEFAULT_GUARD = StructureGuard(())
+
+
+def render_block(
+    block: ContextBlock, guard: StructureGuard | None = None, *, label: str | None = None
+) -> str:
+    """The exact text a block contributes to a prompt (same bytes at any position):
+    its label line, then its text escaped by ``guard`` (control tokens and label-like
+    lines only, when no guard is given)."""
+    text = (guard or _DEFAULT_GUARD).escape(block.text.strip())
+    return f"[{label or block.label}]\n{text}\n\n"
 
 
 def is_list_like(value: object) -> TypeGuard[Iterable[object]]:
@@ -163,10 +240,17 @@ class BlockRegistry:
     ids, least recently used dropped first. Not thread-safe by itself.
     """
 
-    def __init__(self, count_tokens: Callable[[str], int], *, capacity: int = 200_000) -> None:
+    def __init__(
+        self,
+        count_tokens: Callable[[str], int],
+        *,
+        capacity: int = 200_000,
+        render: Callable[[ContextBlock], str] = render_block,
+    ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ConfigError("block registry capacity must be a positive int")
         self._count = count_tokens
+        self._render = render
         self._capacity = capacity
         self._entries: OrderedDict[str, RegisteredBlock] = OrderedDict()
         self._requests_with: dict[str, int] = {}
@@ -178,29 +262,50 @@ class BlockRegistry:
         """How many committed requests carried ``block_id`` (while it stayed here)."""
         return self._requests_with.get(block_id, 0)
 
-    def resolve(
+    def prepare(
         self, blocks: Sequence[ContextBlock], max_tokens: int | None
+    ) -> dict[str, RegisteredBlock]:
+        """Entries for the blocks not stored yet, computed without the caller's lock
+        (tokenizing a long block then holds up no other request); pass them to
+        :meth:`resolve`. Reading the store here needs no lock: a stale answer only
+        computes an entry that :meth:`resolve` then checks or ignores. Raises
+        :class:`OversizeBlockError`."""
+        stored = self._entries
+        prepared = {}
+        for block in [block for block in blocks if block.id not in stored]:
+            entry = self._new_entry(block)
+            _check_size(block, entry, max_tokens)
+            prepared[block.id] = entry
+        return prepared
+
+    def _new_entry(self, block: ContextBlock) -> RegisteredBlock:
+        rendered = self._render(block)
+        return RegisteredBlock(
+            block.text, rendered, self._count(rendered), self._count(" " + block.label)
+        )
+
+    def resolve(
+        self,
+        blocks: Sequence[ContextBlock],
+        max_tokens: int | None,
+        prepared: Mapping[str, RegisteredBlock] | None = None,
     ) -> tuple[RegisteredBlock, ...]:
-        """The entries of ``blocks`` (new ones computed, nothing stored). Raises
-        :class:`BlockConflictError` or :class:`OversizeBlockError`."""
+        """The entries of ``blocks`` (new ones computed, or taken from ``prepared``;
+        nothing stored). Raises :class:`BlockConflictError` or
+        :class:`OversizeBlockError`."""
         resolved = []
         for block in blocks:
             entry = self._entries.get(block.id)
             if entry is None:
-                rendered = render_block(block)
-                entry = RegisteredBlock(
-                    block.text, rendered, self._count(rendered), self._count(" " + block.label)
-                )
+                entry = (prepared or {}).get(block.id)
+                if entry is None or entry.text != block.text:
+                    entry = self._new_entry(block)
             elif entry.text is not block.text and entry.text != block.text:
                 raise BlockConflictError(
                     f"block id {block.id!r} was registered with a different text; "
                     "distinct texts need distinct ids"
                 )
-            if max_tokens is not None and entry.tokens > max_tokens:
-                raise OversizeBlockError(
-                    f"block {block.id!r} has {entry.tokens} tokens, over "
-                    f"max_block_tokens={max_tokens}; split it into smaller chunks"
-                )
+            _check_size(block, entry, max_tokens)
             resolved.append(entry)
         return tuple(resolved)
 
@@ -217,3 +322,11 @@ class BlockRegistry:
         while len(self._entries) > self._capacity:
             dropped, _ = self._entries.popitem(last=False)
             counts.pop(dropped, None)
+
+
+def _check_size(block: ContextBlock, entry: RegisteredBlock, max_tokens: int | None) -> None:
+    if max_tokens is not None and entry.tokens > max_tokens:
+        raise OversizeBlockError(
+            f"block {block.id!r} has {entry.tokens} tokens, over "
+            f"max_block_tokens={max_tokens}; split it into smaller chunks"
+        )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from .blocks import ContextBlock
-from .errors import ConfigError, ConversationStateError
+from .errors import BlockConflictError, ConfigError, ConversationStateError
 
 __all__ = [
     "Conversation",
@@ -35,21 +35,35 @@ __all__ = [
 @dataclass(frozen=True)
 class Turn:
     """One exchange. ``block_ids`` are the blocks ``user_message`` carries in full,
-    in order; ``tail_id`` names the rest of the turn (notes, question, answer) in the
-    context index."""
+    in order, with the content digest of the text it showed for each
+    (``block_digests``) and the label it showed them under (``block_labels``);
+    ``request_id`` is the prompt's, and names the rest of the turn (notes, question)
+    in the context index (``tail_id``) as well as the answer (``answer_id``)."""
 
+    request_id: str
     user_message: str
     block_ids: tuple[str, ...]
+    block_digests: tuple[str, ...]
+    block_labels: tuple[str, ...]
     block_tokens: tuple[int, ...]
     question: str
-    tail_id: str
     tail_tokens: int
     answer: str | None = None
     answer_tokens: int = 0
 
+    @property
+    def tail_id(self) -> str:
+        return f"\x00tail:{self.request_id}"
+
+    @property
+    def answer_id(self) -> str:
+        return f"\x00answer:{self.request_id}"
+
 
 @dataclass(frozen=True)
 class Conversation:
+    """A conversation's record: its system prompt and its turns, in order."""
+
     conversation_id: str
     system: str | None
     turns: tuple[Turn, ...] = ()
@@ -57,19 +71,46 @@ class Conversation:
     def with_turn(self, turn: Turn) -> Conversation:
         return replace(self, turns=(*self.turns, turn))
 
-    def with_answer(self, text: str, tokens: int = 0) -> Conversation:
-        if not self.turns:
+    def awaiting_answer(self) -> tuple[Turn, ...]:
+        """The turns whose answer is not recorded yet, earliest first."""
+        return tuple(turn for turn in self.turns if turn.answer is None)
+
+    def with_answer(
+        self, text: str, tokens: int = 0, *, request_id: str | None = None
+    ) -> Conversation:
+        """The record with ``text`` as the answer of the turn ``request_id`` names.
+        Without ``request_id`` the turn is the only one awaiting an answer: with
+        several awaiting, which one ``text`` answers is ambiguous and refused."""
+        number = self._turn_to_answer(request_id)
+        answered = replace(self.turns[number], answer=text, answer_tokens=tokens)
+        return replace(self, turns=(*self.turns[:number], answered, *self.turns[number + 1 :]))
+
+    def _turn_to_answer(self, request_id: str | None) -> int:
+        name = self.conversation_id
+        if request_id is not None:
+            for number in range(len(self.turns) - 1, -1, -1):
+                if self.turns[number].request_id == request_id:
+                    if self.turns[number].answer is not None:
+                        raise ConversationStateError(
+                            f"turn {request_id!r} of conversation {name!r} is already answered"
+                        )
+                    return number
             raise ConversationStateError(
-                f"conversation {self.conversation_id!r} has no turn to answer yet"
+                f"conversation {name!r} has no turn {request_id!r} (another conversation's "
+                "prompt, or a turn lost when the conversation expired)"
             )
-        last = self.turns[-1]
-        if last.answer is not None:
+        waiting = [number for number, turn in enumerate(self.turns) if turn.answer is None]
+        if not waiting:
             raise ConversationStateError(
-                f"the last turn of conversation {self.conversation_id!r} is already answered; "
-                "call optimize() for the next turn first"
+                f"conversation {name!r} has no turn awaiting an answer; call optimize() "
+                "for the next turn first"
             )
-        answered = replace(last, answer=text, answer_tokens=tokens)
-        return replace(self, turns=(*self.turns[:-1], answered))
+        if len(waiting) > 1:
+            raise ConversationStateError(
+                f"{len(waiting)} turns of conversation {name!r} await an answer, so which "
+                "one this answers is ambiguous; pass the Prompt (record_answer(prompt, text))"
+            )
+        return waiting[0]
 
     def visible_turns(self, max_turns: int | None) -> tuple[tuple[int, Turn], ...]:
         """The turns rendered into the next prompt, with their 0-based numbers."""
@@ -87,20 +128,36 @@ def deduplicate(
     blocks: Sequence[ContextBlock], visible_turns: Sequence[tuple[int, Turn]]
 ) -> DedupResult:
     """Alg. 3: split ``blocks`` into those to send and those already carried by a
-    visible turn (pointing at the latest such turn)."""
-    held_in: dict[str, int] = {}
+    visible turn (pointing at the latest such turn). A block counts as carried only
+    when that turn showed exactly its text (same content digest); a visible turn that
+    showed another text under the block's id is a :class:`BlockConflictError`, raised
+    before anything changes."""
+    held_in: dict[str, tuple[int, str]] = {}
     for number, turn in visible_turns:
-        for block_id in turn.block_ids:
-            held_in[block_id] = number
-    kept = tuple(block for block in blocks if block.id not in held_in)
-    duplicated = tuple((block, held_in[block.id]) for block in blocks if block.id in held_in)
-    return DedupResult(kept, duplicated)
+        for block_id, digest in zip(turn.block_ids, turn.block_digests, strict=True):
+            held_in[block_id] = (number, digest)
+    kept: list[ContextBlock] = []
+    duplicated: list[tuple[ContextBlock, int]] = []
+    for block in blocks:
+        held = held_in.get(block.id)
+        if held is None:
+            kept.append(block)
+        elif held[1] == block.digest:
+            duplicated.append((block, held[0]))
+        else:
+            raise BlockConflictError(
+                f"block id {block.id!r} was shown in turn {held[0] + 1} of this conversation "
+                "with a different text; give a changed text a new id (or leave ids unset)"
+            )
+    return DedupResult(tuple(kept), tuple(duplicated))
 
 
 @runtime_checkable
 class ConversationStore(Protocol):
     """Where conversations live. Implementations must be safe for concurrent use and
-    bounded; ``put`` replaces the whole record atomically."""
+    bounded; ``put`` replaces the whole record atomically. ``forgotten`` tells a
+    conversation the store dropped (expired or evicted) from one it never held or
+    that was deleted, for as long as the store remembers its drops."""
 
     def get(self, conversation_id: str) -> Conversation | None: ...
 
@@ -108,11 +165,15 @@ class ConversationStore(Protocol):
 
     def delete(self, conversation_id: str) -> bool: ...
 
+    def forgotten(self, conversation_id: str) -> bool: ...
+
     def __len__(self) -> int: ...
 
 
 class InMemoryConversationStore:
-    """An LRU of conversations in this process, with an idle TTL."""
+    """An LRU of conversations in this process, with an idle TTL. It remembers the
+    ids of the last ``max_conversations`` conversations it dropped (by TTL or LRU),
+    so that :meth:`forgotten` can tell a lost history from a new conversation."""
 
     def __init__(
         self,
@@ -130,6 +191,7 @@ class InMemoryConversationStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._records: OrderedDict[str, tuple[float, Conversation]] = OrderedDict()
+        self._dropped: OrderedDict[str, None] = OrderedDict()
 
     def get(self, conversation_id: str) -> Conversation | None:
         with self._lock:
@@ -145,12 +207,25 @@ class InMemoryConversationStore:
         with self._lock:
             self._records[conversation.conversation_id] = (self._clock(), conversation)
             self._records.move_to_end(conversation.conversation_id)
+            self._dropped.pop(conversation.conversation_id, None)
             while len(self._records) > self._max:
-                self._records.popitem(last=False)
+                self._drop(self._records.popitem(last=False)[0])
 
     def delete(self, conversation_id: str) -> bool:
         with self._lock:
+            self._dropped.pop(conversation_id, None)
             return self._records.pop(conversation_id, None) is not None
+
+    def forgotten(self, conversation_id: str) -> bool:
+        with self._lock:
+            self._expire()
+            return conversation_id in self._dropped
+
+    def _drop(self, conversation_id: str) -> None:
+        self._dropped[conversation_id] = None
+        self._dropped.move_to_end(conversation_id)
+        while len(self._dropped) > self._max:
+            self._dropped.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:
@@ -166,3 +241,4 @@ class InMemoryConversationStore:
             if stamp >= deadline:
                 return
             del self._records[oldest_id]
+            self._drop(oldest_id)

@@ -8,6 +8,7 @@ __all__ = [
     "BlockConflictError",
     "ConfigError",
     "ContextPilotError",
+    "ConversationExpiredError",
     "ConversationStateError",
     "DuplicateRequestError",
     "EmptyContextError",
@@ -57,6 +58,13 @@ class UnknownConversationError(ContextPilotError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "unknown conversation"
+
+
+class ConversationExpiredError(UnknownConversationError):
+    """The conversation existed but its store dropped it (idle longer than its TTL, or
+    evicted to bound memory): its history is lost. Raised by ``record_answer``, and by
+    ``optimize`` when ``PilotConfig.on_history_lost == "raise"``; ``end_conversation``
+    acknowledges the loss, after which the id starts a new conversation."""
 
 
 class ConversationStateError(ContextPilotError, ValueError):

@@ -12,18 +12,30 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from .annotations import NoteTemplates, location_note, order_note
 from .batch import BatchMethod, BatchSchedule, no_progress, plan_batch
 from .batch import Progress as BatchProgress
 from .batch.progress import rich_progress
 from .batch.requests import BatchRequest, validate_batch
-from .blocks import BlockRegistry, ContextBlock, RegisteredBlock, content_id, validate_blocks
+from .blocks import (
+    BlockRegistry,
+    ContextBlock,
+    RegisteredBlock,
+    check_encodable,
+    content_id,
+    is_list_like,
+    render_block,
+    unique_label,
+    validate_blocks,
+)
 from .conversations import (
     Conversation,
     ConversationStore,
@@ -31,15 +43,25 @@ from .conversations import (
     Turn,
     deduplicate,
 )
-from .errors import ConfigError, InvalidInputError, UnknownConversationError
+from .errors import (
+    ConfigError,
+    ConversationExpiredError,
+    InvalidInputError,
+    OversizeBlockError,
+    UnknownConversationError,
+)
+from .escaping import StructureGuard, template_lead_in
 from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
 from .ordering import RemainderOrder, reorder_for_prefix
 from .prompt import BlockBoundary, Prompt, PromptStats
 from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
 
-__all__ = ["ContextPilot", "PilotConfig"]
+__all__ = ["ContextPilot", "PilotConfig", "structure_guard_of"]
+
+logger = logging.getLogger(__name__)
 
 _SEGMENT_CACHE_SIZE = 65_536
+_CHARS_PER_TOKEN_BOUND = 16
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the context "
@@ -58,6 +80,13 @@ class PilotConfig:
     orders the blocks that match no cached prefix. ``max_history_turns`` limits the
     turns rendered into a conversation's prompt (``None``: all); de-duplication only
     points at rendered turns. ``system_prompt`` is used when ``optimize`` gets none.
+
+    ``max_block_chars`` rejects a longer block before it is tokenized (``None``:
+    ``16 × max_block_tokens``, more characters per token than text has).
+    ``on_history_lost`` decides what ``optimize`` does for a conversation its store
+    dropped (TTL or LRU): ``"restart"`` starts it afresh and flags the prompt
+    (:attr:`Prompt.history_lost`), ``"raise"`` raises
+    :class:`~contextpilot_rag.errors.ConversationExpiredError`.
     """
 
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -70,10 +99,12 @@ class PilotConfig:
     question_template: str = "Question: {query}"
     notes: NoteTemplates = field(default_factory=NoteTemplates)
     max_block_tokens: int | None = 32_768
+    max_block_chars: int | None = None
     max_history_turns: int | None = None
     max_conversations: int = 10_000
     conversation_ttl_s: float | None = 3600.0
     block_registry_size: int = 200_000
+    on_history_lost: Literal["restart", "raise"] = "restart"
 
     def __post_init__(self) -> None:
         if self.remainder not in ("popularity", "retrieval"):
@@ -86,12 +117,30 @@ class PilotConfig:
             raise ConfigError(
                 f"PilotConfig.question_template may use only '{{query}}': {exc!r}"
             ) from exc
-        for name in ("max_block_tokens", "max_history_turns"):
+        if self.on_history_lost not in ("restart", "raise"):
+            raise ConfigError("PilotConfig.on_history_lost must be 'restart' or 'raise'")
+        for name in ("max_block_tokens", "max_block_chars", "max_history_turns"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"PilotConfig.{name} must be a positive int or None")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
+
+    @property
+    def block_char_limit(self) -> int | None:
+        """The length (characters) over which a block is refused untokenized."""
+        if self.max_block_chars is not None:
+            return self.max_block_chars
+        if self.max_block_tokens is None:
+            return None
+        return self.max_block_tokens * _CHARS_PER_TOKEN_BOUND
+
+    def structure_guard(self) -> StructureGuard:
+        """The escaping of untrusted text for this layout (see :mod:`.escaping`)."""
+        templates = (self.notes.order, self.notes.location, self.question_template)
+        return StructureGuard(
+            (*map(template_lead_in, templates), template_lead_in(self.context_header))
+        )
 
 
 class _Layout(NamedTuple):
@@ -106,6 +155,8 @@ class _Layout(NamedTuple):
     query: str
     system_text: str | None
     visible: tuple[tuple[int, Turn], ...]
+    labels: Mapping[str, str]
+    history_lost: bool = False
 
 
 class _Plan(NamedTuple):
@@ -138,9 +189,12 @@ class ContextPilot:
         if isinstance(tokenizer, str):
             tokenizer = get_tokenizer(tokenizer)
         self.tokenizer: Tokenizer = tokenizer or default_tokenizer()
+        self._guard = self.config.structure_guard()
         self._index = ContextIndex(self.config.index, clock=clock)
         self._registry = BlockRegistry(
-            self.tokenizer.count, capacity=self.config.block_registry_size
+            self.tokenizer.count,
+            capacity=self.config.block_registry_size,
+            render=self._render_block,
         )
         self._store: ConversationStore = store or InMemoryConversationStore(
             max_conversations=self.config.max_conversations,
@@ -164,15 +218,20 @@ class ContextPilot:
     ) -> Prompt:
         """Build the prompt for one request: blocks reordered to reuse the longest
         cached prefix, blocks already in this conversation replaced by a location
-        note, notes restoring the relevance ranking, then the question."""
-        unique = validate_blocks(blocks)
+        note, notes restoring the relevance ranking, then the question.
+
+        Calls on one conversation are serialised: each sees the turns of the calls
+        before it. Pass the returned prompt to :meth:`record_answer` to pair the
+        answer with this turn."""
+        unique = self._validate_blocks(blocks)
         _check_text("query", query)
         if conversation_id is not None:
             _check_text("conversation_id", conversation_id, allow_empty=False)
         if system is not None:
             _check_text("system", system)
+        prepared = self._registry.prepare(unique, self.config.max_block_tokens)
         with self._lock:
-            plan = self._plan(unique, query, conversation_id, system)
+            plan = self._plan(unique, query, conversation_id, system, prepared)
             self._commit(plan)
             return plan.prompt
 
@@ -198,6 +257,9 @@ class ContextPilot:
         the context index in execution order. Every error is raised before anything
         is stored. ``progress`` shows progress bars (stderr) for long builds."""
         batch = validate_batch(requests)
+        for request in batch:
+            self._check_block_sizes(request.blocks)
+            check_encodable("query", request.query)
         if system is not None:
             _check_text("system", system)
         with contextlib.ExitStack() as stack:
@@ -208,39 +270,61 @@ class ContextPilot:
                     self._commit(plan)
         return [plan.prompt for plan in plans]
 
-    def record_answer(self, conversation_id: str, text: str) -> None:
-        """Append the assistant's answer to the conversation's last turn, so the next
-        turn's prompt carries it as history."""
-        _check_text("conversation_id", conversation_id, allow_empty=False)
+    def record_answer(
+        self, prompt: Prompt | str, text: str, *, request_id: str | None = None
+    ) -> None:
+        """Record ``text`` as the answer to the turn ``prompt`` asked, so later turns
+        carry it as history.
+
+        ``prompt`` is the :class:`Prompt` that was sent (the pairing is then exact,
+        whatever else ran on the conversation meanwhile), or a conversation id with
+        the turn's ``request_id``, or a conversation id alone: that answers the one
+        turn awaiting its answer, and is refused
+        (:class:`~contextpilot_rag.errors.ConversationStateError`) when several
+        await one. Raises :class:`~contextpilot_rag.errors.ConversationExpiredError`
+        when the conversation's history was lost. The answer is stored escaped as it
+        will be shown (control tokens and structure-like lines neutralised)."""
+        conversation_id, request_id = _answer_target(prompt, request_id)
         _check_text("text", text)
+        answer = self._guard.escape(text)
+        tokens = self.tokenizer.count(answer)
         with self._lock:
             conversation = self._store.get(conversation_id)
             if conversation is None:
-                raise UnknownConversationError(
-                    f"no live conversation {conversation_id!r} (never started or expired)"
-                )
-            self._store.put(conversation.with_answer(text, self.tokenizer.count(text)))
+                raise self._missing(conversation_id)
+            answered = conversation.with_answer(answer, tokens, request_id=request_id)
+            self._store.put(answered)
 
     def conversation(self, conversation_id: str) -> Conversation:
         """The stored record of a conversation."""
         conversation = self._store.get(conversation_id)
         if conversation is None:
-            raise UnknownConversationError(f"no live conversation {conversation_id!r}")
+            raise self._missing(conversation_id)
         return conversation
 
     def end_conversation(self, conversation_id: str) -> bool:
-        """Forget a conversation's history (its cached prefix ages out of the index)."""
+        """Forget a conversation's history (its cached prefix ages out of the index),
+        or acknowledge that its store lost it: the id then starts a new conversation
+        without a loss being reported."""
         with self._lock:
             return self._store.delete(conversation_id)
 
     def evict(self, request_ids: Iterable[str]) -> int:
         """The engine evicted these requests' cache: forget them in the index.
         Unknown ids are ignored; returns how many were removed."""
-        if isinstance(request_ids, str) or not isinstance(request_ids, Iterable):
-            raise InvalidInputError("evict() takes an iterable of request ids")
-        ids = [RequestId(request_id) for request_id in request_ids]
+        if not is_list_like(request_ids):
+            raise InvalidInputError(
+                f"evict() takes an iterable of request id strings, got {type(request_ids).__name__}"
+            )
+        ids = list(request_ids)
+        for request_id in ids:
+            if not isinstance(request_id, str):
+                raise InvalidInputError(
+                    f"evict() takes request id strings, got {type(request_id).__name__} "
+                    f"{request_id!r}"
+                )
         with self._lock:
-            return self._index.evict(ids)
+            return self._index.evict([RequestId(request_id) for request_id in ids])
 
     def observe_cache(
         self, prompt: Prompt, cached_tokens: int, prompt_tokens: int, *, tolerance: float = 0.1
@@ -290,12 +374,12 @@ class ContextPilot:
         query: str,
         conversation_id: str | None,
         system: str | None,
+        prepared: Mapping[str, RegisteredBlock] | None = None,
     ) -> _Plan:
-        entries = self._registry.resolve(blocks, self.config.max_block_tokens)
-        tokens_of: dict[str, int] = {
-            block.id: entry.tokens for block, entry in zip(blocks, entries, strict=True)
-        }
-        conversation = self._load_conversation(conversation_id, system)
+        entries = self._registry.resolve(blocks, self.config.max_block_tokens, prepared)
+        rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
+        tokens_of = {block_id: entry.tokens for block_id, entry in rendered.items()}
+        conversation, history_lost = self._load_conversation(conversation_id, system)
         system_text = _pick_system(system, conversation, self.config.system_prompt)
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible)
@@ -303,13 +387,25 @@ class ContextPilot:
         match = self._match(kept, fixed_prefix, tokens_of)
         matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
         final = self._reorder(kept, matched, after_history=bool(visible))
-        rendered: dict[str, RegisteredBlock] = dict(zip(tokens_of, entries, strict=True))
-        order, location, note_tokens = self._notes(blocks, final, duplicated, entries)
+        labels = _labels(final, duplicated, visible)
+        rendered = self._relabeled(rendered, final, labels)
+        order, location, note_tokens = self._notes(blocks, final, duplicated, entries, labels)
         request_id = f"cp-{next(self._request_numbers):09d}"
+        layout = _Layout(
+            blocks,
+            final,
+            duplicated,
+            order,
+            location,
+            note_tokens,
+            self._guard.escape(query),
+            system_text,
+            visible,
+            labels,
+            history_lost,
+        )
         prompt = self._render(
-            _Layout(
-                blocks, final, duplicated, order, location, note_tokens, query, system_text, visible
-            ),
+            layout,
             rendered,
             request_id,
             conversation_id,
@@ -318,25 +414,16 @@ class ContextPilot:
             blocks_start_tokens=sum(fixed_tokens),
         )
         block_ids = tuple(block.id for block in final)
-        block_tokens = tuple(tokens_of[block_id] for block_id in block_ids)
-        tail_id = f"\x00tail:{request_id}"
+        block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         if conversation is not None:
-            turn = Turn(
-                user_message=prompt.messages[-1]["content"],
-                block_ids=block_ids,
-                block_tokens=block_tokens,
-                question=query,
-                tail_id=tail_id,
-                tail_tokens=prompt.stats.tail_tokens,
-            )
-            conversation = conversation.with_turn(turn)
+            conversation = conversation.with_turn(_turn(prompt, final, block_tokens, query))
         return _Plan(
             prompt=prompt,
             blocks=blocks,
             entries=entries,
             # The tail (notes and question) is indexed too: the engine caches it, and
             # the next turn's history starts with it.
-            index_path=(*fixed_prefix, *block_ids, tail_id),
+            index_path=(*fixed_prefix, *block_ids, f"\x00tail:{request_id}"),
             index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
             conversation=conversation,
         )
@@ -413,8 +500,11 @@ class ContextPilot:
         """A batch request's plan, its block order decided by the batch planner;
         ``matched``: how many leading blocks an earlier request of the batch sends."""
         blocks = tuple(request.blocks)
-        rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
-        order, location, note_tokens = self._notes(blocks, final, (), entries)
+        labels = _labels(final, (), ())
+        rendered = self._relabeled(
+            {block.id: entry for block, entry in zip(blocks, entries, strict=True)}, final, labels
+        )
+        order, location, note_tokens = self._notes(blocks, final, (), entries, labels)
         request_id = f"cp-{next(self._request_numbers):09d}"
         fixed_prefix, fixed_tokens = fixed
         start_tokens = sum(fixed_tokens)
@@ -422,7 +512,16 @@ class ContextPilot:
         block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         prompt = self._render(
             _Layout(
-                blocks, final, (), order, location, note_tokens, request.query, system_text, ()
+                blocks,
+                final,
+                (),
+                order,
+                location,
+                note_tokens,
+                self._guard.escape(request.query),
+                system_text,
+                (),
+                labels,
             ),
             rendered,
             request_id,
@@ -443,20 +542,83 @@ class ContextPilot:
 
     def _load_conversation(
         self, conversation_id: str | None, system: str | None
-    ) -> Conversation | None:
+    ) -> tuple[Conversation | None, bool]:
+        """The conversation (a new record when none is stored) and whether its
+        history was lost: the store dropped it (TTL or LRU) since its last turn."""
         if conversation_id is None:
-            return None
+            return None, False
         stored = self._store.get(conversation_id)
-        return stored or Conversation(
-            conversation_id, _pick_system(system, None, self.config.system_prompt)
+        if stored is not None:
+            return stored, False
+        lost = self._store.forgotten(conversation_id)
+        if lost:
+            if self.config.on_history_lost == "raise":
+                raise self._missing(conversation_id)
+            logger.warning(
+                "conversation %r expired or was evicted; its history is lost and it "
+                "starts again (Prompt.history_lost is set)",
+                conversation_id,
+            )
+        system_text = _pick_system(system, None, self.config.system_prompt)
+        return Conversation(conversation_id, system_text), lost
+
+    def _missing(self, conversation_id: str) -> UnknownConversationError:
+        if self._store.forgotten(conversation_id):
+            return ConversationExpiredError(
+                f"conversation {conversation_id!r} expired or was evicted from its store "
+                "and its history is lost; call end_conversation() to start it again"
+            )
+        return UnknownConversationError(
+            f"no live conversation {conversation_id!r} (never started, or ended)"
         )
+
+    def _validate_blocks(self, blocks: object) -> tuple[ContextBlock, ...]:
+        unique = validate_blocks(blocks)
+        self._check_block_sizes(unique)
+        return unique
+
+    def _check_block_sizes(self, blocks: Iterable[ContextBlock]) -> None:
+        """Refuse a block too long to fit ``max_block_tokens`` by its length alone,
+        before anything tokenizes it."""
+        limit = self.config.block_char_limit
+        if limit is None or max(map(len, [block.text for block in blocks])) <= limit:
+            return
+        for block in blocks:
+            if len(block.text) > limit:
+                raise OversizeBlockError(
+                    f"block {block.id!r} has {len(block.text)} characters, over the "
+                    f"{limit} that max_block_tokens={self.config.max_block_tokens} allows "
+                    "(PilotConfig.max_block_chars); split it into smaller chunks"
+                )
+
+    def _render_block(self, block: ContextBlock) -> str:
+        return render_block(block, self._guard)
+
+    def _relabeled(
+        self,
+        rendered: dict[str, RegisteredBlock],
+        final: Sequence[ContextBlock],
+        labels: Mapping[str, str],
+    ) -> dict[str, RegisteredBlock]:
+        """``rendered`` with the blocks that show another label than their own
+        (a collision in this prompt) rendered under that label."""
+        for block in final:
+            label = labels[block.id]
+            if label != block.label:
+                text = render_block(block, self._guard, label=label)
+                count = self.tokenizer.count
+                entry = RegisteredBlock(block.text, text, count(text), count(" " + label))
+                rendered = {**rendered, block.id: entry}
+        return rendered
 
     def _deduplicate(
         self, blocks: tuple[ContextBlock, ...], visible: Sequence[tuple[int, Turn]]
     ) -> tuple[tuple[ContextBlock, ...], tuple[tuple[ContextBlock, int], ...]]:
-        if not (self.config.dedup and visible):
+        if not visible:
             return blocks, ()
-        result = deduplicate(blocks, visible)
+        result = deduplicate(blocks, visible)  # refuses changed texts, dedup or not
+        if not self.config.dedup:
+            return blocks, ()
         return result.kept, result.deduplicated
 
     def _fixed_prefix(
@@ -469,15 +631,18 @@ class ContextPilot:
         tokens = [
             self._count_segment(system_text or "") + self._count_segment(self.config.context_header)
         ]
+        header_tokens = self._count_segment(self.config.context_header)
         for _, turn in visible:
             path.extend(turn.block_ids)
             tokens.extend(turn.block_tokens)
             path.append(turn.tail_id)
-            tokens.append(
-                turn.tail_tokens
-                + turn.answer_tokens
-                + self._count_segment(self.config.context_header)
-            )
+            tokens.append(turn.tail_tokens)
+            if turn.answer is not None:
+                # a node of its own: a prompt sent before the answer was recorded
+                # does not share what follows the question
+                path.append(turn.answer_id)
+                tokens.append(turn.answer_tokens)
+            tokens[-1] += header_tokens  # the next user message starts with the header
         return tuple(path), tuple(tokens)
 
     def _match(
@@ -514,6 +679,7 @@ class ContextPilot:
         final: tuple[ContextBlock, ...],
         duplicated: Sequence[tuple[ContextBlock, int]],
         entries: Sequence[RegisteredBlock],
+        labels: Mapping[str, str],
     ) -> tuple[str | None, str | None, int]:
         """The order note, the location note and their token count. The order note
         recurs with every reordering, so its count is estimated from cached pieces
@@ -522,11 +688,13 @@ class ContextPilot:
             return None, None, 0
         templates = self.config.notes
         tokens = 0
-        order = order_note(original, final, templates)
-        if order is not None:
+        order = order_note(original, final, templates, labels)
+        if order is not None and all(labels[block.id] == block.label for block in original):
             tokens += self._count_segment(templates.order.format(labels="") + "\n\n")
             tokens += sum(entry.label_tokens for entry in entries)
-        location = location_note(duplicated, templates)
+        elif order is not None:
+            tokens += self.tokenizer.count(order + "\n\n")
+        location = location_note(duplicated, templates, labels)
         if location is not None:
             tokens += self.tokenizer.count(location + "\n\n")
         return order, location, tokens
@@ -578,6 +746,8 @@ class ContextPilot:
             conversation_id=conversation_id,
             order_note=layout.order_note,
             location_note=layout.location_note,
+            labels=MappingProxyType(layout.labels),
+            history_lost=layout.history_lost,
         )
 
     def _render_user_message(
@@ -606,7 +776,7 @@ class ContextPilot:
         parts.extend(
             note + "\n\n" for note in (layout.order_note, layout.location_note) if note is not None
         )
-        parts.append(self.config.question_template.format(query=layout.query))
+        parts.append(self.config.question_template.format(query=layout.query))  # escaped
         return "".join(parts), boundaries
 
     def _system_key(self, system_text: str) -> str:
@@ -670,11 +840,80 @@ class _PrefixTrie:
         return matched
 
 
+def structure_guard_of(pilot: ContextPilot | None) -> StructureGuard:
+    """The escaping ``pilot`` renders untrusted text with (the default layout's for
+    ``None``): what an adapter that re-renders blocks outside the pilot must use."""
+    if pilot is None:
+        return PilotConfig().structure_guard()
+    if not isinstance(pilot, ContextPilot):
+        raise InvalidInputError(f"pilot must be a ContextPilot or None, got {type(pilot).__name__}")
+    return pilot.config.structure_guard()
+
+
 def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:
     if not isinstance(value, str):
         raise InvalidInputError(f"{name} must be a str, got {type(value).__name__}")
     if not allow_empty and not value:
         raise InvalidInputError(f"{name} must not be empty")
+    check_encodable(name, value)
+
+
+def _answer_target(prompt: Prompt | str, request_id: str | None) -> tuple[str, str | None]:
+    """The conversation and turn an answer is for, from ``record_answer``'s arguments."""
+    if isinstance(prompt, Prompt):
+        if prompt.conversation_id is None:
+            raise InvalidInputError(
+                "record_answer() got a prompt of no conversation; pass conversation_id "
+                "to optimize() for turns whose answers are history"
+            )
+        if request_id is not None and request_id != prompt.request_id:
+            raise InvalidInputError("record_answer(): request_id differs from the prompt's")
+        return prompt.conversation_id, prompt.request_id
+    _check_text("conversation_id", prompt, allow_empty=False)
+    if request_id is not None:
+        _check_text("request_id", request_id, allow_empty=False)
+    return prompt, request_id
+
+
+def _labels(
+    final: Sequence[ContextBlock],
+    duplicated: Sequence[tuple[ContextBlock, int]],
+    visible: Sequence[tuple[int, Turn]],
+) -> dict[str, str]:
+    """Block id → the label it shows in this prompt, unique over the prompt and the
+    history it renders: a de-duplicated block keeps the label its turn showed; a
+    sent block keeps its own label unless another block already shows it."""
+    if not (visible or duplicated):
+        labels = {block.id: block.label for block in final}
+        if len(set(labels.values())) == len(labels):
+            return labels
+    shown: dict[str, str] = {}
+    taken: dict[str, str] = {}
+    for _, turn in visible:
+        for block_id, label in zip(turn.block_ids, turn.block_labels, strict=True):
+            shown[block_id] = label
+            taken[label] = block_id
+    labels = {block.id: shown[block.id] for block, _ in duplicated}
+    for block in final:
+        label = unique_label(block, taken)
+        taken[label] = block.id
+        labels[block.id] = label
+    return labels
+
+
+def _turn(
+    prompt: Prompt, final: Sequence[ContextBlock], block_tokens: tuple[int, ...], query: str
+) -> Turn:
+    return Turn(
+        request_id=prompt.request_id,
+        user_message=prompt.messages[-1]["content"],
+        block_ids=tuple(block.id for block in final),
+        block_digests=tuple(block.digest for block in final),
+        block_labels=tuple(prompt.labels[block.id] for block in final),
+        block_tokens=block_tokens,
+        question=query,
+        tail_tokens=prompt.stats.tail_tokens,
+    )
 
 
 def _pick_system(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .blocks import ContextBlock
@@ -47,7 +47,12 @@ class Prompt:
     ``original_blocks`` the retriever's order. ``index`` is the position in the input
     of :meth:`ContextPilot.optimize_batch` (``None`` online). ``order_note`` restores
     the retriever's ranking (``None`` when nothing moved or notes are off);
-    ``location_note`` names the de-duplicated blocks (``None`` when none)."""
+    ``location_note`` names the de-duplicated blocks (``None`` when none).
+    ``labels`` maps every block id of the request to the label the prompt shows it
+    under (unique in the prompt, history included; usually the block's own
+    :attr:`~contextpilot_rag.ContextBlock.label`). ``history_lost`` is true when
+    the conversation's store had dropped it (expired or evicted) and this turn
+    starts it again without its history."""
 
     messages: tuple[Mapping[str, str], ...]
     blocks: tuple[ContextBlock, ...]
@@ -60,6 +65,12 @@ class Prompt:
     index: int | None = None
     order_note: str | None = None
     location_note: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    history_lost: bool = False
+
+    def label_of(self, block_id: str) -> str:
+        """The label the prompt shows block ``block_id`` under."""
+        return self.labels[block_id]
 
     @property
     def notes(self) -> tuple[str, ...]:

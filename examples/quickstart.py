@@ -53,8 +53,8 @@ def main() -> dict[str, float]:
         pilot_cache.admit(tokenizer.encode(prompt.text))
         # A real application sends prompt.to_openai() to its engine here.
         answer = f"(answer to: {question})"
-        unmodified.record_answer(conversation, answer)
-        pilot.record_answer(conversation, answer)
+        unmodified.record_answer(baseline, answer)
+        pilot.record_answer(prompt, answer)
         print(
             f"{conversation:>6}: order {[b.id for b in prompt.blocks]}, "
             f"deduplicated {[b.id for b in prompt.deduplicated]}, "

@@ -35,7 +35,7 @@ def assert_prompt_accounts_for_blocks(prompt: Prompt, blocks: Sequence[ContextBl
     assert sorted(shown | deduplicated) == sorted(block.id for block in unique)
     assert len(prompt.blocks) + len(prompt.deduplicated) == len(unique)
     for block in unique:
-        rendered = render_block(block)
+        rendered = render_block(block, label=prompt.labels.get(block.id))
         if block.id in shown:
             assert last.count(rendered) == 1, block.id
         else:

@@ -61,7 +61,7 @@ def worker(pilot: ContextPilot, number: int, start: threading.Barrier) -> Worker
         )
         log.results.append((prompt, blocks))
         if in_conversation and rng.random() < 0.5:
-            pilot.record_answer(conversation_id, f"answer {call}")
+            pilot.record_answer(prompt, f"answer {call}")
         if call % 7 == 6:
             earlier = [p.request_id for p, _ in rng.sample(log.results, 3)]
             log.evicted += pilot.evict(earlier)

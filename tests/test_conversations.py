@@ -51,8 +51,13 @@ def turn_pilot(tokenizer: Tokenizer, **options: object) -> ContextPilot:
     return ContextPilot(config, tokenizer=tokenizer)
 
 
+BY_ID = {block.id: block for block in (A, B, C, D)}
+
+
 def turn(block_ids: tuple[str, ...]) -> Turn:
-    return Turn("message", block_ids, (1,) * len(block_ids), "q", "tail", 1)
+    digests = tuple(BY_ID[block_id].digest for block_id in block_ids)
+    ones = (1,) * len(block_ids)
+    return Turn("cp-1", "message", block_ids, digests, block_ids, ones, "q", 1)
 
 
 # -- dedup within a conversation ------------------------------------------------------

@@ -52,7 +52,7 @@ def run_stream(
         prompt = pilot.optimize(blocks, f"question {number}?", conversation_id=conversation_id)
         results.append((prompt, blocks))
         if conversation_id is not None and answer:
-            pilot.record_answer(conversation_id, f"answer {number}.")
+            pilot.record_answer(prompt, f"answer {number}.")
     return results
 
 

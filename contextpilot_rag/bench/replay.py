@@ -114,7 +114,7 @@ def pilot_arm(
             blocks, request.query, conversation_id=request.session, system=workload.system_prompt
         )
         if request.session is not None:
-            pilot.record_answer(request.session, synthetic_answer(request))
+            pilot.record_answer(prompt, synthetic_answer(request))
         built.append(prompt)
         return prompt.messages
 

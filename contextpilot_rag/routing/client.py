@@ -9,11 +9,13 @@ of endpoints with a routing policy and feeds what the engines report back to it.
     result.text, result.endpoint, result.ttft_s, result.cached_tokens
 
 Every request is streamed from the engine (also by :meth:`RoutingClient.chat`), so
-TTFT is measured at the first content token. Per endpoint the client keeps live
+TTFT is measured at the first content token (an engine that ignores ``stream`` and
+answers one JSON object is read whole). Per endpoint the client keeps live
 ``in_flight`` and ``queued_tokens`` counters (a prompt is queued from dispatch to its
 first token) on every path — success, failure, timeout, cancellation — and a circuit
-breaker: a transport error or a 5xx/429 answer opens it for an exponentially growing
-backoff, after which one request may try again.
+breaker: a transport error, a 5xx/429 answer or a malformed reply opens it for an
+exponentially growing backoff (or the answer's ``Retry-After``, seconds or an HTTP-date,
+if longer; at most ``max_backoff_s`` either way), after which one request may try again.
 
 Feedback: the engine's ``usage.prompt_tokens_details.cached_tokens`` (vLLM, SGLang,
 OpenAI) or ``timings.cache_n`` (llama-server) goes to ``policy.observe`` with the
@@ -21,11 +23,19 @@ measured TTFT and end-to-end time, which trims routes the engine disproved; its
 ``usage.prompt_tokens`` refines the character-per-token estimate of the route keys
 (:mod:`~contextpilot_rag.routing.prompt_keys`).
 
-Failures: a transport error, a 5xx/429 answer or a stream that ends early makes the
-client retry on another ``(endpoint, model)`` (the failed one excluded) up to
-``max_attempts``; a stream already partly delivered resumes after the delivered text
-when the retry reproduces it, and fails with :class:`RoutingError` when it does not.
+Failures: a transport error, a 5xx/429 answer, a reply of the wrong shape (JSON that
+is not the OpenAI format), ``timeout_s`` without a stream event (SSE keep-alive comments
+are no progress) or a stream that ends early makes the client retry on another
+``(endpoint, model)`` (the failed one excluded) up to ``max_attempts``. A stream
+(:meth:`RoutingClient.stream`) already partly delivered resumes after the delivered
+text when the retry reproduces it, and fails with :class:`RoutingError` when it
+diverges or ends shorter: the caller never gets less than it was given. ``chat`` and
+``complete`` have delivered nothing, so they take the retry's whole answer. With
+``deadline_s`` no call (all its attempts and waits) outlasts it: :class:`RoutingError`.
 Other 4xx answers are the caller's error and raise :class:`EndpointError` at once.
+Credentials in a base URL (``http://user:key@host/v1``, sent as HTTP basic auth) and API
+keys never appear in results, errors, logs or metrics: the URL shows as
+:attr:`Endpoint.display_url` (``http://***@host/v1``).
 :meth:`RoutingClient.solve` retries until ``verify`` accepts an answer, excluding each
 ``(endpoint, model)`` already tried, and reports the time to a correct answer.
 """
@@ -33,7 +43,10 @@ Other 4xx answers are the caller's error and raise :class:`EndpointError` at onc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import datetime
+import email.utils
 import itertools
 import json
 import logging
@@ -42,9 +55,18 @@ import operator
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, cast
+from urllib.parse import unquote
 
 import httpx
 
@@ -127,8 +149,10 @@ class Endpoint:
     def __post_init__(self) -> None:
         url = self.base_url
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must start with http:// or https://, got {url!r}")
+            shown = _split_credentials(url)[0] if isinstance(url, str) else url
+            raise ConfigError(f"base_url must start with http:// or https://, got {shown!r}")
         object.__setattr__(self, "base_url", url.rstrip("/"))
+        _Secrets.attach(self)
         if isinstance(self.models, str) or not all(isinstance(m, str) and m for m in self.models):
             raise ConfigError("models must be a tuple of non-empty model names")
         object.__setattr__(self, "models", tuple(self.models))
@@ -142,14 +166,74 @@ class Endpoint:
                 raise ConfigError(f"{name} must be None or an integer >= {least}, got {value!r}")
 
     @property
+    def display_url(self) -> str:
+        """``base_url`` with its credentials (``user:password@``) shown as ``***@``:
+        what results, errors, logs and metrics name the endpoint by."""
+        return _Secrets.of(self).display_url
+
+    @property
     def target(self) -> str:
-        """The routing target: ``base_url``, or ``base_url#slot<n>`` for a slot."""
-        return self.base_url if self.slot is None else f"{self.base_url}#slot{self.slot}"
+        """The routing target: :attr:`display_url`, or ``display_url#slot<n>`` for a slot."""
+        url = self.display_url
+        return url if self.slot is None else f"{url}#slot{self.slot}"
+
+    def __repr__(self) -> str:  # the dataclass's, with the URL's credentials redacted
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)[1:] if f.repr]
+        return f"Endpoint(base_url={self.display_url!r}, {', '.join(shown)})"
+
+
+class _Secrets:
+    """What an :class:`Endpoint` sends but never shows: its URL split from the
+    credentials, the ``Authorization`` header they make (URL credentials as HTTP basic
+    auth, as httpx would send them, else ``api_key`` as a bearer token), and the secret
+    strings to scrub from any text shown."""
+
+    __slots__ = ("display_url", "headers", "request_url", "secrets")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.display_url, self.request_url, userinfo = _split_credentials(endpoint.base_url)
+        self.headers: dict[str, str] = {}
+        if endpoint.api_key:
+            self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        user, _, password = userinfo.partition(":")
+        user, password = unquote(user), unquote(password)
+        if userinfo:
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {token}"
+        found = (userinfo, password or user, endpoint.api_key or "")
+        self.secrets = tuple(s for s in sorted(set(found), key=len, reverse=True) if len(s) > 2)
+
+    @staticmethod
+    def attach(endpoint: Endpoint) -> None:
+        object.__setattr__(endpoint, "_secrets", _Secrets(endpoint))
+
+    @staticmethod
+    def of(endpoint: Endpoint) -> _Secrets:
+        return cast(_Secrets, endpoint.__dict__["_secrets"])
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every secret of the endpoint replaced by ``***``."""
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _split_credentials(url: str) -> tuple[str, str, str]:
+    """``(display URL, URL without credentials, userinfo)`` of ``url``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at:
+        return url, url, ""
+    return f"{scheme}{sep}***@{host}{slash}{path}", f"{scheme}{sep}{host}{slash}{path}", userinfo
 
 
 @dataclass(frozen=True)
 class ChatResult:
-    """One answered request. ``endpoint`` is the base URL that answered; token counts
+    """One answered request. ``endpoint`` is the base URL that answered (its
+    :attr:`Endpoint.display_url`: credentials redacted); token counts
     are the engine's (``None`` when it reported none). ``ttft_s`` and ``e2e_s`` count
     from the start of the answering attempt, time the policy held it included (late
     binding: the client keeps a held request and offers it to the policy again when
@@ -175,7 +259,8 @@ class ChatResult:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One try of a logical request: where, how long, and how it ended."""
+    """One try of a logical request: where (the endpoint's :attr:`~Endpoint.display_url`),
+    how long, and how it ended (``error``: credentials redacted)."""
 
     endpoint: str
     model: str
@@ -266,6 +351,7 @@ class _Plan:
     characters: int
     queued: bool = True
     closed: bool = False
+    retry_after_s: float = 0.0  # the endpoint's Retry-After, if it answered one
 
     @property
     def held_s(self) -> float:
@@ -362,16 +448,6 @@ _MIN_RATE_TOKENS = 64  # shorter prefills say more about overheads than about th
 _RATE_ALPHA = 0.3
 
 
-def _delta(kind: Kind, chunk: Mapping[str, Any]) -> str:
-    choices = chunk.get("choices") or []
-    if not choices:
-        return ""
-    choice = choices[0]
-    if kind == "chat":
-        return str((choice.get("delta") or {}).get("content") or "")
-    return str(choice.get("text") or "")
-
-
 def _parse_line(kind: Kind, line: str, reply: _Reply) -> str:
     """Fold one SSE line into ``reply``; returns the content delta (may be empty)."""
     if not line.startswith("data:"):
@@ -384,79 +460,152 @@ def _parse_line(kind: Kind, line: str, reply: _Reply) -> str:
         chunk = json.loads(data)
     except json.JSONDecodeError as exc:
         raise _AttemptFailed(f"malformed stream chunk: {data[:80]!r}") from exc
-    if chunk.get("usage"):
-        reply.usage = chunk["usage"]
-    if chunk.get("timings"):
-        reply.timings = chunk["timings"]
-    choices = chunk.get("choices") or []
-    if choices and choices[0].get("finish_reason"):
-        reply.finish_reason = choices[0]["finish_reason"]
-    if kind == "chat" and choices:
-        for fragment in (choices[0].get("delta") or {}).get("tool_calls") or ():
-            _join_tool_call(reply.tool_calls, fragment)
-    return _delta(kind, chunk)
+    return _fold(kind, _object(chunk, "stream chunk"), "delta", reply)
 
 
-def _join_tool_call(calls: dict[int, dict[str, Any]], fragment: Mapping[str, Any]) -> None:
-    """Add one streamed tool-call fragment (OpenAI: the first of a call carries its
-    ``id``, ``type`` and name; later ones pieces of ``arguments``) to ``calls``."""
-    index = fragment.get("index", 0)
+def _parse_body(kind: Kind, body: bytes, reply: _Reply) -> str:
+    """Fold a whole (non-streamed) JSON reply into ``reply``; returns its text."""
+    try:
+        answer = json.loads(body)
+    except ValueError as exc:
+        raise _AttemptFailed(f"malformed reply: {body[:80]!r}") from exc
+    text = _fold(kind, _object(answer, "reply"), "message", reply)
+    reply.done = True
+    return text
+
+
+def _fold(
+    kind: Kind, chunk: Mapping[str, Any], part: Literal["delta", "message"], reply: _Reply
+) -> str:
+    """Fold one stream chunk (``part`` ``"delta"``) or a whole reply (``"message"``)
+    into ``reply``; its text. A field of the wrong JSON type is the endpoint's fault."""
+    usage = _optional(chunk.get("usage"), "usage")
+    timings = _optional(chunk.get("timings"), "timings")
+    reply.usage, reply.timings = usage or reply.usage, timings or reply.timings
+    choices = chunk.get("choices")
+    if not choices:
+        return ""
+    if not isinstance(choices, list):
+        raise _AttemptFailed(f"malformed reply: choices is {type(choices).__name__}, not a list")
+    choice = _object(choices[0], "choice")
+    finish_reason = _string(choice.get("finish_reason"), "finish_reason")
+    if finish_reason:
+        reply.finish_reason = finish_reason
+    if kind == "completion":
+        return _string(choice.get("text"), "text")
+    message = _optional(choice.get(part), part)
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise _AttemptFailed(f"malformed reply: tool_calls is {type(calls).__name__}, not a list")
+    for index, call in enumerate(calls):
+        _join_tool_call(reply.tool_calls, _object(call, "tool call"), index)
+    return _string(message.get("content"), "content")
+
+
+def _object(value: object, what: str) -> dict[str, Any]:
+    """``value`` as a JSON object; anything else is malformed."""
+    if isinstance(value, dict):
+        return value
+    raise _AttemptFailed(f"malformed reply: {what} is {type(value).__name__}, not an object")
+
+
+def _optional(value: object, what: str) -> dict[str, Any]:
+    """An optional JSON object (``None``: empty)."""
+    return {} if value is None else _object(value, what)
+
+
+def _string(value: object, what: str) -> str:
+    """``value`` as a JSON string (``None``: empty); anything else is malformed."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    raise _AttemptFailed(f"malformed reply: {what} is {type(value).__name__}, not a string")
+
+
+def _join_tool_call(calls: dict[int, dict[str, Any]], fragment: Mapping[str, Any], at: int) -> None:
+    """Add one tool-call fragment (streamed, OpenAI: the first of a call carries its
+    ``id``, ``type`` and name; later ones pieces of ``arguments``; whole in a
+    non-streamed reply, at position ``at`` when it has no ``index``) to ``calls``."""
+    index = fragment.get("index", at)
     call = calls.setdefault(
-        index if isinstance(index, int) else 0,
+        index if isinstance(index, int) else at,
         {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
     )
     if fragment.get("id"):
         call["id"] = str(fragment["id"])
     if fragment.get("type"):
         call["type"] = str(fragment["type"])
-    function = fragment.get("function") or {}
-    call["function"]["name"] += str(function.get("name") or "")
-    call["function"]["arguments"] += str(function.get("arguments") or "")
+    function = _optional(fragment.get("function"), "function")
+    call["function"]["name"] += _string(function.get("name"), "function name")
+    call["function"]["arguments"] += _string(function.get("arguments"), "function arguments")
+
+
+def _count(mapping: Mapping[str, Any] | None, key: str) -> int | None:
+    """An integer field of an engine's report, ``None`` when absent or not an integer."""
+    value = (mapping or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _cached_tokens(reply: _Reply) -> int | None:
-    usage = reply.usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    if isinstance(details.get("cached_tokens"), int):
-        return int(details["cached_tokens"])
-    timings = reply.timings or {}
-    if isinstance(timings.get("cache_n"), int):
-        return int(timings["cache_n"])
-    return None
+    details = (reply.usage or {}).get("prompt_tokens_details")
+    cached = _count(details if isinstance(details, dict) else None, "cached_tokens")
+    return cached if cached is not None else _count(reply.timings, "cache_n")
 
 
 def _prompt_tokens(reply: _Reply) -> int | None:
-    usage = reply.usage or {}
-    if isinstance(usage.get("prompt_tokens"), int):
-        return int(usage["prompt_tokens"])
-    timings = reply.timings or {}
-    if isinstance(timings.get("prompt_n"), int):
-        return int(timings["prompt_n"]) + int(timings.get("cache_n") or 0)
-    return None
+    prompt_tokens = _count(reply.usage, "prompt_tokens")
+    if prompt_tokens is not None:
+        return prompt_tokens
+    prompt_n = _count(reply.timings, "prompt_n")
+    return None if prompt_n is None else prompt_n + (_count(reply.timings, "cache_n") or 0)
 
 
 class _Resume:
-    """Delivers a logical stream across retries: text already delivered is skipped
-    when a retry reproduces it; a divergent retry is an error."""
+    """Delivers one logical stream across retries. Invariant: ``_parts`` joined is
+    the text handed to a streaming caller, and what a caller got is never taken back:
+    a retry must reproduce it (that part is skipped, not delivered again) before it
+    delivers more; a retry that diverges from it, or ends before reproducing all of
+    it, fails the request. A non-streaming call (``streaming`` false) has handed
+    nothing out, so each attempt's text is taken whole."""
 
-    def __init__(self) -> None:
-        self.delivered = ""
-        self.current = ""
+    __slots__ = ("_matched", "_parts", "_replay", "stale_retry", "streaming")
+
+    def __init__(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self._parts: list[str] = []
+        self._replay = ""  # the delivered text the current attempt has to reproduce
+        self._matched = 0  # how much of it the current attempt reproduced so far
         self.stale_retry = True  # one retry on the same endpoint after a stale connection
 
     def restart(self) -> None:
-        self.current = ""
+        """A new attempt begins: it has to reproduce everything delivered so far."""
+        self._replay, self._matched = "".join(self._parts), 0
 
     def feed(self, piece: str) -> str:
-        start = len(self.current)
-        self.current += piece
-        overlap = self.delivered[start : len(self.current)]
-        if overlap and not self.current.startswith(self.delivered[: len(self.current)]):
+        """The part of the attempt's next ``piece`` that is new to the caller."""
+        if self._matched < len(self._replay):
+            piece = self._reproduce(piece)
+        if piece and self.streaming:
+            self._parts.append(piece)
+        return piece
+
+    def _reproduce(self, piece: str) -> str:
+        """Match ``piece`` against the delivered text; the rest of it is new."""
+        start = self._matched
+        overlap = min(len(piece), len(self._replay) - start)
+        if not self._replay.startswith(piece[:overlap], start):
             raise RoutingError("a retried stream diverged from the text already delivered")
-        new = self.current[len(self.delivered) :] if len(self.current) > len(self.delivered) else ""
-        if new:
-            self.delivered += new
-        return new
+        self._matched += overlap
+        return piece[overlap:]
+
+    def finish(self) -> None:
+        """The attempt ended: it must have reproduced all the delivered text."""
+        if self._matched < len(self._replay):
+            raise RoutingError(
+                f"a retried stream ended after {self._matched} characters, shorter than "
+                f"the {len(self._replay)} already delivered"
+            )
 
 
 class ChatStream(Iterator[str]):
@@ -536,6 +685,16 @@ class RoutingClient:
     the :class:`~contextpilot_rag.ContextPilot` that builds the Prompts sent; each
     answer's cache hit goes back to its index (:meth:`ContextPilot.observe_cache`), so
     a predicted hit the engine did not serve is trimmed from the index.
+
+    Time bounds: ``timeout_s`` bounds each attempt's every wait for progress — to
+    connect, for the answer's first stream event (TTFT) and between two events; an SSE
+    comment (``: ping``) or blank keep-alive line does not count, and each network read
+    is bounded by it too. An attempt past it fails over (the endpoint's fault).
+    ``deadline_s`` (default ``None``: unbounded) bounds a whole call — every attempt, the
+    time held at the client and, for a stream, the time its consumer takes — by wall
+    time from the call; past it the call raises :class:`RoutingError` and the endpoint's
+    breaker is left alone (the caller's budget ran out, not the endpoint). In
+    :meth:`solve` it bounds each answer. ``max_backoff_s`` also caps ``Retry-After``.
     Thread-safe; one client serves sync and async callers."""
 
     def __init__(
@@ -545,6 +704,7 @@ class RoutingClient:
         model: str | None = None,
         policy: str | Policy = "combined",
         timeout_s: float = 120.0,
+        deadline_s: float | None = None,
         max_attempts: int = 3,
         block_tokens: int = 16,
         chars_per_token: float = 4.0,
@@ -563,6 +723,8 @@ class RoutingClient:
             raise ConfigError(
                 "timeout_s > 0, max_attempts >= 1 and 0 < backoff_s <= max_backoff_s needed"
             )
+        if deadline_s is not None and not deadline_s > 0:
+            raise ConfigError(f"deadline_s must be None or > 0, got {deadline_s!r}")
         parsed = [e if isinstance(e, Endpoint) else Endpoint(e) for e in endpoints]
         if len({e.target for e in parsed}) != len(parsed):
             raise ConfigError("endpoints must be distinct (base URL and slot)")
@@ -570,7 +732,9 @@ class RoutingClient:
         for endpoint in parsed:
             models = endpoint.models or ((model,) if model else ())
             if not models:
-                raise ConfigError(f"{endpoint.base_url}: no model; pass model= or Endpoint.models")
+                raise ConfigError(
+                    f"{endpoint.display_url}: no model; pass model= or Endpoint.models"
+                )
             replicas += [_Replica(endpoint, m) for m in models if model is None or m == model]
         if not replicas:
             raise ConfigError(f"no endpoint serves model {model!r}")
@@ -579,6 +743,7 @@ class RoutingClient:
 
         self.policy: Policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_attempts = max_attempts
+        self.deadline_s = deadline_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.keys = PromptKeys(block_tokens=block_tokens, chars_per_token=chars_per_token)
@@ -590,6 +755,7 @@ class RoutingClient:
         self._lock = threading.RLock()  # _finish releases counters under it
         self._held: dict[str, _Waiter] = {}  # late binding: requests waiting at the client
         self._held_numbers = itertools.count()
+        self._timeout_s = timeout_s
         self._timeout = httpx.Timeout(timeout_s)
         self._http = httpx.Client(timeout=self._timeout, transport=transport)
         self._async_transport = async_transport
@@ -627,7 +793,7 @@ class RoutingClient:
     def stream(self, prompt: PromptInput, *, kind: Kind = "chat", **params: Any) -> ChatStream:
         """Route a request and iterate its text deltas as they arrive."""
         holder: list[ChatResult] = []
-        return ChatStream(self._run(kind, prompt, params, holder), holder)
+        return ChatStream(self._run(kind, prompt, params, holder, streaming=True), holder)
 
     async def achat(self, prompt: PromptInput, **params: Any) -> ChatResult:
         """Async :meth:`chat`."""
@@ -648,7 +814,7 @@ class RoutingClient:
     ) -> AsyncChatStream:
         """Async :meth:`stream`."""
         holder: list[ChatResult] = []
-        return AsyncChatStream(self._arun(kind, prompt, params, holder), holder)
+        return AsyncChatStream(self._arun(kind, prompt, params, holder, streaming=True), holder)
 
     def solve(
         self,
@@ -706,7 +872,8 @@ class RoutingClient:
         for endpoint in {r.endpoint.base_url: r.endpoint for r in self._replicas.values()}.values():
             started = time.monotonic()
             try:
-                self._http.get(f"{endpoint.base_url}/models", headers=self._headers(endpoint))
+                url = f"{_Secrets.of(endpoint).request_url}/models"
+                self._http.get(url, headers=self._headers(endpoint))
                 rtts[endpoint.base_url] = rtt = time.monotonic() - started
             except httpx.TransportError:
                 rtts[endpoint.base_url] = None
@@ -909,7 +1076,7 @@ class RoutingClient:
         else:
             body["prompt"] = text.text
             path = "completions"
-        url = f"{replica.endpoint.base_url}/{path}"
+        url = f"{_Secrets.of(replica.endpoint).request_url}/{path}"
         return _Plan(replica, request, decision, body, url, now, len(text.text))
 
     def _first_token(self, plan: _Plan) -> None:
@@ -927,10 +1094,11 @@ class RoutingClient:
         self._first_token(plan)
         plan.replica.in_flight -= 1
 
-    def _trip(self, replica: _Replica, now: float) -> None:
+    def _trip(self, replica: _Replica, now: float, at_least_s: float = 0.0) -> None:
+        """Open the replica's breaker for its backoff, or ``at_least_s`` if longer."""
         replica.failures += 1
         backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (replica.failures - 1))
-        replica.open_until = now + backoff
+        replica.open_until = now + max(backoff, at_least_s)
 
     def _metrics_state(self) -> tuple[list[ReplicaState], int | None]:
         with self._lock:
@@ -979,18 +1147,18 @@ class RoutingClient:
             self._release(plan)
             cached = _cached_tokens(reply) if reply else None
             if error is not None and not cancelled:
-                self._trip(plan.replica, now)
+                self._trip(plan.replica, now, plan.retry_after_s)
             elif error is None:
                 plan.replica.failures, plan.replica.open_until = 0, 0.0
             prompt_tokens = _prompt_tokens(reply) if reply else None
             if error is None and prompt_tokens:
                 self.keys.observe_tokens(plan.characters, prompt_tokens)
                 if self.learn_rates and reply is not None:
-                    generated = (reply.usage or {}).get("completion_tokens")
+                    generated = _count(reply.usage, "completion_tokens")
                     plan.replica.learn(
                         prompt_tokens - (cached or 0),
                         ttft,
-                        generated if isinstance(generated, int) else 0,
+                        generated or 0,
                         now - plan.started - ttft,
                     )
             outcome = Outcome(
@@ -1006,26 +1174,30 @@ class RoutingClient:
         self._record(plan, outcome, cached, prompt_tokens, result)
         if error is not None or reply is None:
             return None
-        usage = reply.usage or {}
         held_s = plan.held_s
         return ChatResult(
             text="".join(reply.text),
-            endpoint=plan.replica.endpoint.base_url,
+            endpoint=plan.replica.endpoint.display_url,
             model=plan.replica.model,
             ttft_s=held_s + ttft,
             e2e_s=held_s + now - plan.started,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
-            completion_tokens=usage.get("completion_tokens"),
+            completion_tokens=_count(reply.usage, "completion_tokens"),
             finish_reason=reply.finish_reason,
             decision=plan.decision,
             attempts=plan.request.attempt + 1,
             tool_calls=tuple(reply.tool_calls[i] for i in sorted(reply.tool_calls)),
         )
 
-    def _request_args(self, plan: _Plan) -> dict[str, Any]:
+    def _request_args(self, plan: _Plan, deadline: float) -> dict[str, Any]:
         headers = self._headers(plan.replica.endpoint)
-        return {"method": "POST", "url": plan.url, "json": plan.body, "headers": headers}
+        args: dict[str, Any] = {"method": "POST", "url": plan.url, "json": plan.body}
+        args["headers"] = headers
+        if deadline < math.inf:  # no single read may outlast the call's deadline
+            remaining_s = max(deadline - time.monotonic(), _DEADLINE_SLACK_S)
+            args["timeout"] = httpx.Timeout(min(self._timeout_s, remaining_s))
+        return args
 
     def _succeeded(self, plan: _Plan, reply: _Reply, prompt: PromptInput) -> ChatResult:
         result = self._finish(plan, reply, None)
@@ -1040,11 +1212,36 @@ class RoutingClient:
         last = errors[-1].error if errors else "no attempt"
         return RoutingError(f"all {self.max_attempts} attempts failed; last: {last}", errors)
 
+    def _deadline(self) -> float:
+        """The monotonic time a call that starts now must end by (``deadline_s``)."""
+        return math.inf if self.deadline_s is None else time.monotonic() + self.deadline_s
+
+    def _timed_out(self, errors: Sequence[Attempt]) -> RoutingError:
+        return RoutingError(
+            f"the deadline of {self.deadline_s} s passed after {len(errors)} attempts", errors
+        )
+
+    def _deadline_passed(self, plan: _Plan, reply: _Reply, errors: list[Attempt]) -> RoutingError:
+        """End the attempt in flight at the deadline: the caller's budget ran out, so
+        the endpoint's breaker is left alone."""
+        self._finish(plan, reply, "deadline passed", cancelled=True, result="deadline")
+        endpoint = plan.replica.endpoint.display_url
+        latency = time.monotonic() - plan.started
+        errors.append(Attempt(endpoint, plan.replica.model, latency, "deadline passed"))
+        return self._timed_out(errors)
+
     # _run and _arun are twins (sync / async HTTP); the shared steps live in helpers.
 
     def _on_line(self, kind: Kind, line: str, plan: _Plan, reply: _Reply, resume: _Resume) -> str:
         """Fold one stream line into ``reply``; the text to deliver (may be empty)."""
-        piece = _parse_line(kind, line, reply)
+        return self._deliver(_parse_line(kind, line, reply), plan, reply, resume)
+
+    def _on_body(self, kind: Kind, body: bytes, plan: _Plan, reply: _Reply, resume: _Resume) -> str:
+        """Fold a non-streamed JSON reply (an engine that ignored ``stream``) into
+        ``reply``; the text to deliver."""
+        return self._deliver(_parse_body(kind, body, reply), plan, reply, resume)
+
+    def _deliver(self, piece: str, plan: _Plan, reply: _Reply, resume: _Resume) -> str:
         if reply.first_token_at is None and (piece or reply.tool_calls):
             reply.first_token_at = time.monotonic()
             self._first_token(plan)
@@ -1061,7 +1258,8 @@ class RoutingClient:
         A connection the server closed before answering (a pooled keep-alive
         connection it had already timed out) is not the endpoint's fault: the first
         such failure of a request retries the same endpoint, breaker untouched."""
-        error = f"{type(exc).__name__}: {exc}"
+        endpoint = plan.replica.endpoint
+        error = _Secrets.of(endpoint).scrub(f"{type(exc).__name__}: {exc}")
         stale = isinstance(exc, httpx.RemoteProtocolError) and not reply.responded
         if stale and resume.stale_retry:
             resume.stale_retry = False
@@ -1070,20 +1268,106 @@ class RoutingClient:
             stale = False
             self._finish(plan, reply, error)
         latency = time.monotonic() - plan.started
-        errors.append(Attempt(plan.replica.endpoint.base_url, plan.replica.model, latency, error))
+        errors.append(Attempt(endpoint.display_url, plan.replica.model, latency, error))
         return (
             frozenset() if stale else frozenset({(plan.decision.replica_id, plan.decision.model)})
         )
 
     def _headers(self, endpoint: Endpoint) -> dict[str, str]:
-        return {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        return _Secrets.of(endpoint).headers
 
-    def _check_status(self, status: int, text: str, plan: _Plan) -> None:
+    def _check_status(self, response: httpx.Response, body: bytes, plan: _Plan) -> None:
+        """Raise for an error answer: retryable (keeping the endpoint out for its
+        ``Retry-After``, at most ``max_backoff_s``) or the caller's (:class:`EndpointError`)."""
+        status = response.status_code
         if status in _RETRY_STATUS:
+            retry_after = response.headers.get("retry-after")
+            plan.retry_after_s = _retry_after_s(retry_after, self.max_backoff_s)
             raise _AttemptFailed(f"HTTP {status} from {plan.url}")
-        if status >= 400:
-            self._finish(plan, None, f"HTTP {status}", cancelled=True, result="rejected")
-            raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
+        self._finish(plan, None, f"HTTP {status}", cancelled=True, result="rejected")
+        text = _Secrets.of(plan.replica.endpoint).scrub(body.decode(errors="replace"))
+        raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
+
+    def _dispatch(
+        self, kind: Kind, text: PromptText, params: Mapping[str, Any], call: _Call, attempt: int
+    ) -> _Plan:
+        """Route one attempt, waiting at the client while the policy holds it (late
+        binding), until the call's deadline at most."""
+        if call.past_deadline():
+            raise self._timed_out(call.errors)
+        plan = self._plan(kind, text, params, call.logical_id, attempt, call.excluded)
+        try:
+            while isinstance(plan, _Held):
+                cast(_ThreadWaiter, plan.waiter).wait(call.capped(plan.wait_s))
+                if call.past_deadline():
+                    raise self._timed_out(call.errors)
+                plan = self._resume(kind, text, params, plan)
+        except BaseException:
+            if isinstance(plan, _Held):
+                self._abandon(kind, text, params, plan)
+            raise
+        return plan
+
+    async def _adispatch(
+        self, kind: Kind, text: PromptText, params: Mapping[str, Any], call: _Call, attempt: int
+    ) -> _Plan:
+        """Async :meth:`_dispatch`."""
+        if call.past_deadline():
+            raise self._timed_out(call.errors)
+        loop = asyncio.get_running_loop()
+        plan = self._plan(kind, text, params, call.logical_id, attempt, call.excluded, loop)
+        try:
+            while isinstance(plan, _Held):
+                await cast(_TaskWaiter, plan.waiter).wait(call.capped(plan.wait_s))
+                if call.past_deadline():
+                    raise self._timed_out(call.errors)
+                plan = self._resume(kind, text, params, plan)
+        except BaseException:
+            if isinstance(plan, _Held):
+                self._abandon(kind, text, params, plan)
+            raise
+        return plan
+
+    def _attempt(self, kind: Kind, plan: _Plan, reply: _Reply, call: _Call) -> Iterator[str]:
+        """One HTTP exchange; yields the text new to the caller."""
+        with self._http.stream(**self._request_args(plan, call.deadline)) as response:
+            reply.responded = True
+            if response.status_code >= 400:
+                self._check_status(response, response.read(), plan)
+            if _is_json(response):
+                new = self._on_body(kind, response.read(), plan, reply, call.resume)
+                if new:
+                    yield new
+            else:
+                watch = _Watch(plan.started, self._timeout_s, call.deadline)
+                for line in response.iter_lines():
+                    watch.line(line)
+                    new = self._on_line(kind, line, plan, reply, call.resume)
+                    if new:
+                        yield new
+        _ended(reply, call.resume)
+
+    async def _aattempt(
+        self, kind: Kind, plan: _Plan, reply: _Reply, call: _Call
+    ) -> AsyncGenerator[str, None]:
+        """Async :meth:`_attempt`."""
+        ahttp = self._async_http()
+        async with ahttp.stream(**self._request_args(plan, call.deadline)) as response:
+            reply.responded = True
+            if response.status_code >= 400:
+                self._check_status(response, await response.aread(), plan)
+            if _is_json(response):
+                new = self._on_body(kind, await response.aread(), plan, reply, call.resume)
+                if new:
+                    yield new
+            else:
+                watch = _Watch(plan.started, self._timeout_s, call.deadline)
+                async for line in response.aiter_lines():
+                    watch.line(line)
+                    new = self._on_line(kind, line, plan, reply, call.resume)
+                    if new:
+                        yield new
+        _ended(reply, call.resume)
 
     def _run(
         self,
@@ -1095,44 +1379,28 @@ class RoutingClient:
         excluded: frozenset[tuple[str, str]] = frozenset(),
         first_attempt: int = 0,
         failures: list[Attempt] | None = None,
+        *,
+        streaming: bool = False,
     ) -> Iterator[str]:
         text = self._text(kind, prompt)
-        logical_id = logical_id or uuid.uuid4().hex
-        resume, errors = _Resume(), failures if failures is not None else []
+        call = _Call(logical_id, excluded, failures, streaming, self._deadline())
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded)
-            try:
-                while isinstance(plan, _Held):  # late binding: wait at the client
-                    cast(_ThreadWaiter, plan.waiter).wait(plan.wait_s)
-                    plan = self._resume(kind, text, params, plan)
-            except BaseException:
-                if isinstance(plan, _Held):
-                    self._abandon(kind, text, params, plan)
-                raise
+            plan = self._dispatch(kind, text, params, call, attempt)
             reply = _Reply()
-            resume.restart()
+            call.resume.restart()
             try:
-                with self._http.stream(**self._request_args(plan)) as response:
-                    reply.responded = True
-                    if response.status_code >= 400:
-                        self._check_status(
-                            response.status_code, response.read().decode(errors="replace"), plan
-                        )
-                    for line in response.iter_lines():
-                        new = self._on_line(kind, line, plan, reply, resume)
-                        if new:
-                            yield new
-                    if not reply.done:
-                        raise _AttemptFailed("the stream ended before [DONE]")
-            except (httpx.TransportError, _AttemptFailed) as exc:
-                excluded |= self._failed(plan, reply, exc, errors, resume)
+                yield from self._attempt(kind, plan, reply, call)
+            except (httpx.TransportError, _AttemptFailed, _DeadlinePassed) as exc:
+                if call.timed_out(exc):
+                    raise self._deadline_passed(plan, reply, call.errors) from None
+                call.excluded |= self._failed(plan, reply, exc, call.errors, call.resume)
                 continue
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
                 raise
             holder.append(self._succeeded(plan, reply, prompt))
             return
-        raise self._exhausted(errors)
+        raise self._exhausted(call.errors)
 
     async def _arun(
         self,
@@ -1144,45 +1412,131 @@ class RoutingClient:
         excluded: frozenset[tuple[str, str]] = frozenset(),
         first_attempt: int = 0,
         failures: list[Attempt] | None = None,
+        *,
+        streaming: bool = False,
     ) -> AsyncIterator[str]:
         text = self._text(kind, prompt)
-        logical_id = logical_id or uuid.uuid4().hex
-        resume, errors = _Resume(), failures if failures is not None else []
-        ahttp = self._async_http()
-        loop = asyncio.get_running_loop()
+        call = _Call(logical_id, excluded, failures, streaming, self._deadline())
         for attempt in range(first_attempt, first_attempt + self.max_attempts):
-            plan = self._plan(kind, text, params, logical_id, attempt, excluded, loop)
-            try:
-                while isinstance(plan, _Held):
-                    await cast(_TaskWaiter, plan.waiter).wait(plan.wait_s)
-                    plan = self._resume(kind, text, params, plan)
-            except BaseException:
-                if isinstance(plan, _Held):
-                    self._abandon(kind, text, params, plan)
-                raise
+            plan = await self._adispatch(kind, text, params, call, attempt)
             reply = _Reply()
-            resume.restart()
+            call.resume.restart()
             try:
-                async with ahttp.stream(**self._request_args(plan)) as response:
-                    reply.responded = True
-                    if response.status_code >= 400:
-                        body = (await response.aread()).decode(errors="replace")
-                        self._check_status(response.status_code, body, plan)
-                    async for line in response.aiter_lines():
-                        new = self._on_line(kind, line, plan, reply, resume)
-                        if new:
-                            yield new
-                    if not reply.done:
-                        raise _AttemptFailed("the stream ended before [DONE]")
-            except (httpx.TransportError, _AttemptFailed) as exc:
-                excluded |= self._failed(plan, reply, exc, errors, resume)
+                async with contextlib.aclosing(self._aattempt(kind, plan, reply, call)) as pieces:
+                    async for new in pieces:
+                        yield new
+            except (httpx.TransportError, _AttemptFailed, _DeadlinePassed) as exc:
+                if call.timed_out(exc):
+                    raise self._deadline_passed(plan, reply, call.errors) from None
+                call.excluded |= self._failed(plan, reply, exc, call.errors, call.resume)
                 continue
             except BaseException:
                 self._finish(plan, reply, "cancelled", cancelled=True)
                 raise
             holder.append(self._succeeded(plan, reply, prompt))
             return
-        raise self._exhausted(errors)
+        raise self._exhausted(call.errors)
+
+
+def _is_json(response: httpx.Response) -> bool:
+    """Whether the engine answered one JSON object instead of an event stream."""
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.startswith("application/json")
+
+
+def _ended(reply: _Reply, resume: _Resume) -> None:
+    """Check that an attempt's answer is complete: ``[DONE]`` seen, and at least the
+    text already delivered to the caller."""
+    if not reply.done:
+        raise _AttemptFailed("the stream ended before [DONE]")
+    resume.finish()
+
+
+class _DeadlinePassed(Exception):
+    """The call's ``deadline_s`` passed while an attempt was streaming."""
+
+
+_DEADLINE_SLACK_S = 0.005  # a read timed out this close to the deadline was cut by it
+
+
+class _Call:
+    """The state one logical call carries across its attempts: its id, the pairs it
+    excludes, the failed attempts so far, the stream delivered, its deadline."""
+
+    __slots__ = ("deadline", "errors", "excluded", "logical_id", "resume")
+
+    def __init__(
+        self,
+        logical_id: str | None,
+        excluded: frozenset[tuple[str, str]],
+        failures: list[Attempt] | None,
+        streaming: bool,
+        deadline: float,
+    ) -> None:
+        self.logical_id = logical_id or uuid.uuid4().hex
+        self.excluded = excluded
+        self.errors = failures if failures is not None else []
+        self.resume = _Resume(streaming)
+        self.deadline = deadline
+
+    def past_deadline(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def capped(self, wait_s: float) -> float:
+        """``wait_s``, or less to wake up at the deadline."""
+        return min(wait_s, max(self.deadline - time.monotonic(), 0.0))
+
+    def timed_out(self, exc: Exception) -> bool:
+        """Whether ``exc`` ended the attempt because the deadline passed."""
+        if isinstance(exc, _DeadlinePassed):
+            return True
+        cut = isinstance(exc, httpx.TimeoutException)
+        return cut and time.monotonic() + _DEADLINE_SLACK_S >= self.deadline
+
+
+class _Watch:
+    """The time bounds of one streamed attempt, checked at every line: at most
+    ``timeout_s`` since dispatch or the last event (SSE comments and blank
+    keep-alive lines are no progress), and the call's deadline. A server that sends
+    nothing at all is cut by the per-read timeout of the HTTP client."""
+
+    __slots__ = ("deadline", "last_event", "timeout_s")
+
+    def __init__(self, started: float, timeout_s: float, deadline: float) -> None:
+        self.last_event = started
+        self.timeout_s = timeout_s
+        self.deadline = deadline
+
+    def line(self, line: str) -> None:
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise _DeadlinePassed
+        if line.startswith("data:"):
+            self.last_event = now
+        elif now - self.last_event > self.timeout_s:
+            raise _AttemptFailed(f"no event for {self.timeout_s} s (only keep-alives)")
+
+
+def _retry_after_s(value: str | None, cap_s: float) -> float:
+    """The wait a ``Retry-After`` header asks for (delay-seconds or an HTTP-date),
+    at most ``cap_s``; 0 when absent, unreadable or past."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = _seconds_until(value)
+    return min(seconds, cap_s) if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
+def _seconds_until(http_date: str) -> float:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return 0.0
+    if when.tzinfo is None:  # "-0000": UTC by RFC 5322
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp() - time.time()
 
 
 _template = chat_template  # the constructor's parameter shadows the function

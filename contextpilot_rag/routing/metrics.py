@@ -13,8 +13,9 @@ What is exported (prefix ``contextpilot_routing_``):
 
 - ``decisions_total{policy,reason}``: every routing decision, by the policy's reason.
 - ``attempts_total{endpoint,model,result}``: attempts that ended ``ok``, ``error``
-  (retried elsewhere), ``cancelled`` (by the caller), ``rejected`` (a 4xx answer) or
-  ``stale`` (a pooled connection the server had closed; retried on the same endpoint).
+  (retried elsewhere), ``cancelled`` (by the caller), ``rejected`` (a 4xx answer),
+  ``deadline`` (the call's ``deadline_s`` passed) or ``stale`` (a pooled connection the
+  server had closed; retried on the same endpoint).
 - ``cache_predictions_total{endpoint,verdict}``: predicted against observed cache hit
   per answered attempt — ``hit`` (predicted and served), ``missed`` (a predicted hit
   the engine did not serve), ``unexpected`` (a hit nobody predicted), ``cold``
@@ -94,7 +95,7 @@ class DecisionRecord:
     prompt_tokens: int | None
     ttft_s: float
     e2e_s: float
-    result: str  # ok, error (retried elsewhere), cancelled, rejected (a 4xx), stale
+    result: str  # ok, error (retried elsewhere), cancelled, rejected (a 4xx), deadline, stale
     error: str | None
     held_s: float = 0.0  # waited at the client before dispatch (late binding)
 

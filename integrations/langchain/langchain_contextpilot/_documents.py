@@ -43,11 +43,16 @@ class ContextPilotAnnotation(TypedDict):
     prompt already sent (``PromptStats.blocks_matched``). ``deduplicated``: the
     session already showed it in an earlier turn, so :func:`format_documents` leaves
     its text out and the location note names it by ``label`` (only with
-    ``dedup=True``). ``repeat``: the base retriever returned the same document (same
-    id and text) earlier in this result; it is rendered once. ``order_note`` /
-    ``location_note``: the notes of this request (the same on all its documents),
-    ``None`` when there is none or ``annotate=False``. ``session_id``: the
-    conversation the pilot de-duplicated against (``None`` unless ``dedup=True``).
+    ``dedup=True``). ``label``: the label the prompt shows the document under
+    (:meth:`Prompt.label_of <contextpilot_rag.Prompt.label_of>`; longer than the
+    block's own when another block of the prompt, history included, has that one).
+    ``repeat``: the base retriever returned the same document (same id and text)
+    earlier in this result; it is rendered once. ``order_note`` / ``location_note``:
+    the notes of this request (the same on all its documents), ``None`` when there is
+    none or ``annotate=False``. ``session_id``: the conversation the pilot
+    de-duplicated against (``None`` unless ``dedup=True``). ``history_lost``: that
+    conversation had expired or been evicted, and this turn started it again without
+    its history (:attr:`Prompt.history_lost <contextpilot_rag.Prompt.history_lost>`).
     """
 
     block_id: str
@@ -62,6 +67,7 @@ class ContextPilotAnnotation(TypedDict):
     location_note: str | None
     request_id: str
     session_id: str | None
+    history_lost: bool
 
 
 @dataclass(frozen=True)
@@ -187,7 +193,7 @@ def _annotated(
         block = blocks[rank]
         annotation = ContextPilotAnnotation(
             block_id=block.id,
-            label=block.label,
+            label=prompt.label_of(block.id),
             rank=rank,
             position=position,
             moved=rank != position,
@@ -198,6 +204,7 @@ def _annotated(
             location_note=notes[1],
             request_id=prompt.request_id,
             session_id=prompt.conversation_id,
+            history_lost=prompt.history_lost,
         )
         seen.add(block.id)
         metadata = {**docs[rank].metadata, ANNOTATION_KEY: annotation}

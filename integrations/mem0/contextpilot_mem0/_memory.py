@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from contextpilot_rag import ConfigError, ContextPilot, InvalidInputError
+from contextpilot_rag import ConfigError, ContextPilot, InvalidInputError, Prompt
 
 from ._results import read_response, rebuild_response
 
@@ -46,10 +46,19 @@ class _PilotMemory:
         """The wrapped mem0 memory."""
         return self._memory
 
-    def record_answer(self, conversation_id: str, text: str) -> None:
-        """Append the assistant's answer to the conversation (dedup mode): the next
-        search's ``messages`` carry it as history. See ContextPilot.record_answer."""
-        self.pilot.record_answer(conversation_id, text)
+    def record_answer(
+        self, prompt: Prompt | str, text: str, *, request_id: str | None = None
+    ) -> None:
+        """Record ``text`` as the answer to a search's turn (dedup mode): the next
+        search's ``messages`` carry it as history.
+
+        ``prompt`` is the conversation id, with ``request_id`` the search's
+        ``found["contextpilot"]["request_id"]`` (the pairing is then exact, whatever
+        else ran on the conversation meanwhile), or a :class:`Prompt`. A conversation
+        id alone answers the one turn awaiting an answer and is refused
+        (:class:`~contextpilot_rag.errors.ConversationStateError`) when several await
+        one. See :meth:`ContextPilot.record_answer`."""
+        self.pilot.record_answer(prompt, text, request_id=request_id)
 
     def _check_conversation(self, conversation_id: str | None) -> None:
         """Before mem0 is called: a conversation id only means something with dedup."""

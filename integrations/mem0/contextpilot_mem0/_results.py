@@ -131,9 +131,10 @@ def _placement(read: MemoryBlocks, prompt: Prompt | None) -> list[tuple[int, Sta
     rank_of = {block_id: rank for rank, block_id in enumerate(read.block_ids) if block_id}
     placed: list[tuple[int, Status, str | None]] = []
     if prompt is not None:
-        placed += [(rank_of[block.id], "sent", block.label) for block in prompt.blocks]
+        label_of = prompt.label_of
+        placed += [(rank_of[block.id], "sent", label_of(block.id)) for block in prompt.blocks]
         placed += [
-            (rank_of[block.id], "deduplicated", block.label) for block in prompt.deduplicated
+            (rank_of[block.id], "deduplicated", label_of(block.id)) for block in prompt.deduplicated
         ]
     skipped = [rank for rank, block_id in enumerate(read.block_ids) if block_id is None]
     return placed + [(rank, "skipped", None) for rank in skipped]
@@ -148,6 +149,7 @@ def _summary(prompt: Prompt, query: str, config: PilotConfig) -> dict[str, Any]:
         "notes": [note for note in (order, location) if note is not None],
         "messages": prompt.to_openai(),
         "stats": asdict(prompt.stats),
+        "history_lost": prompt.history_lost,
     }
 
 
@@ -159,6 +161,7 @@ def _empty_summary() -> dict[str, Any]:
         "notes": [],
         "messages": [],
         "stats": None,
+        "history_lost": False,
     }
 
 

@@ -10,6 +10,7 @@ so prompts share cached prefixes, and annotates them.
 from llama_index.postprocessor.contextpilot.base import (
     ANNOTATION_KEYS,
     DEDUPLICATED_KEY,
+    HISTORY_LOST_KEY,
     LABEL_KEY,
     MATCHED_KEY,
     NOTES_KEY,
@@ -21,6 +22,7 @@ from llama_index.postprocessor.contextpilot.base import (
 __all__ = [
     "ANNOTATION_KEYS",
     "DEDUPLICATED_KEY",
+    "HISTORY_LOST_KEY",
     "LABEL_KEY",
     "MATCHED_KEY",
     "NOTES_KEY",

@@ -3,8 +3,9 @@ order :meth:`ContextPilot.optimize` chose, annotated.
 
 The adapter is thin: it turns each :class:`NodeWithScore` into a
 :class:`~contextpilot_rag.ContextBlock` (id: the node id or ``metadata[id_key]``;
-text: what LlamaIndex shows the LLM), lets the pilot decide order, de-duplication and
-notes, and maps the result back onto copies of the caller's nodes.
+text: what LlamaIndex shows the LLM, escaped as the pilot escapes block text), lets the
+pilot decide order, de-duplication and notes, and maps the result back onto copies of
+the caller's nodes.
 
 Invariant: every retrieved node comes back exactly once (exact repeats — same id,
 same text — once, at their first position), with its score, and each node renders
@@ -20,7 +21,14 @@ from typing import Any
 
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import MetadataMode, Node, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import (
+    BaseNode,
+    MetadataMode,
+    Node,
+    NodeWithScore,
+    QueryBundle,
+    TextNode,
+)
 
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.errors import (
@@ -28,10 +36,12 @@ from contextpilot_rag.errors import (
     InvalidBlockError,
     InvalidInputError,
 )
+from contextpilot_rag.escaping import StructureGuard
 
 __all__ = [
     "ANNOTATION_KEYS",
     "DEDUPLICATED_KEY",
+    "HISTORY_LOST_KEY",
     "LABEL_KEY",
     "MATCHED_KEY",
     "NOTES_KEY",
@@ -43,7 +53,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LABEL_KEY = "contextpilot_label"
-"""The block label the pilot's notes cite; shown to the LLM when ``annotate``."""
+"""The label the pilot's notes cite the node by (:meth:`Prompt.label_of`, unique in
+the prompt); shown to the LLM when ``annotate``."""
 RANK_KEY = "contextpilot_rank"
 """0-based position of the node in the retriever's order (0 = most relevant)."""
 MATCHED_KEY = "contextpilot_matched"
@@ -54,11 +65,15 @@ NOTES_KEY = "contextpilot_notes"
 """The request's order / location notes (``""`` when there are none)."""
 DEDUPLICATED_KEY = "contextpilot_deduplicated"
 """``True`` when the node was already sent in an earlier turn of ``session_id``."""
+HISTORY_LOST_KEY = "contextpilot_history_lost"
+"""``True`` when ``session_id``'s conversation had expired or been evicted, so this
+turn started it again without its history (:attr:`Prompt.history_lost`)."""
 ANNOTATION_KEYS = (
     LABEL_KEY,
     RANK_KEY,
     MATCHED_KEY,
     DEDUPLICATED_KEY,
+    HISTORY_LOST_KEY,
     NOTES_KEY,
     REQUEST_ID_KEY,
 )
@@ -71,7 +86,10 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     Returns new :class:`NodeWithScore` objects (shallow copies of the nodes with
     fresh ``metadata``; the caller's nodes are never modified), scores kept. Each
     carries :data:`ANNOTATION_KEYS` in ``metadata``, all hidden from the embedding
-    view and, except :data:`LABEL_KEY` when ``annotate``, from the LLM view.
+    view and, except :data:`LABEL_KEY` when ``annotate``, from the LLM view. A copy's
+    text and the metadata values the LLM sees are escaped as the pilot escapes block
+    text (control tokens broken, lines imitating a label, a note or the question
+    escaped), so the LLM view is the text the pilot rendered for the block.
 
     ``annotate``: each node shows its label to the LLM, and the pilot's notes
     (relevance ranking, blocks of earlier turns) follow the content of the last node
@@ -133,7 +151,13 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         self._check_options()  # fields may have been reassigned since __init__
         query = _query_text(query_bundle)
-        blocks = [self._block_of(position, item) for position, item in enumerate(_checked(nodes))]
+        items = _checked(nodes)
+        guard = _guard_of(self.pilot)
+        escaped = [_escaped(position, item, guard) for position, item in enumerate(items)]
+        blocks = [
+            self._block_of(position, item, shown)
+            for position, (item, shown) in enumerate(zip(items, escaped, strict=True))
+        ]
         if not blocks:
             return []
         prompt = self.pilot.optimize(
@@ -147,22 +171,16 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
             prompt.stats.blocks_deduplicated,
         )
         first_of: dict[str, NodeWithScore] = {}
-        for block, item in zip(blocks, nodes, strict=True):
-            first_of.setdefault(block.id, item)
+        for block, shown in zip(blocks, escaped, strict=True):
+            first_of.setdefault(block.id, shown)
         return self._annotated(prompt, first_of, _notes_of(prompt, self.pilot, query))
 
-    def _block_of(self, position: int, item: NodeWithScore) -> ContextBlock:
-        """The block for one node: its LLM view as text, so that one id with two
+    def _block_of(self, position: int, item: NodeWithScore, shown: NodeWithScore) -> ContextBlock:
+        """The block for one node: the LLM view of its escaped copy ``shown`` as
+        text (the pilot's escaping leaves it as it is), so that one id with two
         renderings is the core's ``BlockConflictError``."""
-        node = item.node
-        if not node.get_content(metadata_mode=MetadataMode.NONE).strip():
-            raise InvalidBlockError(
-                f"nodes[{position}] ({type(node).__name__} {node.node_id!r}) has no text; "
-                "ContextPilotNodePostprocessor orders text context only: give the node a "
-                "text (e.g. an image caption) or filter such nodes out before it"
-            )
         return ContextBlock(
-            node.get_content(metadata_mode=MetadataMode.LLM),
+            shown.node.get_content(metadata_mode=MetadataMode.LLM),
             id=self._id_of(position, item),
             score=item.score,
         )
@@ -193,10 +211,11 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
             _annotated_copy(
                 first_of[block.id],
                 {
-                    LABEL_KEY: block.label,
+                    LABEL_KEY: prompt.label_of(block.id),
                     RANK_KEY: ranks[block.id],
                     MATCHED_KEY: block.id in matched,
                     DEDUPLICATED_KEY: block.id in flagged,
+                    HISTORY_LOST_KEY: prompt.history_lost,
                     NOTES_KEY: notes,
                     REQUEST_ID_KEY: prompt.request_id,
                 },
@@ -235,6 +254,56 @@ def _checked(nodes: object) -> list[NodeWithScore]:
                 "ContextPilotNodePostprocessor handles TextNode and Node subclasses"
             )
     return list(nodes)
+
+
+def _guard_of(pilot: ContextPilot) -> StructureGuard:
+    """The pilot's escaping, plus the line LlamaIndex shows the label on
+    (``contextpilot_label: ...``), which a node's text must not imitate either."""
+    return StructureGuard((*pilot.config.structure_guard().lead_ins, f"{LABEL_KEY}:"))
+
+
+def _escaped(position: int, item: NodeWithScore, guard: StructureGuard) -> NodeWithScore:
+    """``item`` with its text and the metadata values its LLM view shows escaped by
+    ``guard`` (a copy only when that changes something). Escaping works line by line,
+    so the LLM view of the copy is the node's view escaped, and escaping it again
+    changes nothing: the pilot renders exactly this text. Metadata keys and
+    templates are the application's and are left as they are."""
+    node = item.node
+    text = _text_of(position, node)
+    update = _escaped_metadata(node, guard)
+    escaped = guard.escape(text)
+    if escaped != text:
+        update.update(_with_text(node, escaped))
+    if not update:
+        return item
+    return NodeWithScore(node=node.model_copy(update=update), score=item.score)
+
+
+def _text_of(position: int, node: BaseNode) -> str:
+    text = node.get_content(metadata_mode=MetadataMode.NONE)
+    if not text.strip():
+        raise InvalidBlockError(
+            f"nodes[{position}] ({type(node).__name__} {node.node_id!r}) has no text; "
+            "ContextPilotNodePostprocessor orders text context only: give the node a "
+            "text (e.g. an image caption) or filter such nodes out before it"
+        )
+    return text
+
+
+def _escaped_metadata(node: BaseNode, guard: StructureGuard) -> dict[str, Any]:
+    hidden = set(node.excluded_llm_metadata_keys)
+    changed = {
+        key: escaped
+        for key, value in node.metadata.items()
+        if key not in hidden and (escaped := guard.escape(str(value))) != str(value)
+    }
+    return {"metadata": {**node.metadata, **changed}} if changed else {}
+
+
+def _with_text(node: BaseNode, text: str) -> dict[str, Any]:
+    if isinstance(node, Node) and node.text_resource is not None:  # Node keeps text apart
+        return {"text_resource": node.text_resource.model_copy(update={"text": text})}
+    return {"text": text}
 
 
 def _notes_of(prompt: Prompt, pilot: ContextPilot, query: str) -> str:

@@ -1,0 +1,123 @@
+"""Untrusted text cannot forge the prompt's structure.
+
+Documents, queries and answers come from outside (a web crawl, an end user, an engine)
+and are rendered inside a prompt whose structure is ours: block label lines
+(``[label]``), the context header, the order and location notes, the question line,
+and the chat template the engine wraps around the messages. Two escapes, applied on
+render, keep outside text from imitating any of it:
+
+- **Chat-template control tokens** (``<|im_start|>``, ``<|eot_id|>``,
+  ``<start_of_turn>``, ``</s>``, ``[INST]``, ``<｜User｜>``, ``<tool_call>``, ...): a
+  zero-width space (U+200B) is inserted after the first character of each, so no
+  tokenizer reads it as its special token and no template sees a message boundary.
+  The text still reads the same to a person.
+- **Lines that look like our structure**: a line that is a lone bracketed word (a
+  label line), or that starts (ignoring case, surrounding and repeated spaces) with the
+  literal lead-in of a note, the question or the context header, gets a backslash
+  before its first character. Our own structure never starts a line with a
+  backslash, so an escaped line is always content.
+
+The escapes depend only on the text (and the pilot's templates), so a block still
+renders to the same bytes wherever it appears. See ``docs/security.md`` for what this
+does and does not protect against.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+__all__ = ["CONTROL_TOKEN", "StructureGuard", "neutralize_control_tokens"]
+
+_ZERO_WIDTH_SPACE = "\u200b"
+
+CONTROL_TOKEN = re.compile(
+    "|".join(
+        (
+            r"<\|[^|<>\n]{1,64}\|>",  # ChatML, Llama 3, Phi, Granite, Command-R, GPT-OSS
+            r"<｜[^｜<>\n]{1,64}｜>",  # DeepSeek (full-width bars)
+            r"</?(?:s|bos|eos|unk|pad|start_of_turn|end_of_turn|start_of_image|end_of_image)>",
+            r"</?(?:tool_call|tool_response|tools|think)>",  # Qwen / Hermes tool tags
+            r"<</?SYS>>",  # Llama 2
+            r"\[/?[A-Z][A-Z_]{2,31}\]",  # Llama 2 / Mistral: [INST], [/INST], [TOOL_CALLS]
+        )
+    )
+)
+"""Strings that a chat template or tokenizer treats as control tokens."""
+
+_LABEL_LINE = re.compile(r"\[[^\]\n]*\]")
+_INVISIBLE = re.compile(  # Unicode's format characters (category Cf): zero-width, bidi, tags
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f]"
+)
+
+
+def neutralize_control_tokens(text: str) -> str:
+    """``text`` with every :data:`CONTROL_TOKEN` broken by a zero-width space."""
+    if "<" not in text and "[" not in text:  # every control token has one
+        return text
+    while True:  # one pass suffices in practice; loop until none is left, to be sure
+        escaped = CONTROL_TOKEN.sub(_break, text)
+        if escaped == text:
+            return text
+        text = escaped
+
+
+def _break(match: re.Match[str]) -> str:
+    token = match.group(0)
+    return token[0] + _ZERO_WIDTH_SPACE + token[1:]
+
+
+def _normalized(line: str) -> str:
+    """What a reader sees of ``line``: compatibility forms folded (full-width
+    brackets), invisible format characters dropped, spaces collapsed, case folded."""
+    if not line.isascii():  # ASCII has neither compatibility forms nor format characters
+        line = _INVISIBLE.sub("", unicodedata.normalize("NFKC", line))
+    return " ".join(line.split()).casefold()
+
+
+class StructureGuard:
+    """Escapes untrusted text for one prompt layout.
+
+    ``lead_ins`` are the literal beginnings of the structural lines of the layout
+    (``"Most relevant first:"``, ``"Question:"``, ...); an empty one is ignored (a
+    template that starts with its placeholder has no lead-in to protect)."""
+
+    __slots__ = ("_lead_ins",)
+
+    def __init__(self, lead_ins: Iterable[str]) -> None:
+        normalized = {_normalized(lead_in) for lead_in in lead_ins}
+        self._lead_ins = tuple(sorted(lead_in for lead_in in normalized if lead_in))
+
+    @property
+    def lead_ins(self) -> tuple[str, ...]:
+        return self._lead_ins
+
+    def escape(self, text: str) -> str:
+        """``text`` safe to render inside a prompt: control tokens broken, lines that
+        imitate a label, a note, the question or the header escaped."""
+        lines = neutralize_control_tokens(text).splitlines(keepends=True)
+        return "".join(self._escape_line(line) for line in lines)
+
+    def _escape_line(self, line: str) -> str:
+        if not self._imitates(line):
+            return line
+        start = len(line) - len(line.lstrip())
+        return line[:start] + "\\" + line[start:]
+
+    def _imitates(self, line: str) -> bool:
+        visible = _normalized(line)
+        if not visible:
+            return False
+        if _LABEL_LINE.fullmatch(visible):
+            return True
+        return visible.startswith(self._lead_ins) if self._lead_ins else False
+
+
+def template_lead_in(template: str) -> str:
+    """The literal text of a template before its first placeholder, first line only."""
+    head = template.split("{", 1)[0]
+    return head.strip().split("\n", 1)[0]
