@@ -67,15 +67,15 @@ def order_note(
 ) -> str | None:
     """The ranking of ``original`` when the ``shown`` blocks are not in their original
     relative order; ``None`` when nothing moved. ``labels`` (block id → label shown)
-    overrides the blocks' own labels."""
+    overrides the blocks' own labels where it has one."""
     rank = {block.id: position for position, block in enumerate(original)}
     positions = [rank[block.id] for block in shown]
     if all(a < b for a, b in itertools.pairwise(positions)):
         return None
-    if labels is None:
-        names = [block.label for block in original]
+    if labels:
+        names = [labels.get(block.id, block.label) for block in original]
     else:
-        names = [labels[block.id] for block in original]
+        names = [block.label for block in original]
     return templates.order.format(labels=templates.separator.join(names))
 
 
@@ -99,4 +99,4 @@ def location_note(
 
 
 def _label(block: ContextBlock, labels: Mapping[str, str] | None) -> str:
-    return block.label if labels is None else labels[block.id]
+    return labels.get(block.id, block.label) if labels else block.label

@@ -263,7 +263,7 @@ class BlockRegistry:
         return self._requests_with.get(block_id, 0)
 
     def prepare(
-        self, blocks: Sequence[ContextBlock], max_tokens: int | None
+        self, blocks: Sequence[ContextBlock], max_tokens: int | None, max_chars: int | None = None
     ) -> dict[str, RegisteredBlock]:
         """Entries for the blocks not stored yet, computed without the caller's lock
         (tokenizing a long block then holds up no other request); pass them to
@@ -271,41 +271,55 @@ class BlockRegistry:
         computes an entry that :meth:`resolve` then checks or ignores. Raises
         :class:`OversizeBlockError`."""
         stored = self._entries
-        prepared = {}
-        for block in [block for block in blocks if block.id not in stored]:
-            entry = self._new_entry(block)
-            _check_size(block, entry, max_tokens)
-            prepared[block.id] = entry
-        return prepared
+        return {
+            block.id: self._new_entry(block, max_tokens, max_chars)
+            for block in [block for block in blocks if block.id not in stored]
+        }
 
-    def _new_entry(self, block: ContextBlock) -> RegisteredBlock:
+    def _new_entry(
+        self, block: ContextBlock, max_tokens: int | None, max_chars: int | None
+    ) -> RegisteredBlock:
+        """A new block's entry; its size checked, by length before tokenizing."""
+        if max_chars is not None and len(block.text) > max_chars:
+            raise OversizeBlockError(
+                f"block {block.id!r} has {len(block.text)} characters, over the {max_chars} "
+                f"that max_block_tokens={max_tokens} allows (PilotConfig.max_block_chars); "
+                "split it into smaller chunks"
+            )
         rendered = self._render(block)
-        return RegisteredBlock(
+        entry = RegisteredBlock(
             block.text, rendered, self._count(rendered), self._count(" " + block.label)
         )
+        if max_tokens is not None and entry.tokens > max_tokens:
+            raise OversizeBlockError(
+                f"block {block.id!r} has {entry.tokens} tokens, over "
+                f"max_block_tokens={max_tokens}; split it into smaller chunks"
+            )
+        return entry
 
     def resolve(
         self,
         blocks: Sequence[ContextBlock],
         max_tokens: int | None,
         prepared: Mapping[str, RegisteredBlock] | None = None,
+        max_chars: int | None = None,
     ) -> tuple[RegisteredBlock, ...]:
         """The entries of ``blocks`` (new ones computed, or taken from ``prepared``;
         nothing stored). Raises :class:`BlockConflictError` or
         :class:`OversizeBlockError`."""
         resolved = []
+        stored = self._entries
         for block in blocks:
-            entry = self._entries.get(block.id)
-            if entry is None:
+            entry = stored.get(block.id)
+            if entry is None:  # stored entries passed the size checks when they were new
                 entry = (prepared or {}).get(block.id)
                 if entry is None or entry.text != block.text:
-                    entry = self._new_entry(block)
+                    entry = self._new_entry(block, max_tokens, max_chars)
             elif entry.text is not block.text and entry.text != block.text:
                 raise BlockConflictError(
                     f"block id {block.id!r} was registered with a different text; "
                     "distinct texts need distinct ids"
                 )
-            _check_size(block, entry, max_tokens)
             resolved.append(entry)
         return tuple(resolved)
 
@@ -322,11 +336,3 @@ class BlockRegistry:
         while len(self._entries) > self._capacity:
             dropped, _ = self._entries.popitem(last=False)
             counts.pop(dropped, None)
-
-
-def _check_size(block: ContextBlock, entry: RegisteredBlock, max_tokens: int | None) -> None:
-    if max_tokens is not None and entry.tokens > max_tokens:
-        raise OversizeBlockError(
-            f"block {block.id!r} has {entry.tokens} tokens, over "
-            f"max_block_tokens={max_tokens}; split it into smaller chunks"
-        )

@@ -86,11 +86,13 @@ class StructureGuard:
     (``"Most relevant first:"``, ``"Question:"``, ...); an empty one is ignored (a
     template that starts with its placeholder has no lead-in to protect)."""
 
-    __slots__ = ("_lead_ins",)
+    __slots__ = ("_first_chars", "_lead_ins")
 
     def __init__(self, lead_ins: Iterable[str]) -> None:
         normalized = {_normalized(lead_in) for lead_in in lead_ins}
         self._lead_ins = tuple(sorted(lead_in for lead_in in normalized if lead_in))
+        # what a suspect line can start with: a lead-in's first character or "["
+        self._first_chars = frozenset({"[", *(lead_in[0] for lead_in in self._lead_ins)})
 
     @property
     def lead_ins(self) -> tuple[str, ...]:
@@ -109,6 +111,9 @@ class StructureGuard:
         return line[:start] + "\\" + line[start:]
 
     def _imitates(self, line: str) -> bool:
+        stripped = line.strip()
+        if stripped.isascii() and stripped[:1].lower() not in self._first_chars:
+            return False  # the common case, decided without normalizing
         visible = _normalized(line)
         if not visible:
             return False

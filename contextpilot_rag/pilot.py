@@ -47,7 +47,6 @@ from .errors import (
     ConfigError,
     ConversationExpiredError,
     InvalidInputError,
-    OversizeBlockError,
     UnknownConversationError,
 )
 from .escaping import StructureGuard, template_lead_in
@@ -155,7 +154,7 @@ class _Layout(NamedTuple):
     query: str
     system_text: str | None
     visible: tuple[tuple[int, Turn], ...]
-    labels: Mapping[str, str]
+    relabeled: Mapping[str, str]  # block id -> label, where not the block's own
     history_lost: bool = False
 
 
@@ -223,13 +222,14 @@ class ContextPilot:
         Calls on one conversation are serialised: each sees the turns of the calls
         before it. Pass the returned prompt to :meth:`record_answer` to pair the
         answer with this turn."""
-        unique = self._validate_blocks(blocks)
+        unique = validate_blocks(blocks)
         _check_text("query", query)
         if conversation_id is not None:
             _check_text("conversation_id", conversation_id, allow_empty=False)
         if system is not None:
             _check_text("system", system)
-        prepared = self._registry.prepare(unique, self.config.max_block_tokens)
+        limits = self.config.max_block_tokens, self.config.block_char_limit
+        prepared = self._registry.prepare(unique, *limits)  # tokenizing new blocks, unlocked
         with self._lock:
             plan = self._plan(unique, query, conversation_id, system, prepared)
             self._commit(plan)
@@ -258,8 +258,9 @@ class ContextPilot:
         is stored. ``progress`` shows progress bars (stderr) for long builds."""
         batch = validate_batch(requests)
         for request in batch:
-            self._check_block_sizes(request.blocks)
             check_encodable("query", request.query)
+            if request.conversation_id is not None:
+                check_encodable("conversation_id", request.conversation_id)
         if system is not None:
             _check_text("system", system)
         with contextlib.ExitStack() as stack:
@@ -376,7 +377,9 @@ class ContextPilot:
         system: str | None,
         prepared: Mapping[str, RegisteredBlock] | None = None,
     ) -> _Plan:
-        entries = self._registry.resolve(blocks, self.config.max_block_tokens, prepared)
+        entries = self._registry.resolve(
+            blocks, self.config.max_block_tokens, prepared, self.config.block_char_limit
+        )
         rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
         tokens_of = {block_id: entry.tokens for block_id, entry in rendered.items()}
         conversation, history_lost = self._load_conversation(conversation_id, system)
@@ -387,9 +390,9 @@ class ContextPilot:
         match = self._match(kept, fixed_prefix, tokens_of)
         matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
         final = self._reorder(kept, matched, after_history=bool(visible))
-        labels = _labels(final, duplicated, visible)
-        rendered = self._relabeled(rendered, final, labels)
-        order, location, note_tokens = self._notes(blocks, final, duplicated, entries, labels)
+        relabeled = _relabeled(final, duplicated, visible)
+        rendered = self._render_relabeled(rendered, final, relabeled)
+        order, location, note_tokens = self._notes(blocks, final, duplicated, entries, relabeled)
         request_id = f"cp-{next(self._request_numbers):09d}"
         layout = _Layout(
             blocks,
@@ -401,7 +404,7 @@ class ContextPilot:
             self._guard.escape(query),
             system_text,
             visible,
-            labels,
+            relabeled,
             history_lost,
         )
         prompt = self._render(
@@ -440,7 +443,11 @@ class ContextPilot:
         resolved = dict(
             zip(
                 unique,
-                self._registry.resolve(tuple(unique.values()), self.config.max_block_tokens),
+                self._registry.resolve(
+                    tuple(unique.values()),
+                    self.config.max_block_tokens,
+                    max_chars=self.config.block_char_limit,
+                ),
                 strict=True,
             )
         )  # each distinct block tokenized once for the whole batch
@@ -500,11 +507,11 @@ class ContextPilot:
         """A batch request's plan, its block order decided by the batch planner;
         ``matched``: how many leading blocks an earlier request of the batch sends."""
         blocks = tuple(request.blocks)
-        labels = _labels(final, (), ())
-        rendered = self._relabeled(
-            {block.id: entry for block, entry in zip(blocks, entries, strict=True)}, final, labels
+        relabeled = _relabeled(final, (), ())
+        rendered = self._render_relabeled(
+            dict(zip([block.id for block in blocks], entries, strict=True)), final, relabeled
         )
-        order, location, note_tokens = self._notes(blocks, final, (), entries, labels)
+        order, location, note_tokens = self._notes(blocks, final, (), entries, relabeled)
         request_id = f"cp-{next(self._request_numbers):09d}"
         fixed_prefix, fixed_tokens = fixed
         start_tokens = sum(fixed_tokens)
@@ -521,7 +528,7 @@ class ContextPilot:
                 self._guard.escape(request.query),
                 system_text,
                 (),
-                labels,
+                relabeled,
             ),
             rendered,
             request_id,
@@ -572,43 +579,28 @@ class ContextPilot:
             f"no live conversation {conversation_id!r} (never started, or ended)"
         )
 
-    def _validate_blocks(self, blocks: object) -> tuple[ContextBlock, ...]:
-        unique = validate_blocks(blocks)
-        self._check_block_sizes(unique)
-        return unique
-
-    def _check_block_sizes(self, blocks: Iterable[ContextBlock]) -> None:
-        """Refuse a block too long to fit ``max_block_tokens`` by its length alone,
-        before anything tokenizes it."""
-        limit = self.config.block_char_limit
-        if limit is None or max(map(len, [block.text for block in blocks])) <= limit:
-            return
-        for block in blocks:
-            if len(block.text) > limit:
-                raise OversizeBlockError(
-                    f"block {block.id!r} has {len(block.text)} characters, over the "
-                    f"{limit} that max_block_tokens={self.config.max_block_tokens} allows "
-                    "(PilotConfig.max_block_chars); split it into smaller chunks"
-                )
-
     def _render_block(self, block: ContextBlock) -> str:
         return render_block(block, self._guard)
 
-    def _relabeled(
+    def _render_relabeled(
         self,
         rendered: dict[str, RegisteredBlock],
         final: Sequence[ContextBlock],
-        labels: Mapping[str, str],
+        relabeled: Mapping[str, str],
     ) -> dict[str, RegisteredBlock]:
         """``rendered`` with the blocks that show another label than their own
         (a collision in this prompt) rendered under that label."""
+        if not relabeled:
+            return rendered
+        rendered = dict(rendered)
+        count = self.tokenizer.count
         for block in final:
-            label = labels[block.id]
-            if label != block.label:
+            label = relabeled.get(block.id)
+            if label is not None:
                 text = render_block(block, self._guard, label=label)
-                count = self.tokenizer.count
-                entry = RegisteredBlock(block.text, text, count(text), count(" " + label))
-                rendered = {**rendered, block.id: entry}
+                rendered[block.id] = RegisteredBlock(
+                    block.text, text, count(text), count(" " + label)
+                )
         return rendered
 
     def _deduplicate(
@@ -679,7 +671,7 @@ class ContextPilot:
         final: tuple[ContextBlock, ...],
         duplicated: Sequence[tuple[ContextBlock, int]],
         entries: Sequence[RegisteredBlock],
-        labels: Mapping[str, str],
+        relabeled: Mapping[str, str],
     ) -> tuple[str | None, str | None, int]:
         """The order note, the location note and their token count. The order note
         recurs with every reordering, so its count is estimated from cached pieces
@@ -688,13 +680,13 @@ class ContextPilot:
             return None, None, 0
         templates = self.config.notes
         tokens = 0
-        order = order_note(original, final, templates, labels)
-        if order is not None and all(labels[block.id] == block.label for block in original):
+        order = order_note(original, final, templates, relabeled)
+        if order is not None and not relabeled:
             tokens += self._count_segment(templates.order.format(labels="") + "\n\n")
             tokens += sum(entry.label_tokens for entry in entries)
         elif order is not None:
             tokens += self.tokenizer.count(order + "\n\n")
-        location = location_note(duplicated, templates, labels)
+        location = location_note(duplicated, templates, relabeled)
         if location is not None:
             tokens += self.tokenizer.count(location + "\n\n")
         return order, location, tokens
@@ -746,7 +738,7 @@ class ContextPilot:
             conversation_id=conversation_id,
             order_note=layout.order_note,
             location_note=layout.location_note,
-            labels=MappingProxyType(layout.labels),
+            relabeled=MappingProxyType(layout.relabeled),
             history_lost=layout.history_lost,
         )
 
@@ -875,30 +867,32 @@ def _answer_target(prompt: Prompt | str, request_id: str | None) -> tuple[str, s
     return prompt, request_id
 
 
-def _labels(
+def _relabeled(
     final: Sequence[ContextBlock],
     duplicated: Sequence[tuple[ContextBlock, int]],
     visible: Sequence[tuple[int, Turn]],
 ) -> dict[str, str]:
-    """Block id → the label it shows in this prompt, unique over the prompt and the
-    history it renders: a de-duplicated block keeps the label its turn showed; a
-    sent block keeps its own label unless another block already shows it."""
-    if not (visible or duplicated):
-        labels = {block.id: block.label for block in final}
-        if len(set(labels.values())) == len(labels):
-            return labels
+    """Block id → label, for the blocks that show another label than their own, so
+    that labels are unique over the prompt and the history it renders: a
+    de-duplicated block keeps the label its turn showed; a sent block keeps its own
+    label unless another block already shows it. Usually empty."""
+    if not visible and len({block.label for block in final}) == len(final):
+        return {}
     shown: dict[str, str] = {}
     taken: dict[str, str] = {}
     for _, turn in visible:
         for block_id, label in zip(turn.block_ids, turn.block_labels, strict=True):
             shown[block_id] = label
             taken[label] = block_id
-    labels = {block.id: shown[block.id] for block, _ in duplicated}
+    relabeled = {
+        block.id: shown[block.id] for block, _ in duplicated if shown[block.id] != block.label
+    }
     for block in final:
         label = unique_label(block, taken)
         taken[label] = block.id
-        labels[block.id] = label
-    return labels
+        if label != block.label:
+            relabeled[block.id] = label
+    return relabeled
 
 
 def _turn(
@@ -909,7 +903,7 @@ def _turn(
         user_message=prompt.messages[-1]["content"],
         block_ids=tuple(block.id for block in final),
         block_digests=tuple(block.digest for block in final),
-        block_labels=tuple(prompt.labels[block.id] for block in final),
+        block_labels=tuple(prompt.label_of(block.id) for block in final),
         block_tokens=block_tokens,
         question=query,
         tail_tokens=prompt.stats.tail_tokens,

@@ -48,9 +48,10 @@ class Prompt:
     of :meth:`ContextPilot.optimize_batch` (``None`` online). ``order_note`` restores
     the retriever's ranking (``None`` when nothing moved or notes are off);
     ``location_note`` names the de-duplicated blocks (``None`` when none).
-    ``labels`` maps every block id of the request to the label the prompt shows it
-    under (unique in the prompt, history included; usually the block's own
-    :attr:`~contextpilot_rag.ContextBlock.label`). ``history_lost`` is true when
+    ``relabeled`` maps the blocks that the prompt shows under another label than
+    their own :attr:`~contextpilot_rag.ContextBlock.label` (two blocks of the prompt,
+    history included, would share one) to that label; :attr:`labels` has every
+    block's. ``history_lost`` is true when
     the conversation's store had dropped it (expired or evicted) and this turn
     starts it again without its history."""
 
@@ -65,12 +66,25 @@ class Prompt:
     index: int | None = None
     order_note: str | None = None
     location_note: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
+    relabeled: Mapping[str, str] = field(default_factory=dict)
     history_lost: bool = False
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Block id → the label the prompt shows it under (unique in the prompt and
+        its history), for every block of the request."""
+        relabeled = self.relabeled
+        return {block.id: relabeled.get(block.id, block.label) for block in self.original_blocks}
 
     def label_of(self, block_id: str) -> str:
         """The label the prompt shows block ``block_id`` under."""
-        return self.labels[block_id]
+        label = self.relabeled.get(block_id)
+        if label is not None:
+            return label
+        for block in self.original_blocks:
+            if block.id == block_id:
+                return block.label
+        raise KeyError(block_id)
 
     @property
     def notes(self) -> tuple[str, ...]:

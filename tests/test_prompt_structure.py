@@ -166,3 +166,13 @@ def test_no_text_forges_a_message_a_label_or_a_note(
         )
         if answer.strip():
             pilot.record_answer(prompt, answer)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=texts)
+def test_escaping_is_idempotent(text: str) -> None:
+    """Adapters escape a text before the pilot renders it: the second pass must not
+    change it."""
+    guard = PilotConfig().structure_guard()
+    once = guard.escape(text)
+    assert guard.escape(once) == once
