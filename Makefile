@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-sim clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,21 @@ lint: $(STAMP)
 test: lint
 	MEM0_TELEMETRY=False $(BIN)/pytest -q
 
-# The reference implementation (contextpilot 0.5.0) is installed without its serving
-# dependencies: the benchmark uses only its online index.
+# Benchmarks are scripts of this checkout (benchmarks/), each writing its own generated
+# section of docs/benchmarks.md. The reference implementation (contextpilot 0.5.0) is
+# installed without its serving dependencies: the benchmark uses only its index.
 bench: $(STAMP)
 	$(BIN)/pip install --quiet scipy numpy
 	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
 	$(BIN)/python benchmarks/bench.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
+
+# The simulated routing benchmarks and the client overhead: no engine, a few minutes.
+bench-sim: $(STAMP)
+	$(BIN)/python benchmarks/routing.py --write docs/benchmarks.md --plot docs/img/route_sim.png
+	$(BIN)/python benchmarks/routing_tails.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/ttca_warmup.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/slot_reuse.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/client_overhead.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

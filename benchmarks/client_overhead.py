@@ -1,28 +1,45 @@
-"""Routing overhead of RoutingClient per request, network excluded (issue 6 target: 0.2 ms).
+"""Routing overhead of ``RoutingClient`` per request, network excluded.
 
-    python benchmarks/client_overhead.py
+    python benchmarks/client_overhead.py --write docs/benchmarks.md
 
-Times, per request, everything the client adds around the HTTP exchange: serialising
-the messages, building the route keys, the policy decision with its route update, the
-counters, and the feedback after the answer (``policy.observe``). Prompts: a system
-prompt, 36 documents of ~2k characters drawn from 200 (~18k tokens) and a question;
-two endpoints; 100 warm-up requests, then 500 timed.
+Both sides talk to the same in-memory engine (``httpx.MockTransport`` answering a
+three-event stream at once): ``RoutingClient.chat`` (serialising the messages, route
+keys, the policy decision with its route update, counters, stream parsing, feedback
+after the answer) and a bare ``httpx.Client`` posting the same JSON body and reading the
+same stream (what any OpenAI-compatible client pays). The overhead is the difference
+of their medians. Prompts: a system prompt, 36 documents of ~2k characters drawn from
+200 (~18k tokens) and a question; two endpoints; 100 warm-up requests, then 500 timed,
+``--runs`` times. Writes the ``client-overhead`` generated section.
 """
 
 from __future__ import annotations
 
-import platform
+import argparse
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+from lib.sections import markdown_table, provenance, spread, write_section
 
 from contextpilot_rag.routing import RoutingClient
-from contextpilot_rag.routing.client import _Plan, _Reply
 
 DOCS = [f"[doc{i}]\n" + f"Document {i} text about a topic. " * 60 for i in range(200)]
+POLICIES = ("combined", "ranvier", "round-robin")
+ENDPOINTS = ("http://127.0.0.1:8000/v1", "http://127.0.0.2:8000/v1")
+STREAM = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"ok"}}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":18000,"completion_tokens":1,'
+    b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+    b"data: [DONE]\n\n"
+)
+Messages = list[dict[str, str]]
 
 
-def prompts(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
+def prompts(count: int, seed: int = 0) -> list[Messages]:
     rng = random.Random(seed)
     system = {"role": "system", "content": "Answer from the documents. " * 20}
     return [
@@ -35,32 +52,81 @@ def prompts(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
     ]
 
 
-def overhead_us(
-    policy: str, workload: list[list[dict[str, str]]], warmup: int = 100
-) -> list[float]:
-    client = RoutingClient(
-        [f"http://127.0.0.{k}:8000/v1" for k in (1, 2)], model="m", policy=policy
+def engine() -> httpx.MockTransport:
+    return httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, content=STREAM, headers={"content-type": "text/event-stream"}
+        )
     )
+
+
+def timed_us(send: Callable[[Messages], object], workload: list[Messages], warmup: int) -> float:
+    """Median microseconds of ``send`` over ``workload`` after ``warmup`` requests."""
     timings = []
     for i, messages in enumerate(workload):
         start = time.perf_counter_ns()
-        plan = client._plan("chat", client._text("chat", messages), {}, f"l{i}", 0, frozenset())
-        assert isinstance(plan, _Plan)  # nothing is queued here, so nothing is held
-        reply = _Reply(first_token_at=time.monotonic(), done=True)
-        reply.usage = {"prompt_tokens": 18_000, "prompt_tokens_details": {"cached_tokens": 0}}
-        client._finish(plan, reply, None)
+        send(messages)
         if i >= warmup:
             timings.append((time.perf_counter_ns() - start) / 1_000)
-    return timings
+    return statistics.median(timings)
 
 
-def main() -> None:
-    workload = prompts(600)
-    print(f"{platform.machine()}, CPython {platform.python_version()}")
-    for policy in ("combined", "ranvier", "round-robin"):
-        timings = sorted(overhead_us(policy, workload))
-        p90 = timings[int(0.9 * (len(timings) - 1))]
-        print(f"{policy:12s} median {statistics.median(timings):6.1f} us   p90 {p90:6.1f} us")
+def routed_us(policy: str, workload: list[Messages], warmup: int) -> float:
+    client = RoutingClient(list(ENDPOINTS), model="m", policy=policy, transport=engine())
+    try:
+        return timed_us(client.chat, workload, warmup)
+    finally:
+        client.close()
+
+
+def bare_us(workload: list[Messages], warmup: int) -> float:
+    with httpx.Client(transport=engine()) as http:
+
+        def send(messages: Messages) -> None:
+            body = {"model": "m", "messages": messages, "stream": True}
+            with http.stream("POST", f"{ENDPOINTS[0]}/chat/completions", json=body) as reply:
+                for _ in reply.iter_lines():
+                    pass
+
+        return timed_us(send, workload, warmup)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args(argv)
+    workload, warmup = prompts(600), 100
+    bare: list[float] = []
+    routed: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+    for _ in range(max(1, args.runs)):  # alternate, so drift of the machine hits all alike
+        bare.append(bare_us(workload, warmup))
+        for policy in POLICIES:
+            routed[policy].append(routed_us(policy, workload, warmup))
+    rows = [["bare httpx (same body and stream)", spread(bare, ".1f"), "-"]]
+    for policy, values in routed.items():
+        overheads = [value - base for value, base in zip(values, bare, strict=True)]
+        rows.append([f"RoutingClient, {policy}", spread(values, ".1f"), spread(overheads, ".1f")])
+    out = [
+        "## RoutingClient overhead per request (`benchmarks/client_overhead.py`)",
+        "",
+        provenance(
+            "python benchmarks/client_overhead.py " + " ".join(argv),
+            len(bare),
+            "median of the per-run medians with min–max; runs alternate between the sides",
+        ),
+        "",
+        *markdown_table(["client", "median µs per request", "overhead over bare httpx µs"], rows),
+        "",
+        "Target: overhead within 200 µs per request.",
+    ]
+    text = "\n".join(out) + "\n"
+    if args.write:
+        write_section(args.write, "client-overhead", text)
+        print(f"wrote {args.write}", file=sys.stderr)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""RoutingClient over real llama-server replicas (issue 6): mean TTFT per policy.
+"""RoutingClient over real llama-server replicas: mean TTFT per policy.
 
     benchmarks/engines/build_llama_server.sh        # once: llama-server + gemma-3-270m
     python benchmarks/llama_server_routing.py --write docs/benchmarks.md \\
@@ -52,11 +52,8 @@ server's own), the same for every policy.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
-import os
-import platform
 import random
 import statistics
 import threading
@@ -66,22 +63,25 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lib.report import progress_bars
+from lib.sections import provenance, write_section
 from rich.console import Console
-from rich.progress import Progress
 
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt
-from contextpilot_rag.bench.document import write_section
 from contextpilot_rag.bench.workloads import (
     Workload,
     WorkloadRequest,
     multiturn_workload,
     topic_workload,
 )
-from contextpilot_rag.cli import KEPT_SECTIONS_MARKER
 from contextpilot_rag.routing import ChatResult, Endpoint, RoutingClient
 from contextpilot_rag.testing import LlamaEngine, LlamaServer, find_llama_server
 
 ROOT = Path(__file__).resolve().parents[1]
+RUN_NOTE = (
+    "not measured: one run per policy (and rate), CPU only, the replicas sharing the "
+    "machine's cores; TTFTs of a rerun differ, token counts less so"
+)
 
 
 @dataclass(frozen=True)
@@ -348,11 +348,10 @@ def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
 def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: str) -> str:
     title = ", slot caches only" if args.cache_ram == 0 else ""
     lines = [
-        f"## RoutingClient over real llama-server replicas{title} (issue 6): "
+        f"## RoutingClient over real llama-server replicas{title}: "
         "`benchmarks/llama_server_routing.py`",
         "",
-        f"Machine: {machine()}, {platform.python_implementation()} "
-        f"{platform.python_version()}, CPU only; one run. Command: `{command}`.",
+        provenance(command, 1, RUN_NOTE),
         "",
         f"{engine_line(args)}; {cache_ram_text(args)}. "
         f"{SLOT_ADDRESSING + ' ' if by_slots(args) else ''}"
@@ -371,17 +370,6 @@ def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: st
     if args.plot:
         lines += ["", f"![mean TTFT per policy](img/{args.plot.name})"]
     return "\n".join(lines)
-
-
-def machine() -> str:
-    """The architecture and, where Linux tells it, the CPU model: runs on different
-    CPUs are not comparable in seconds."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            names = [line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line]
-    except OSError:
-        names = []
-    return f"{platform.machine()} ({names[0]})" if names else platform.machine()
 
 
 def plot(summaries: Sequence[Summary], rows: Sequence[Row], path: Path) -> None:
@@ -496,12 +484,10 @@ def open_loop_header(
 ) -> list[str]:
     """The heading, machine and engine paragraphs of an open-loop section."""
     return [
-        f"## RoutingClient over real llama-server replicas, {title} "
-        f"(issue 6): `benchmarks/llama_server_routing.py --workload {workload}`",
+        f"## RoutingClient over real llama-server replicas, {title}: "
+        f"`benchmarks/llama_server_routing.py --workload {workload}`",
         "",
-        f"Machine: {machine()}, {os.cpu_count()} cores shared by the replicas, "
-        f"{platform.python_implementation()} {platform.python_version()}, CPU only; one run. "
-        f"Command: `{command}`.",
+        provenance(command, 1, RUN_NOTE),
         "",
         f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
         f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
@@ -622,10 +608,9 @@ def multiturn_benchmark(
     workload = conversation_workload(args)
     starts = [number * args.stagger_s for number in range(args.users)]
     rows: list[Row] = []
-    with Progress(console=Console(stderr=True)) as progress:
+    with progress_bars() as progress:
         for policy in policies:
-            task = progress.add_task(policy, total=len(workload.requests))
-            advance = functools.partial(progress.advance, task)
+            advance = progress(policy, len(workload.requests))
             rows += run_policy(policy, engine, workload, args, advance, starts)
     summaries = with_ratios([summarise(p, [r for r in rows if r.policy == p]) for p in policies])
     if args.plot:
@@ -642,12 +627,11 @@ def chat_benchmark(
     workload = conversation_workload(args)
     rates = [float(r) for r in args.conversation_rates.split(",") if r.strip()]
     runs: dict[tuple[float, str], list[Row]] = {}
-    with Progress(console=Console(stderr=True)) as progress:
+    with progress_bars() as progress:
         for rate in rates:
             starts = [t / rate for t in unit_arrivals(args.users, args.seed)]
             for policy in policies:
-                task = progress.add_task(f"{rate:g}/s {policy}", total=len(workload.requests))
-                advance = functools.partial(progress.advance, task)
+                advance = progress(f"{rate:g}/s {policy}", len(workload.requests))
                 runs[rate, policy] = run_policy(policy, engine, workload, args, advance, starts)
     by_rate = {rate: with_ratios([summarise(p, runs[rate, p]) for p in policies]) for rate in rates}
     # prefill rate of an idle replica: each run's first answer, sent to a cold idle fleet
@@ -743,11 +727,10 @@ def stream_benchmark(
     prompts = stream_prompts(stream_workload(args))
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     rows: list[StreamRow] = []
-    with Progress(console=Console(stderr=True)) as progress:
+    with progress_bars() as progress:
         for rate in rates:
             for policy in policies:
-                task = progress.add_task(f"{rate:g}/s {policy}", total=len(prompts))
-                advance = functools.partial(progress.advance, task)
+                advance = progress(f"{rate:g}/s {policy}", len(prompts))
                 rows += run_stream(policy, engine, prompts, rate, args, advance)
     by_rate = {
         rate: with_ratios(
@@ -822,7 +805,7 @@ def main() -> None:
         section = "llama-server-routing" + ("-slot-cache" if args.cache_ram == 0 else "")
         text = multiturn_benchmark(policies, engine, args, command)
     if args.write:
-        write_section(args.write, section, text, KEPT_SECTIONS_MARKER)
+        write_section(args.write, section, text)
         Console(stderr=True).print(f"wrote {args.write}")
     elif not args.json:
         print(text)

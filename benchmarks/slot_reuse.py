@@ -1,6 +1,6 @@
 """How much of the llama-server stream's prompts one-prompt slots could serve from cache.
 
-    python benchmarks/slot_reuse.py            # the defaults of llama_server_routing.py's stream
+    python benchmarks/slot_reuse.py --write docs/benchmarks.md   # llama_server_routing.py's stream
 
 Offline, no engine: the prompts of ``llama_server_routing.py --workload stream`` (the
 topic workload, every prompt built by one ``ContextPilot.optimize`` in arrival order),
@@ -26,9 +26,12 @@ that a cache could serve as a shared prefix:
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
+from lib.sections import markdown_table, provenance, write_section
 from llama_server_routing import stream_prompts, stream_workload  # this directory
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
@@ -113,31 +116,63 @@ def replicas_keeping_everything(texts: Sequence[str], replicas: int) -> tuple[in
     return by_turn, by_prefix
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def shares(args: argparse.Namespace) -> list[list[str]]:
+    """One row per cache layout: its name and the share of prompt characters reusable."""
+    workload = stream_workload(args)
+    texts = [serialise(p, completion=True).text for p in stream_prompts(workload)]
+    size = sum(len(t) for t in texts)
+    rows = [["unbounded prefix cache", f"{unbounded(texts) / size:.1%}"]]
+    for slots in (2, 4, 8):
+        reused, total = reordered_slots(workload, slots)
+        rows += [
+            [f"greedy, {slots} slots", f"{greedy_slots(texts, slots) / size:.1%}"],
+            [f"round-robin, {slots} slots", f"{round_robin_slots(texts, slots) / size:.1%}"],
+            [f"reordered for the slot, {slots} slots", f"{reused / total:.1%}"],
+        ]
+    for replicas in (2, 4):
+        by_turn, by_prefix = replicas_keeping_everything(texts, replicas)
+        rows += [
+            [f"{replicas} replicas keeping every prefix, round-robin", f"{by_turn / size:.1%}"],
+            [
+                f"{replicas} replicas keeping every prefix, longest-prefix routing",
+                f"{by_prefix / size:.1%}",
+            ],
+        ]
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--topics", type=int, default=8)
     parser.add_argument("--docs-per-topic", type=int, default=8)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    workload = stream_workload(args)
-    texts = [serialise(p, completion=True).text for p in stream_prompts(workload)]
-    size = sum(len(t) for t in texts)
-    print(f"unbounded: {unbounded(texts) / size:.1%}")
-    for slots in (2, 4, 8):
-        reused, total = reordered_slots(workload, slots)
-        print(
-            f"{slots} slots: greedy {greedy_slots(texts, slots) / size:.1%}, "
-            f"round-robin {round_robin_slots(texts, slots) / size:.1%}, "
-            f"reordered for the slot {reused / total:.1%}"
-        )
-    for replicas in (2, 4):
-        by_turn, by_prefix = replicas_keeping_everything(texts, replicas)
-        print(
-            f"{replicas} replicas keeping every prefix: round-robin {by_turn / size:.1%}, "
-            f"longest-prefix routing {by_prefix / size:.1%}"
-        )
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args(argv)
+    out = [
+        "## Prefix reuse one-prompt slots could serve, llama-server stream prompts "
+        "(`benchmarks/slot_reuse.py`)",
+        "",
+        provenance(
+            "python benchmarks/slot_reuse.py " + " ".join(argv),
+            1,
+            "none: offline and deterministic (seeded workload, no engine)",
+        ),
+        f"- workload: the `--workload stream` prompts of `llama_server_routing.py` "
+        f"({args.requests} requests, {args.topics} topics of {args.docs_per_topic} "
+        f"documents, {args.k} per request, seed {args.seed}); share = prompt characters "
+        "a cache could serve as a shared prefix",
+        "",
+        *markdown_table(["cache layout", "reusable share"], shares(args)),
+    ]
+    text = "\n".join(out) + "\n"
+    if args.write:
+        write_section(args.write, "slot-reuse", text)
+        print(f"wrote {args.write}", file=sys.stderr)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

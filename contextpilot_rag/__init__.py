@@ -6,7 +6,15 @@ inference engines reuse their prefix cache.
 >>> prompt = pilot.optimize([ContextBlock("Paris is in France.")], "Where is Paris?")
 >>> prompt.messages[-1]["role"]
 'user'
+
+The facade (``ContextPilot``, ``PilotConfig``) is imported on first use, so importing
+a lower layer (``contextpilot_rag.routing``, ``contextpilot_rag.sim``) does not import
+the layers above it.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .annotations import NoteTemplates
 from .blocks import BlockId, ContextBlock, content_id, render_block
@@ -30,7 +38,6 @@ from .errors import (
     UnknownConversationError,
 )
 from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
-from .pilot import ContextPilot, PilotConfig
 from .prompt import BlockBoundary, Prompt, PromptStats
 from .tokenizers import (
     CharEstimateTokenizer,
@@ -39,6 +46,9 @@ from .tokenizers import (
     Tokenizer,
     default_tokenizer,
 )
+
+if TYPE_CHECKING:
+    from .pilot import ContextPilot, PilotConfig
 
 __version__ = "0.1.0"
 
@@ -80,3 +90,19 @@ __all__ = [
     "default_tokenizer",
     "render_block",
 ]
+
+_LAZY = frozenset({"ContextPilot", "PilotConfig"})  # the facade, from .pilot
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import pilot
+
+    value = getattr(pilot, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)

@@ -4,6 +4,12 @@ conversations exactly as they were."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # as httpx types its errors' requests: for the checker only
+    from .routing.client.results import Attempt
+
 __all__ = [
     "BlockConflictError",
     "ConfigError",
@@ -12,12 +18,14 @@ __all__ = [
     "ConversationStateError",
     "DuplicateRequestError",
     "EmptyContextError",
+    "EndpointError",
     "InvalidBlockError",
     "InvalidDecisionError",
     "InvalidInputError",
     "InvalidRouteRequestError",
     "NoReplicaAvailableError",
     "OversizeBlockError",
+    "RoutingError",
     "UnknownConversationError",
 ]
 
@@ -88,3 +96,22 @@ class InvalidRouteRequestError(ContextPilotError, ValueError):
 class InvalidDecisionError(ContextPilotError, ValueError):
     """A policy chose a replica that does not exist, is unhealthy, serves another
     model, or was excluded for the request although another replica was available."""
+
+
+class RoutingError(ContextPilotError, RuntimeError):
+    """A routed request got no answer: every attempt failed, its ``deadline_s`` passed,
+    or a resumed stream diverged from the text already delivered. ``attempts``: the
+    failed tries (:class:`~contextpilot_rag.routing.client.Attempt`), oldest first."""
+
+    def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
+        super().__init__(message)
+        self.attempts = tuple(attempts)
+
+
+class EndpointError(ContextPilotError, RuntimeError):
+    """An endpoint rejected the request itself (an HTTP 4xx other than 429): the
+    caller's error, not retried elsewhere. ``status``: the HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status

@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from .annotations import NoteTemplates, location_note, order_note
 from .batch import BatchMethod, BatchSchedule, no_progress, plan_batch
 from .batch import Progress as BatchProgress
 from .batch.progress import rich_progress
 from .batch.requests import BatchRequest, validate_batch
+from .batch.trie import PrefixTrie
 from .blocks import (
     BlockRegistry,
     ContextBlock,
@@ -464,7 +465,7 @@ class ContextPilot:
         )
         system_text = system if system is not None else self.config.system_prompt
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, ())
-        seen = _PrefixTrie()
+        sent = PrefixTrie()  # the final sequences of the requests scheduled so far
         plans: list[_Plan] = []
         advance = progress("batch: prompts", len(batch))
         for slot in plan.schedule:
@@ -472,7 +473,7 @@ class ContextPilot:
             request, request_entries = batch[index], entries[index]
             order = plan.orders[slot] if self.config.reorder else range(len(request.blocks))
             final = tuple(request.blocks[position] for position in order)
-            matched = seen.longest_then_add([requests[slot][position] for position in order])
+            matched = sent.add([requests[slot][position] for position in order], slot)
             plans.append(
                 self._plan_fixed_order(
                     request,
@@ -808,28 +809,6 @@ class ContextPilot:
         self._index.insert(plan.index_path, plan.index_tokens, request_id)
         if plan.conversation is not None:
             self._store.put(plan.conversation)
-
-
-class _PrefixTrie:
-    """Block-code sequences seen so far; finds how much of a new one is a prefix
-    already sent."""
-
-    __slots__ = ("_root",)
-
-    def __init__(self) -> None:
-        self._root: dict[int, dict[int, Any]] = {}
-
-    def longest_then_add(self, sequence: Sequence[int]) -> int:
-        """Length of the longest prefix of ``sequence`` seen before; then record it."""
-        node, matched = self._root, 0
-        for code in sequence:
-            child = node.get(code)
-            if child is None:
-                break
-            node, matched = child, matched + 1
-        for code in sequence[matched:]:
-            node = node.setdefault(code, {})
-        return matched
 
 
 def structure_guard_of(pilot: ContextPilot | None) -> StructureGuard:

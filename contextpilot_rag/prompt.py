@@ -87,6 +87,25 @@ class Prompt:
         raise KeyError(block_id)
 
     @property
+    def matched_ids(self) -> frozenset[str]:
+        """Ids of the blocks an earlier prompt already sent as this prompt's prefix:
+        the first ``stats.blocks_matched`` of :attr:`blocks`, which an engine's prefix
+        cache may serve."""
+        return frozenset(block.id for block in self.blocks[: self.stats.blocks_matched])
+
+    @property
+    def deduplicated_ids(self) -> frozenset[str]:
+        """Ids of the :attr:`deduplicated` blocks: an earlier turn of the conversation
+        showed them, so the location note names them instead of sending them again."""
+        return frozenset(block.id for block in self.deduplicated)
+
+    @property
+    def placed_blocks(self) -> tuple[ContextBlock, ...]:
+        """Every distinct block of the request once: :attr:`blocks` in prompt order,
+        then :attr:`deduplicated` (the order the integrations return results in)."""
+        return (*self.blocks, *self.deduplicated)
+
+    @property
     def notes(self) -> tuple[str, ...]:
         """The notes as rendered after the blocks, in order (order note, location note)."""
         return tuple(note for note in (self.order_note, self.location_note) if note is not None)

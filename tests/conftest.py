@@ -3,12 +3,20 @@ check every optimized prompt must pass (no block lost, none sent twice)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt, Tokenizer, render_block
 from contextpilot_rag.tokenizers import default_tokenizer
+
+# The benchmark scripts and their shared `lib` package are not installed: tests of them
+# import them from the checkout, as `python benchmarks/<script>.py` does.
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))
 
 
 class FakeClock:

@@ -27,6 +27,7 @@ from contextpilot_rag.batch import (
     prefix_tree_schedule,
 )
 from contextpilot_rag.batch.requests import BatchRequest
+from contextpilot_rag.batch.trie import PrefixTrie
 
 
 def doc(name: str) -> ContextBlock:
@@ -102,6 +103,22 @@ def test_prefix_tree_schedule_keeps_shared_prefixes_together() -> None:
     sequences = [[1, 2], [5, 6], [1, 3], [5, 6, 7], [1, 2, 4]]
     order = prefix_tree_schedule(sequences)
     assert order == (0, 4, 2, 1, 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests_strategy)
+def test_trie_add_returns_the_longest_prefix_an_earlier_sequence_had(
+    sequences: list[list[int]],
+) -> None:
+    def shared(a: list[int], b: list[int]) -> int:  # the reference: brute force
+        pairs = enumerate(zip(a, b, strict=False))
+        return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+
+    trie = PrefixTrie()
+    for index, sequence in enumerate(sequences):
+        expected = max((shared(sequence, earlier) for earlier in sequences[:index]), default=0)
+        assert trie.add(sequence, index) == expected
+    assert trie.size == len(sequences)
 
 
 def test_grouped_schedule_is_alg5() -> None:

@@ -26,7 +26,7 @@ from contextpilot_rag.routing import (
     RoutingClient,
     RoutingError,
 )
-from contextpilot_rag.routing.client import _retry_after_s
+from contextpilot_rag.routing.client.endpoints import retry_after_s as _retry_after_s
 
 SSE = {"Content-Type": "text/event-stream"}
 QUESTION = [{"role": "user", "content": "Which?"}]

@@ -33,24 +33,3 @@ def test_demo_prints_baseline_and_optimized_rows(capsys: pytest.CaptureFixture[s
 def test_demo_rejects_a_workload_too_small_to_measure(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--requests", "3"]) == 2
     assert "at least 10" in capsys.readouterr().out
-
-
-def test_quick_bench_writes_a_markdown_report(tmp_path: Path) -> None:
-    report = tmp_path / "bench.md"
-    code = main(
-        [
-            "bench",
-            "--quick",
-            "--no-reference",
-            "--latency-requests",
-            "400",
-            "--batch-sizes",
-            "300",
-            "--write",
-            str(report),
-        ]
-    )
-    assert code == 0
-    text = report.read_text(encoding="utf-8")
-    assert "hit ratio" in text.lower() and "latency" in text.lower()
-    assert "## Batch mode" in text and "### 75 requests" in text

@@ -11,18 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextpilot_rag.bench.replay import EngineTokenizer
 from contextpilot_rag.bench.workloads import WorkloadRequest, multiturn_workload
-from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.errors import ConfigError, InvalidDecisionError, InvalidInputError
 from contextpilot_rag.routing.baselines import RandomPolicy, RoundRobinPolicy
 from contextpilot_rag.routing.types import Decision, FleetView, Outcome, RouteRequest
 from contextpilot_rag.sim.fleet import (
-    InvalidDecisionError,
     Replica,
     SimSummary,
     default_fleet,
     simulate,
 )
+from contextpilot_rag.sim.replay import EngineTokenizer
 from contextpilot_rag.sim.traces import (
     detect_language,
     from_workload,
@@ -80,6 +79,7 @@ class Fixed:
     """Sends everything to one replica and remembers what it saw."""
 
     name = "fixed"
+    route_memory = None
 
     def __init__(
         self, replica_id: str = "r0", model: str = "sim-8b", warm: tuple[str, ...] = ()

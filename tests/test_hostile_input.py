@@ -1,4 +1,4 @@
-"""Specification of correctness under hostile input (issue 18, core items): no silent
+"""Specification of correctness under hostile input: no silent
 loss of a block's text, no answer on the wrong turn, no silent restart of a lost
 conversation, no forged prompt structure, labels unique within a prompt, cheap
 refusal of oversized blocks, typed errors for unusable text and ids."""

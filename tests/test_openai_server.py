@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from contextpilot_rag import ConfigError, ContextBlock, Tokenizer, render_block
-from contextpilot_rag.bench.replay import EngineTokenizer
+from contextpilot_rag.sim.replay import EngineTokenizer
 from contextpilot_rag.testing import OWNED_BY, OpenAICompatibleServer, default_reply
 
 SYSTEM = "You answer questions using only the context documents given. " * 4

@@ -187,6 +187,32 @@ def test_stats_count_matched_and_deduplicated_blocks(pilot: ContextPilot) -> Non
     assert stats.blocks_matched == 0  # the conversation's own prefix holds no a, b
 
 
+def test_matched_ids_are_the_blocks_of_the_prefix_sent_before(pilot: ContextPilot) -> None:
+    pilot.optimize([A, B], "first")
+    prompt = pilot.optimize([C, B, A], "second")
+    assert prompt.matched_ids == {"a", "b"} == set(ids(prompt.blocks[:2]))
+    assert pilot.optimize([X], "third").matched_ids == frozenset()
+
+
+def test_deduplicated_ids_are_the_blocks_left_to_the_location_note(
+    pilot: ContextPilot,
+) -> None:
+    pilot.optimize([C], "one", conversation_id="conv")
+    prompt = pilot.optimize([A, C, B], "two", conversation_id="conv")
+    assert prompt.deduplicated_ids == {"c"} == set(ids(prompt.deduplicated))
+    assert prompt.matched_ids.isdisjoint(prompt.deduplicated_ids)
+
+
+def test_placed_blocks_are_the_sent_then_the_deduplicated_each_once(
+    pilot: ContextPilot,
+) -> None:
+    pilot.optimize([C], "one", conversation_id="conv")
+    prompt = pilot.optimize([A, C, B, A], "two", conversation_id="conv")
+    assert prompt.placed_blocks == (*prompt.blocks, *prompt.deduplicated)
+    assert sorted(ids(prompt.placed_blocks)) == ["a", "b", "c"]
+    assert ids(prompt.placed_blocks)[-1] == "c"
+
+
 def test_prompt_tokens_cover_blocks_and_tail(pilot: ContextPilot) -> None:
     stats = pilot.optimize([A, B], "q").stats
     assert stats.tail_tokens > 0

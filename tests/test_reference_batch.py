@@ -13,8 +13,8 @@ pytest.importorskip(
     "contextpilot", reason="the reference contextpilot is not installed (CI does not install it)"
 )
 
-from contextpilot_rag.bench import reference_batch
-from contextpilot_rag.bench.reference_batch import (
+from lib import reference_batch
+from lib.reference_batch import (
     ReferenceBatchResult,
     run_reference_batch,
 )

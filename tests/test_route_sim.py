@@ -1,4 +1,5 @@
-"""The routing benchmark (``route-sim``): held-out evaluation, deterministic rows, CLI."""
+"""Comparing routing policies on a trace (``benchmarks/route_sim.py``): held-out
+evaluation, deterministic rows, the script's command line."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from contextpilot_rag.bench.routing import (
+from lib.route_sim import (
     RESULT_FIELDS,
     route_sim_results,
     run_route_sim,
     split_trace,
     ttca_results,
 )
-from contextpilot_rag.cli import main
+from route_sim import main
+
 from contextpilot_rag.routing import POLICY_NAMES
 from contextpilot_rag.sim.traces import load_mooncake, load_scbench_kv
 
@@ -131,11 +132,11 @@ def test_an_empty_scbench_trace_is_rejected(tmp_path: Path) -> None:
         run_route_sim(path)
 
 
-def test_cli_json_prints_only_the_rows(
+def test_script_json_prints_only_the_rows(
     tiny_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plot = tmp_path / "route.png"
-    argv = ["route-sim", "--trace", str(tiny_trace), "--policies", "random,gorgo", "--json"]
+    argv = ["--trace", str(tiny_trace), "--policies", "random,gorgo", "--json"]
     assert main([*argv, "--plot", str(plot)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["policy"] for row in rows] == ["random", "gorgo"]
@@ -150,25 +151,25 @@ def _has_matplotlib() -> bool:
     return True
 
 
-def test_cli_prints_a_table_by_default(
+def test_script_prints_a_table_by_default(
     tiny_trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["route-sim", "--trace", str(tiny_trace), "--policies", "prefix"]) == 0
+    assert main(["--trace", str(tiny_trace), "--policies", "prefix"]) == 0
     assert "prefix" in capsys.readouterr().out
 
 
-def test_cli_unknown_policy_exits_2_with_a_message(
+def test_script_unknown_policy_exits_2_with_a_message(
     tiny_trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["route-sim", "--trace", str(tiny_trace), "--policies", "random,bogus"]) == 2
+    assert main(["--trace", str(tiny_trace), "--policies", "random,bogus"]) == 2
     assert "unknown routing policies ['bogus']" in capsys.readouterr().err
 
 
-def test_cli_scbench_trace_prints_ttca_columns(
+def test_script_scbench_trace_prints_ttca_columns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = kv_trace(tmp_path / "kv.jsonl", records=4)
-    assert main(["route-sim", "--trace", str(path), "--policies", "laar,combined", "--json"]) == 0
+    assert main(["--trace", str(path), "--policies", "laar,combined", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["policy"] for row in rows] == ["laar", "combined"]
     assert all(row["ttca_mean_s"] > 0 for row in rows)

@@ -13,11 +13,12 @@ from contextpilot_rag.routing.baselines import (
     LeastRequestPolicy,
     NoReplicaAvailableError,
     PrefixCachePolicy,
+    PrefixOwners,
     RandomPolicy,
     RoundRobinPolicy,
     SessionAffinityPolicy,
 )
-from contextpilot_rag.routing.types import Policy, ReplicaState, RouteRequest
+from contextpilot_rag.routing.types import Policy, ReplicaState, RouteMemory, RouteRequest
 from contextpilot_rag.sim.fleet import SimFleetView
 
 FACTORIES: dict[str, Callable[[], Policy]] = {
@@ -168,6 +169,44 @@ def test_prefix_table_is_bounded_with_lru() -> None:
     policy = PrefixCachePolicy(capacity_blocks=4)
     for i in range(10):
         policy.choose(req(f"q{i}", (i * 10, i * 10 + 1)), fleet())
-        assert len(policy) <= 4
+        assert len(policy.route_memory) <= 4
     with pytest.raises(ConfigError):
         PrefixCachePolicy(capacity_blocks=0)
+
+
+def test_only_the_prefix_baseline_keeps_route_memory() -> None:
+    for name, factory in FACTORIES.items():
+        memory = factory().route_memory
+        if name == "prefix":
+            assert isinstance(memory, PrefixOwners) and isinstance(memory, RouteMemory)
+        else:
+            assert memory is None
+
+
+def test_a_one_prompt_slot_owns_only_its_last_prompt() -> None:
+    owners = PrefixOwners()
+    owners.limit_prompts("slot", 1)
+    owners.record((1, 2, 3), "slot")
+    owners.record((5, 6), "other")
+    owners.record((1, 2, 9), "slot")  # overwrites the first prompt but its shared head
+    everyone = {"slot", "other"}.__contains__
+    assert owners.longest_match((1, 2, 3), everyone) == (2, "slot")
+    assert owners.longest_match((1, 2, 9), everyone) == (3, "slot")
+    assert owners.longest_match((5, 6), everyone) == (2, "other")  # unbounded
+    assert len(owners) == 5
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ConfigError, match="max_prompts"):
+            owners.limit_prompts("slot", bad)  # type: ignore[arg-type]
+    owners.limit_prompts("slot", None)  # unbounded again: nothing more is forgotten
+    owners.record((7, 8), "slot")
+    assert owners.longest_match((1, 2, 9), everyone) == (3, "slot")
+
+
+def test_prefix_over_slots_stops_following_an_overwritten_prompt() -> None:
+    policy = PrefixCachePolicy()
+    for replica in ("r0", "r1", "r2"):
+        policy.route_memory.limit_prompts(replica, 1)
+    first = policy.choose(req("a", (1, 2, 3)), fleet()).replica_id
+    policy.route_memory.record((7, 8, 9), first)  # another prompt overwrote the slot
+    again = policy.choose(req("b", (1, 2, 3)), fleet())
+    assert again.reason == "prefix-miss:least-request"

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.sim import CacheResult, PrefixCacheModel, distinct_block_tokens
+from contextpilot_rag.sim.block_hashes import chained_block_hashes
 
 BLOCK = 4
 
@@ -163,6 +164,15 @@ def test_empty_prompt_costs_nothing() -> None:
 def test_bad_configuration_raises_config_error(block_size: object, capacity_tokens: object) -> None:
     with pytest.raises(ConfigError):
         PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens)  # type: ignore[arg-type]
+
+
+def test_a_chained_block_hash_names_the_whole_prefix_up_to_its_block() -> None:
+    first = chained_block_hashes(tokens(0, 10), BLOCK)
+    same_head = chained_block_hashes([*tokens(0, 4), *tokens(100, 4)], BLOCK)
+    same_tail = chained_block_hashes([*tokens(100, 4), *tokens(4, 4)], BLOCK)
+    assert len(first) == 2  # the partial last block has no hash
+    assert first[0] == same_head[0] and first[1] != same_head[1]
+    assert first[1] != same_tail[1]  # equal tokens after a different prefix
 
 
 def test_distinct_block_tokens_counts_shared_prefixes_once() -> None:

@@ -4,7 +4,7 @@ and the retry simulation."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from contextpilot_rag.errors import (
     NoReplicaAvailableError,
 )
 from contextpilot_rag.routing import LeastLoadPolicy, SessionAffinityPolicy
-from contextpilot_rag.routing.combined import CombinedPolicy
+from contextpilot_rag.routing.combined import CombinedConfig, CombinedOptions, CombinedPolicy
 from contextpilot_rag.routing.laar import AccuracyModel, LaarPolicy
 from contextpilot_rag.routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from contextpilot_rag.sim.accuracy import DEFAULT_MODELS, ModelProfile, correct
@@ -345,6 +345,7 @@ class _WarmingPolicy:
     """Always answers on model "a" and asks for "b" to be warmed."""
 
     name = "warming"
+    route_memory = None
 
     def __init__(self, warm: str = "b/0") -> None:
         self.warm = warm
@@ -434,6 +435,29 @@ def test_ttca_on_the_kv_file_compares_policies() -> None:
 def test_combined_rejects_bad_settings(options: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         CombinedPolicy(**options)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        CombinedConfig(**options)  # type: ignore[arg-type]
+
+
+def test_combined_keywords_are_the_config_fields() -> None:
+    config = CombinedConfig(externality_weight=0.5, hold_wait_s=None)
+    assert CombinedPolicy(config=config).config == config
+    assert CombinedPolicy(externality_weight=0.5, hold_wait_s=None).config == config
+    assert CombinedPolicy().config == CombinedConfig()
+    over = CombinedPolicy(config=config, hold_wait_s=2.0).config  # keywords override
+    assert over == CombinedConfig(externality_weight=0.5, hold_wait_s=2.0)
+
+
+def test_combined_keywords_name_every_config_field() -> None:
+    assert CombinedOptions.__optional_keys__ == {f.name for f in fields(CombinedConfig)}
+
+
+def test_combined_config_is_frozen_and_unknown_options_are_refused() -> None:
+    config = CombinedConfig()
+    with pytest.raises(AttributeError):
+        config.q_floor = 0.5  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="hold_wait"):
+        CombinedPolicy(hold_wait=1.0)  # type: ignore[call-arg]
 
 
 def test_a_failed_combined_decision_leaves_its_state_intact() -> None:

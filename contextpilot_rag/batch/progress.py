@@ -1,12 +1,10 @@
-"""A rich progress display for long batch builds."""
+"""A rich progress display for long batch builds (rich is imported only when one is
+shown, so the batch layer stays importable without it)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .plan import Progress as ProgressFactory
 
@@ -17,6 +15,15 @@ __all__ = ["rich_progress"]
 def rich_progress() -> Iterator[ProgressFactory]:
     """A ``progress(label, total) -> advance(n)`` factory drawing one bar per phase
     (on stderr, so piped output stays clean)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     with Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),

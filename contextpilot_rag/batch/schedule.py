@@ -15,33 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .trie import PrefixTrie
+
 __all__ = ["grouped_schedule", "prefix_tree_schedule"]
-
-
-class _Trie:
-    __slots__ = ("children", "ending", "size")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _Trie] = {}
-        self.ending: list[int] = []
-        self.size = 0
 
 
 def prefix_tree_schedule(sequences: Sequence[Sequence[int]]) -> tuple[int, ...]:
     """Request indices, depth first over the prefix tree of ``sequences``: at each
     node the requests ending there first, then the children by subtree size
     (descending; ties: first seen). Deterministic; O(total blocks)."""
-    root = _Trie()
+    root = PrefixTrie()
     for index, sequence in enumerate(sequences):
-        node = root
-        node.size += 1
-        for code in sequence:
-            child = node.children.get(code)
-            if child is None:
-                child = node.children[code] = _Trie()
-            node = child
-            node.size += 1
-        node.ending.append(index)
+        root.add(sequence, index)
     order: list[int] = []
     stack = [root]
     while stack:

@@ -1,7 +1,8 @@
-"""Benchmarks: seeded synthetic workloads and the measurements run over them.
+"""Seeded synthetic RAG workloads: the traffic the demo and the benchmarks replay.
 
 Workloads are deterministic functions of their arguments, so a benchmark's numbers
-are reproducible from its command line alone.
+are reproducible from its command line alone. The benchmarks themselves are scripts
+of the source checkout (``benchmarks/``), not part of the installed package.
 """
 
 from .workloads import (

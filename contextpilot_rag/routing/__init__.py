@@ -1,20 +1,26 @@
-"""Routing: policies that pick the replica (and model) for each request, and the
-protocol they share (:mod:`contextpilot_rag.routing.types`).
+"""Routing: policies that pick the replica (and model) for each request, the protocol
+they share (:mod:`contextpilot_rag.routing.types`) and the routing client.
 
-Policies by name (the names are a contract): ``random``, ``round-robin``,
-``least-request``, ``least-load``, ``session``, ``prefix`` (baselines), ``ranvier``
-(learned prefix routes), ``gorgo`` (cache + RTT + queue cost, optionally tuned) and
-``gorgo-lb`` (the original GORGO package, if installed), ``laar`` (accuracy-aware:
-latency / predicted accuracy per model) and ``combined`` (expected time to a correct
-answer: RTT + queue + uncached prefill + decode, divided by predicted accuracy).
+Policies by name (the names are a contract, :mod:`~contextpilot_rag.routing.registry`):
+``random``, ``round-robin``, ``least-request``, ``least-load``, ``session``, ``prefix``
+(baselines), ``ranvier`` (learned prefix routes), ``gorgo`` (cache + RTT + queue cost,
+optionally tuned) and ``gorgo-lb`` (the original GORGO package, if installed), ``laar``
+(accuracy-aware: latency / predicted accuracy per model) and ``combined`` (expected time
+to a correct answer: RTT + queue + uncached prefill + decode, divided by predicted
+accuracy).
+
+Policies and types are pure (stdlib + numpy). The client names (``RoutingClient``,
+``Endpoint``, ``ChatResult``, ``RoutingMetrics``, ...) are imported on first use, so
+importing this package (or the simulator, which uses the policies) does not import
+httpx or the pilot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import EndpointError, RoutingError
 from .baselines import (
     LeastLoadPolicy,
     LeastRequestPolicy,
@@ -23,12 +29,34 @@ from .baselines import (
     RoundRobinPolicy,
     SessionAffinityPolicy,
 )
-from .combined import CombinedPolicy
+from .combined import CombinedConfig, CombinedPolicy
 from .gorgo import CostPolicy
 from .laar import AccuracyModel, LaarPolicy
 from .ranvier import RanvierConfig, RanvierPolicy, RouteTable
+from .registry import POLICY_NAMES, make_policy
 from .tuner import CostWeights, TunerBounds, WeightTuner
-from .types import Decision, FleetView, Outcome, Policy, ReplicaState, RouteRequest
+from .types import (
+    Decision,
+    FleetView,
+    Outcome,
+    Policy,
+    ReplicaState,
+    RouteMemory,
+    RouteRequest,
+)
+
+if TYPE_CHECKING:
+    from .client import (
+        AsyncChatStream,
+        Attempt,
+        ChatResult,
+        ChatStream,
+        ClientConfig,
+        Endpoint,
+        RoutingClient,
+        SolveResult,
+    )
+    from .metrics import RoutingMetrics
 
 __all__ = [
     "POLICY_NAMES",
@@ -37,6 +65,8 @@ __all__ = [
     "Attempt",
     "ChatResult",
     "ChatStream",
+    "ClientConfig",
+    "CombinedConfig",
     "CombinedPolicy",
     "CostPolicy",
     "CostWeights",
@@ -55,6 +85,7 @@ __all__ = [
     "RanvierPolicy",
     "ReplicaState",
     "RoundRobinPolicy",
+    "RouteMemory",
     "RouteRequest",
     "RouteTable",
     "RoutingClient",
@@ -67,46 +98,28 @@ __all__ = [
     "make_policy",
 ]
 
-
-def _gorgo_lb(**options: Any) -> Policy:
-    from .external import GorgoLbPolicy
-
-    return GorgoLbPolicy(**options)
-
-
-_FACTORIES: dict[str, Callable[..., Policy]] = {
-    "random": RandomPolicy,
-    "round-robin": RoundRobinPolicy,
-    "least-request": LeastRequestPolicy,
-    "least-load": LeastLoadPolicy,
-    "session": SessionAffinityPolicy,
-    "prefix": PrefixCachePolicy,
-    "ranvier": RanvierPolicy,
-    "gorgo": CostPolicy,
-    "gorgo-lb": _gorgo_lb,
-    "laar": LaarPolicy,
-    "combined": CombinedPolicy,
+# The client layer (httpx, the pilot), imported on first access: name -> module.
+_LAZY = {
+    "AsyncChatStream": ".client",
+    "Attempt": ".client",
+    "ChatResult": ".client",
+    "ChatStream": ".client",
+    "ClientConfig": ".client",
+    "Endpoint": ".client",
+    "RoutingClient": ".client",
+    "SolveResult": ".client",
+    "RoutingMetrics": ".metrics",
 }
-POLICY_NAMES = tuple(_FACTORIES)
 
 
-def make_policy(name: str, **options: Any) -> Policy:
-    """A new policy by its contract name; ``options`` go to its constructor."""
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown routing policy {name!r}; choose one of {list(POLICY_NAMES)}")
-    return factory(**options)
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-from .client import (  # noqa: E402  (the client builds policies with make_policy)
-    AsyncChatStream,
-    Attempt,
-    ChatResult,
-    ChatStream,
-    Endpoint,
-    EndpointError,
-    RoutingClient,
-    RoutingError,
-    SolveResult,
-)
-from .metrics import RoutingMetrics  # noqa: E402
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError, NoReplicaAvailableError
-from .common import candidate_replicas
+from .common import PromptBound, candidate_replicas
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "LeastRequestPolicy",
     "NoReplicaAvailableError",
     "PrefixCachePolicy",
+    "PrefixOwners",
     "RandomPolicy",
     "RoundRobinPolicy",
     "SessionAffinityPolicy",
@@ -43,6 +44,7 @@ class RandomPolicy(_NoFeedback):
     """Uniformly random among candidates, from a seeded generator."""
 
     name = "random"
+    route_memory = None
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
@@ -56,6 +58,7 @@ class RoundRobinPolicy(_NoFeedback):
     healthy fleet it cycles through the replicas in fleet order."""
 
     name = "round-robin"
+    route_memory = None
 
     def __init__(self) -> None:
         self._counter = 0
@@ -73,6 +76,7 @@ class _LeastBy(_NoFeedback):
 
     name = ""
     _reason = ""
+    route_memory = None
 
     def __init__(self) -> None:
         self._counter = 0
@@ -132,6 +136,7 @@ class SessionAffinityPolicy(_NoFeedback):
     replica leaves only its keys move."""
 
     name = "session"
+    route_memory = None
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         key = session_key(request)
@@ -142,37 +147,88 @@ class SessionAffinityPolicy(_NoFeedback):
         return _decide(replica, "session")
 
 
+class PrefixOwners:
+    """Bounded LRU map: chained block hash → the replica that last received the prefix
+    it names (the prefix baseline's route table).
+
+    Invariants: at most ``capacity_blocks`` entries; a replica limited to ``k`` prompts
+    (:meth:`limit_prompts`) owns only blocks recorded for one of its ``k`` latest
+    prompts."""
+
+    def __init__(self, capacity_blocks: int = 200_000) -> None:
+        if capacity_blocks < 1:
+            raise ConfigError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._owners: OrderedDict[int, str] = OrderedDict()  # least recently used first
+        self._bound = PromptBound()
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
+        """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
+        (a llama-server slot: 1); ``None`` removes the bound."""
+        self._bound.limit(replica_id, max_prompts)
+
+    def longest_match(
+        self, block_hashes: Sequence[int], is_candidate: Callable[[str], bool]
+    ) -> tuple[int, str | None]:
+        """(matched blocks, owner) of the deepest block in the leading run of known
+        blocks whose owner is a candidate; (0, None) when there is none."""
+        matched, owner = 0, None
+        owners = self._owners
+        for depth, block_hash in enumerate(block_hashes, start=1):
+            replica_id = owners.get(block_hash)
+            if replica_id is None:
+                break
+            if is_candidate(replica_id):
+                matched, owner = depth, replica_id
+        return matched, owner
+
+    def record(self, block_hashes: Sequence[int], replica_id: str) -> None:
+        """Every block of one prompt now belongs to ``replica_id``."""
+        # Tail first, so the head of a prompt is most recently used and evicted last.
+        owners = self._owners
+        for block_hash in reversed(block_hashes):
+            owners[block_hash] = replica_id
+            owners.move_to_end(block_hash)
+        while len(owners) > self.capacity_blocks:
+            owners.popitem(last=False)
+        if replica_id in self._bound.limits:
+            for block_hash in self._bound.add(replica_id, frozenset(block_hashes)):
+                if owners.get(block_hash) == replica_id:
+                    del owners[block_hash]
+
+
 class PrefixCachePolicy(_NoFeedback):
     """Router-side prefix table (AIBrix ``prefix-cache`` style).
 
-    The table maps a chained block hash to the replica that last received it, bounded
-    to ``capacity_blocks`` entries with LRU eviction. A request goes to the candidate
-    owning its longest matched prefix (walking its blocks from the first until the
-    first miss), unless that replica's ``in_flight`` exceeds the fleet minimum by more
-    than ``imbalance_threshold`` (default 8, AIBrix's default absolute imbalance
-    count); then, and when nothing matches, it falls back to least-request. After each
-    decision every block of the request is recorded for the chosen replica."""
+    The table (:class:`PrefixOwners`) maps a chained block hash to the replica that
+    last received it, bounded to ``capacity_blocks`` entries with LRU eviction. A
+    request goes to the candidate owning its longest matched prefix (walking its
+    blocks from the first until the first miss), unless that replica's ``in_flight``
+    exceeds the fleet minimum by more than ``imbalance_threshold`` (default 8,
+    AIBrix's default absolute imbalance count); then, and when nothing matches, it
+    falls back to least-request. After each decision every block of the request is
+    recorded for the chosen replica."""
 
     name = "prefix"
 
     def __init__(self, *, capacity_blocks: int = 200_000, imbalance_threshold: int = 8) -> None:
-        if capacity_blocks < 1:
-            raise ConfigError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
         if imbalance_threshold < 0:
             raise ConfigError(f"imbalance_threshold must be >= 0, got {imbalance_threshold}")
-        self._capacity_blocks = capacity_blocks
+        self.route_memory = PrefixOwners(capacity_blocks)
         self._imbalance_threshold = imbalance_threshold
-        # Least recently used first. Invariant: len(self._table) <= capacity_blocks.
-        self._table: OrderedDict[int, str] = OrderedDict()
         self._fallback = LeastRequestPolicy()
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self.route_memory)
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         candidates = candidate_replicas(request, fleet)
         by_id = {r.replica_id: r for r in candidates}
-        matched, owner = self._longest_match(request.block_hashes, by_id.__contains__)
+        owners = self.route_memory
+        matched, owner = owners.longest_match(request.block_hashes, by_id.__contains__)
         min_in_flight = min(r.in_flight for r in candidates)
         if owner is None:
             decision = _decide(self._fallback.pick(candidates), "prefix-miss:least-request")
@@ -181,28 +237,5 @@ class PrefixCachePolicy(_NoFeedback):
         else:
             cached = min(matched * request.block_tokens, request.prompt_tokens)
             decision = _decide(by_id[owner], f"prefix-match:{matched}", cached)
-        self._record(request.block_hashes, decision.replica_id)
+        owners.record(request.block_hashes, decision.replica_id)
         return decision
-
-    def _longest_match(
-        self, block_hashes: Sequence[int], is_candidate: Callable[[str], bool]
-    ) -> tuple[int, str | None]:
-        """(matched blocks, owner) of the deepest block in the leading run of known
-        blocks whose owner is a candidate; (0, None) when there is none."""
-        matched, owner = 0, None
-        for depth, block_hash in enumerate(block_hashes, start=1):
-            replica_id = self._table.get(block_hash)
-            if replica_id is None:
-                break
-            if is_candidate(replica_id):
-                matched, owner = depth, replica_id
-        return matched, owner
-
-    def _record(self, block_hashes: Sequence[int], replica_id: str) -> None:
-        # Tail first, so the head of a prompt is most recently used and evicted last.
-        table = self._table
-        for block_hash in reversed(block_hashes):
-            table[block_hash] = replica_id
-            table.move_to_end(block_hash)
-        while len(table) > self._capacity_blocks:
-            table.popitem(last=False)

@@ -1,4 +1,5 @@
-"""Ours, combined: expected time to a correct answer per (replica, model).
+"""The ``combined`` policy: each request goes to the (replica, model) with the lowest
+expected time to a correct answer.
 
 Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 
@@ -22,16 +23,13 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   shows fewer queued tokens than the FIFO holds, its oldest entries are done; queued
   tokens beyond the FIFO (sent by other clients) count as uncached prefill.
 - ``decode step`` = ``1/decode_rate + decode_s_per_context_token · context`` of the
-  requests decoding on ``u`` (this router's in-flight prompts minus the queued ones);
+  requests decoding on ``u`` (this router's in-flight prompts minus the queued ones).
   ``duty`` is the fraction of time ``u`` spends prefilling (an exponentially decayed
-  sum of the prefill time this router booked on it, capped at 0.95), during which
-  every decode step also carries a prefill chunk (prefill–decode interference): a
-  step with a chunk takes the chunk's time longer, so the prefill time ``u`` runs
-  during ``x``'s decode adds to the decode one for one, and at duty ``d`` a decode of
-  ``n`` steps takes ``n · step / (1 - d)``. (Before, each step was charged
-  ``d · chunk / prefill_rate``, as if a fraction ``d`` of every *step* carried a whole
-  chunk: with 2,048-token chunks at 20k tokens/s against 10 ms steps, 7× the slowdown
-  at ``d`` = 0.3; see docs/routing.md.)
+  sum of the prefill time this router booked on it, capped below 1), during which
+  every decode step also carries a prefill chunk (prefill–decode interference). A
+  step with a chunk is longer by the chunk's time, so the prefill time ``u`` runs
+  during ``x``'s decode adds to the decode one for one: at duty ``d`` a decode of
+  ``n`` steps takes ``n · step / (1 - d)``.
 - ``harm`` is the delay ``x``'s prefill imposes on requests already decoding on ``u``
   (each step carries a chunk of ``x``), weighted by ``externality_weight`` ``e``: the
   router minimises the fleet's time, not only ``x``'s.
@@ -41,37 +39,40 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   ``x`` is drained, ``λ`` being the router's recent request rate per candidate
   replica (an exponentially decayed count over ``duty_tau_s``), weighted by
   ``queue_externality_weight`` ``g`` (1: seconds of other requests' TTFT count as
-  much as ``x``'s own). Near zero on an idle fleet; in an overload (a fresh fleet
-  meeting never-seen prompts faster than it prefills) it makes every uncached token
-  cost what it costs the queue, so the router keeps prefixes where they are cached
-  and does not trade fleet throughput for one request's TTFT or decode time.
+  much as ``x``'s own). It vanishes on an idle fleet; in an overload it makes every
+  uncached token cost what it costs the queue, so prefixes stay where they are cached.
 - ``Q(m, x)`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`,
   clipped to ``[q_floor, 1]`` and 1 for requests without features or unknown models;
   dividing by it is the expected number of attempts if they were independent.
-- **TTFT budget** (``ttft_budget_percentile``; off by default, chosen on the tune
-  half of the Mooncake trace: with the queue externality, the budget gained 3-4
-  points of p95 TTFT and lost 3-18 points of p95 E2E there). When every candidate
+- **TTFT budget** (``ttft_budget_percentile``, off by default). When every candidate
   has the same ``Q`` (a single-model fleet), only replicas whose predicted TTFT is
   within ``max(min · (1 + ttft_slack) + ttft_slack_s, budget)`` compete, where
   ``budget`` is the ``ttft_budget_percentile`` of the TTFTs observed recently:
   trading a request's TTFT for the fleet's decode time is allowed only up to the
-  current tail, so the TTFT tail is not made worse.
+  current tail.
 
 **Late binding** (``hold_wait_s``): when the caller can hold a request
 (``RouteRequest.may_hold``) and even its best option would wait more than
-``hold_wait_s`` for the replica's prefill unit, nothing is dispatched: the decision is
-a hold, and the caller offers the request again when a prefill ends (or after
-``Decision.hold_s``), smallest predicted TTFT first. Requests then wait at the router
-instead of in a replica's FIFO queue, so in an overload (a cold fleet meeting prompts
-faster than it prefills them) the replica that drains first takes the request that is
-cheapest *then*, with the caches and queues of that moment, and short prefills are
-not stuck behind long ones. A request held ``max_hold_s`` is dispatched regardless.
-(The issue 5 Mooncake runs: without it, the p95 TTFT tail of the held-out 3 × 1 fleet
-was that overload; see docs/routing.md.)
+``hold_wait_s`` for the replica's prefill unit, the decision is a hold
+(``Decision.hold_s`` > 0) and the caller offers the request again when a prefill ends
+(or after ``hold_s``), smallest predicted TTFT first. Requests then wait at the router
+instead of in a replica's FIFO queue: the replica that drains first takes the request
+that is cheapest *then*, with the caches and queues of that moment, and short prefills
+are not stuck behind long ones.
 
-Models already tried for the logical request are skipped while another is left.
-With one model, no features and no engine interference parameters this reduces to
-a cache + queue + network cost (GORGO's), with a router-side queue model.
+**Retry warm-ups** (``warm_retries``): when the caller may retry a wrong answer, the
+decision also names in ``Decision.warm`` the replica a retry would take if that
+replica's prefill unit has no queue and ``(1 − Q) ·`` the prefill there exceeds
+``Q ·`` the delay it imposes on others.
+
+Invariants:
+
+- a hold dispatches and books nothing (the queue model and the prefix estimate are
+  unchanged until the request is dispatched), and a request held ``max_hold_s`` is
+  dispatched regardless;
+- models already tried for the logical request are skipped while another is left;
+- with one model, no features and no engine interference parameters the cost is a
+  cache + queue + network cost (GORGO's), with a router-side queue model.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from collections import deque
+from dataclasses import dataclass, fields, replace
 from operator import itemgetter
+from typing import TYPE_CHECKING, TypedDict
 
 from ..errors import ConfigError
 from .common import candidate_replicas
@@ -87,7 +90,85 @@ from .gorgo import PrefixLocations
 from .laar import AccuracyModel, untried_models
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
-__all__ = ["CombinedPolicy"]
+if TYPE_CHECKING:
+    from typing import Unpack
+
+__all__ = ["CombinedConfig", "CombinedOptions", "CombinedPolicy"]
+
+
+@dataclass(frozen=True)
+class CombinedConfig:
+    """Tuning of :class:`CombinedPolicy` (the terms are those of the module docstring).
+
+    ``externality_weight`` ``e`` and ``queue_externality_weight`` ``g`` weigh the delay
+    a prefill imposes on running and on queued requests. ``ttft_budget_percentile``
+    (``None``: off), ``ttft_slack``, ``ttft_slack_s`` and ``ttft_window`` (outcomes)
+    define the TTFT budget. ``duty_tau_s``: time constant of the prefill duty and the
+    request rate. ``q_floor``: the least ``Q``. ``max_tracked``: in-flight requests
+    remembered (outcomes lost beyond it). ``recorded_boundaries``: boundaries recorded
+    per dispatch. ``warm_retries``: warm the likely retry's replica. ``hold_wait_s``
+    (``None``: no late binding) and ``max_hold_s``: when to hold a request, and how
+    long at most."""
+
+    externality_weight: float = 1.0
+    queue_externality_weight: float = 1.0
+    ttft_budget_percentile: float | None = None
+    ttft_slack: float = 0.1
+    ttft_slack_s: float = 0.1
+    duty_tau_s: float = 30.0
+    q_floor: float = 0.02
+    max_tracked: int = 100_000
+    ttft_window: int = 200
+    recorded_boundaries: int = 8
+    warm_retries: bool = True
+    hold_wait_s: float | None = 1.0
+    max_hold_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.externality_weight < 0 or self.queue_externality_weight < 0:
+            raise ConfigError("externality_weight and queue_externality_weight must be >= 0")
+        if not 0 < self.q_floor <= 1:
+            raise ConfigError(f"q_floor must be in (0, 1], got {self.q_floor}")
+        percentile = self.ttft_budget_percentile
+        if percentile is not None and not 0 < percentile <= 100:
+            raise ConfigError("ttft_budget_percentile must be in (0, 100] or None")
+        if self.ttft_slack < 0 or self.ttft_slack_s < 0 or self.duty_tau_s <= 0:
+            raise ConfigError("ttft_slack and ttft_slack_s must be >= 0, duty_tau_s > 0")
+        if self.max_tracked < 1 or self.ttft_window < 1 or self.recorded_boundaries < 2:
+            raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
+        if (self.hold_wait_s is not None and self.hold_wait_s < 0) or self.max_hold_s < 0:
+            raise ConfigError("hold_wait_s (or None) and max_hold_s must be >= 0")
+
+
+class CombinedOptions(TypedDict, total=False):
+    """:class:`CombinedConfig`'s fields as keywords of :class:`CombinedPolicy` (the
+    same names and types; a test keeps the two equal)."""
+
+    externality_weight: float
+    queue_externality_weight: float
+    ttft_budget_percentile: float | None
+    ttft_slack: float
+    ttft_slack_s: float
+    duty_tau_s: float
+    q_floor: float
+    max_tracked: int
+    ttft_window: int
+    recorded_boundaries: int
+    warm_retries: bool
+    hold_wait_s: float | None
+    max_hold_s: float
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in fields(CombinedConfig))
+
+
+def _configured(config: CombinedConfig | None, options: CombinedOptions) -> CombinedConfig:
+    """``config`` (default: :class:`CombinedConfig`) with ``options`` set over it."""
+    unknown = sorted(set(options) - _CONFIG_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown CombinedPolicy options {unknown}; see CombinedConfig")
+    base = config if config is not None else CombinedConfig()
+    return replace(base, **options) if options else base
 
 
 class _ReplicaModel:
@@ -140,7 +221,11 @@ _HOLD_TICK_S = 0.05  # a held request is offered again at most this often (by ti
 
 
 class CombinedPolicy:
-    """Minimum expected time to a correct answer (ties: fleet order)."""
+    """Minimum expected time to a correct answer (ties: fleet order).
+
+    Tuned by ``config`` (:class:`CombinedConfig`); its fields may also be given as
+    keywords (``CombinedPolicy(hold_wait_s=None)``), which override ``config``'s.
+    ``locations``: the route table to learn in (default: a new one)."""
 
     name = "combined"
 
@@ -148,61 +233,31 @@ class CombinedPolicy:
         self,
         accuracy: AccuracyModel | None = None,
         *,
+        config: CombinedConfig | None = None,
         locations: PrefixLocations | None = None,
-        externality_weight: float = 1.0,
-        queue_externality_weight: float = 1.0,
-        ttft_budget_percentile: float | None = None,
-        ttft_slack: float = 0.1,
-        ttft_slack_s: float = 0.1,
-        duty_tau_s: float = 30.0,
-        q_floor: float = 0.02,
-        max_tracked: int = 100_000,
-        ttft_window: int = 200,
-        recorded_boundaries: int = 8,
-        warm_retries: bool = True,
-        hold_wait_s: float | None = 1.0,
-        max_hold_s: float = 60.0,
+        **options: Unpack[CombinedOptions],
     ) -> None:
-        if externality_weight < 0 or queue_externality_weight < 0 or not 0 < q_floor <= 1:
-            raise ConfigError(
-                "CombinedPolicy needs externality_weight, queue_externality_weight >= 0 "
-                "and 0 < q_floor <= 1"
-            )
-        if ttft_budget_percentile is not None and not 0 < ttft_budget_percentile <= 100:
-            raise ConfigError("ttft_budget_percentile must be in (0, 100] or None")
-        if ttft_slack < 0 or ttft_slack_s < 0 or duty_tau_s <= 0:
-            raise ConfigError("ttft_slack and ttft_slack_s must be >= 0, duty_tau_s > 0")
-        if max_tracked < 1 or ttft_window < 1 or recorded_boundaries < 2:
-            raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
-        if (hold_wait_s is not None and hold_wait_s < 0) or max_hold_s < 0:
-            raise ConfigError("hold_wait_s (or None) and max_hold_s must be >= 0")
-        self.hold_wait_s = hold_wait_s
-        self.max_hold_s = max_hold_s
-        self.recorded_boundaries = recorded_boundaries
-        self.warm_retries = warm_retries
+        self.config = _configured(config, options)
         self.accuracy = accuracy
         self.locations = locations if locations is not None else PrefixLocations()
-        self.externality_weight = externality_weight
-        self.queue_externality_weight = queue_externality_weight
-        self.ttft_budget_percentile = ttft_budget_percentile
-        self.ttft_slack = ttft_slack
-        self.ttft_slack_s = ttft_slack_s
-        self.duty_tau_s = duty_tau_s
-        self.q_floor = q_floor
-        self.max_tracked = max_tracked
         self._models: dict[str, _ReplicaModel] = {}
         # request_id -> (replica_id, predicted decode end, prompt tokens)
         self._tracked: dict[str, tuple[str, float, int]] = {}
-        self._ttfts: deque[float] = deque(maxlen=ttft_window)
+        self._ttfts: deque[float] = deque(maxlen=self.config.ttft_window)
         self._observed = 0
         self.ttft_budget_s = 0.0
         self._arrivals = 0.0  # decisions, decayed with duty_tau_s, as of _arrivals_at
         self._arrivals_at = 0.0
 
+    @property
+    def route_memory(self) -> PrefixLocations:
+        """Where prefixes were sent (:attr:`locations`)."""
+        return self.locations
+
     def quality(self, model: str, request: RouteRequest) -> float:
         """``Q(m, x)`` clipped to ``[q_floor, 1]``; 1 when unknown."""
         q = None if self.accuracy is None else self.accuracy.predict(model, request)
-        return 1.0 if q is None else max(self.q_floor, q)
+        return 1.0 if q is None else max(self.config.q_floor, q)
 
     def _model(self, replica_id: str) -> _ReplicaModel:
         model = self._models.get(replica_id)
@@ -220,17 +275,18 @@ class CombinedPolicy:
         candidates = untried_models(request, candidate_replicas(request, fleet))
         known = self.locations.cached_blocks(request, now, len(fleet.replicas))
         known_get = known.get if known else None
+        config = self.config
         tokens, block_tokens = request.prompt_tokens, request.block_tokens
         output_tokens, weight, tau = (
             request.expected_output_tokens,
-            self.externality_weight,
-            self.duty_tau_s,
+            config.externality_weight,
+            config.duty_tau_s,
         )
         models, exp = self._models, math.exp
         quality = self.quality if self.accuracy is not None else None
         # requests per second and candidate replica (recent), for queue_harm
         per_replica_rate = (
-            self.queue_externality_weight
+            config.queue_externality_weight
             * self._arrivals
             * exp((self._arrivals_at - now) / tau)
             / (tau * len(candidates))
@@ -299,9 +355,11 @@ class CombinedPolicy:
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         options, fastest, same_q = self._options(request, fleet)
+        config = self.config
         best = options[0]
-        if self.ttft_budget_percentile is not None and same_q:
-            limit = max(fastest * (1 + self.ttft_slack) + self.ttft_slack_s, self.ttft_budget_s)
+        if config.ttft_budget_percentile is not None and same_q:
+            slack = fastest * (1 + config.ttft_slack) + config.ttft_slack_s
+            limit = max(slack, self.ttft_budget_s)
             best_cost = math.inf
             for option in options:  # the fastest option is always within the limit
                 if option[0] < best_cost and option[1] <= limit:
@@ -310,18 +368,19 @@ class CombinedPolicy:
             best = min(options, key=_COST)  # first minimum: fleet order breaks ties
         _, ttft_s, _, replica, cached, prefill_s, decode_s = best
         now = fleet.now
-        if request.may_hold and self.hold_wait_s is not None:
+        hold_wait_s, max_hold_s = config.hold_wait_s, config.max_hold_s
+        if request.may_hold and hold_wait_s is not None:
             wait_s = ttft_s - replica.rtt_s - prefill_s
             held_s = now - request.arrival_s
-            if wait_s > self.hold_wait_s and held_s < self.max_hold_s:
-                hold_s = min(max(wait_s - self.hold_wait_s, _HOLD_TICK_S), self.max_hold_s - held_s)
+            if wait_s > hold_wait_s and held_s < max_hold_s:
+                hold_s = min(max(wait_s - hold_wait_s, _HOLD_TICK_S), max_hold_s - held_s)
                 return Decision(
                     replica.replica_id, replica.model, "hold", cached, ttft_s, hold_s=hold_s
                 )
         self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
         warm: tuple[str, ...] = ()
         retry_follows = request.attempt + 1 < request.max_attempts
-        target = _retry_target(options, best) if self.warm_retries and retry_follows else None
+        target = _retry_target(options, best) if config.warm_retries and retry_follows else None
         if target is not None:
             self._book_prefill(request, target[3], target[5], target[4], now)
             warm = (target[3].replica_id,)
@@ -346,10 +405,11 @@ class CombinedPolicy:
         state.pending.append((request.prompt_tokens, prefill_s))
         state.pending_tokens += request.prompt_tokens
         state.pending_s += prefill_s
-        state.duty = state.duty_now(now, self.duty_tau_s) + prefill_s
+        state.duty = state.duty_now(now, self.config.duty_tau_s) + prefill_s
         state.duty_at = now
         relied_on = cached // request.block_tokens
-        self.locations.record_route(request, replica_id, relied_on, now, self.recorded_boundaries)
+        keep = self.config.recorded_boundaries
+        self.locations.record_route(request, replica_id, relied_on, now, keep)
         return state
 
     def _dispatch(
@@ -363,7 +423,8 @@ class CombinedPolicy:
     ) -> None:
         state = self._book_prefill(request, replica, prefill_s, cached, now)
         state.context_tokens += request.prompt_tokens
-        self._arrivals = self._arrivals * math.exp((self._arrivals_at - now) / self.duty_tau_s) + 1
+        decay = math.exp((self._arrivals_at - now) / self.config.duty_tau_s)
+        self._arrivals = self._arrivals * decay + 1
         self._arrivals_at = now
         ends_at = now + e2e_s
         insort(state.decode_ends, ends_at)
@@ -374,7 +435,7 @@ class CombinedPolicy:
         oldest are forgotten so memory stays bounded."""
         self._untrack(request_id)
         self._tracked[request_id] = entry
-        while len(self._tracked) > self.max_tracked:
+        while len(self._tracked) > self.config.max_tracked:
             self._untrack(next(iter(self._tracked)))
 
     def _untrack(self, request_id: str) -> None:
@@ -396,9 +457,10 @@ class CombinedPolicy:
         if outcome.error is None:
             self._ttfts.append(outcome.ttft_s)
             self._observed += 1
-            if self.ttft_budget_percentile is not None and self._observed % 20 == 0:
+            percentile = self.config.ttft_budget_percentile
+            if percentile is not None and self._observed % 20 == 0:
                 ordered = sorted(self._ttfts)
-                rank = self.ttft_budget_percentile / 100 * (len(ordered) - 1)
+                rank = percentile / 100 * (len(ordered) - 1)
                 self.ttft_budget_s = ordered[round(rank)]
         self.locations.correct(outcome)
 

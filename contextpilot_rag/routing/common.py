@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sized
 
 from ..errors import ConfigError, NoReplicaAvailableError
 from .types import FleetView, ReplicaState, RouteRequest
 
-__all__ = ["PromptBound", "candidate_replicas", "route_memory"]
+__all__ = ["PromptBound", "candidate_replicas"]
 
 
 def candidate_replicas(request: RouteRequest, fleet: FleetView) -> list[ReplicaState]:
@@ -23,16 +22,6 @@ def candidate_replicas(request: RouteRequest, fleet: FleetView) -> list[ReplicaS
         return healthy
     allowed = [r for r in healthy if (r.replica_id, r.model) not in request.excluded]
     return allowed or healthy
-
-
-def route_memory(policy: object) -> Sized | None:
-    """The route table ``policy`` learns prefixes in (``locations`` of combined /
-    gorgo, ``table`` of ranvier), or ``None`` for a policy without one."""
-    for name in ("locations", "table"):
-        memory = getattr(policy, name, None)
-        if isinstance(memory, Sized):
-            return memory
-    return None
 
 
 class PromptBound:

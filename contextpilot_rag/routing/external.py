@@ -46,6 +46,7 @@ class GorgoLbPolicy:
     ``load_weight``) over the package defaults."""
 
     name = "gorgo-lb"
+    route_memory = None  # the package's trie is unbounded: no prompt bound to tell it
 
     def __init__(
         self, policy: str = "gorgo", hyperparameters: dict[str, float] | None = None

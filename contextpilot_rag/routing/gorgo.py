@@ -23,11 +23,11 @@ and then frozen.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .common import PromptBound, candidate_replicas
+from .common import candidate_replicas
+from .route_table import RouteTableBase
 from .tuner import CostWeights, WeightTuner
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
@@ -55,29 +55,16 @@ class _Holders:
         self.replicas = replicas
 
 
-class PrefixLocations:
+class PrefixLocations(RouteTableBase[_Holders]):
     """Bounded LRU map: boundary block hash → {replica_id: blocks} of replicas sent it.
 
-    Invariants: at most ``capacity`` keys; an entry older than ``ttl_s`` is never used;
-    a replica limited to ``k`` prompts (:meth:`limit_prompts`) is listed only under
-    keys recorded for one of the ``k`` prompts most recently recorded on it."""
+    The invariants of :class:`~.route_table.RouteTableBase` hold (``capacity`` keys,
+    ``ttl_s``, prompt bounds); an entry's stamp is when its prefix was last sent
+    anywhere, and a stale entry's replicas are dropped when it is recorded again."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 600.0) -> None:
-        if capacity < 1 or ttl_s <= 0:
-            raise ConfigError("PrefixLocations needs capacity >= 1 and ttl_s > 0")
-        self.capacity = capacity
-        self.ttl_s = ttl_s
-        self._entries: OrderedDict[int, _Holders] = OrderedDict()
-        self._bound = PromptBound()
-
-    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
-        """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
-        (a llama-server slot: 1); ``None`` removes the bound. Routes recorded before
-        the call are not counted."""
-        self._bound.limit(replica_id, max_prompts)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(capacity, ttl_s)
+        (self._entries,) = self._ranks
 
     def cached_blocks(
         self, request: RouteRequest, now: float, replicas: int | None = None
@@ -121,16 +108,8 @@ class PrefixLocations:
             entry.stamp = now
             entry.replicas[replica_id] = b
             entries.move_to_end(key)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
-        if replica_id in self._bound.limits:  # drop it from the routes of pushed-out prompts
-            keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
-            for key in self._bound.add(replica_id, keys):
-                entry = entries.get(key)
-                if entry is not None:
-                    entry.replicas.pop(replica_id, None)
-                    if not entry.replicas:
-                        del entries[key]
+        self._evict()
+        self._count_prompt(block_hashes, boundaries, replica_id)
 
     def record_route(
         self, request: RouteRequest, replica_id: str, relied_on: int, now: float, keep: int
@@ -144,25 +123,17 @@ class PrefixLocations:
             recorded.append(relied_on)
         self.record(hashes, recorded, replica_id, now)
 
-    def correct(self, outcome: Outcome) -> None:
-        """Forget the prefixes the engine showed ``outcome``'s replica does not hold:
-        every boundary beyond the cached tokens it reported (all of them on error)."""
-        request, decision = outcome.request, outcome.decision
-        if outcome.cancelled or (
-            outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens
-        ):
-            return
-        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
-        hashes = request.block_hashes
-        for b in request.boundaries:
-            if kept < b <= len(hashes):
-                self.forget(hashes[b - 1], decision.replica_id)
-
     def forget(self, key: int, replica_id: str) -> None:
         """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
         entry = self._entries.get(key)
         if entry is not None:
             entry.replicas.pop(replica_id, None)
+
+    def _release(self, key: int, replica_id: str) -> None:
+        self.forget(key, replica_id)
+        entry = self._entries.get(key)
+        if entry is not None and not entry.replicas:
+            del self._entries[key]
 
 
 class CostPolicy:
@@ -184,6 +155,11 @@ class CostPolicy:
         self.tuner = tuner
         self._fixed = weights or CostWeights()
         self.locations = locations if locations is not None else PrefixLocations()
+
+    @property
+    def route_memory(self) -> PrefixLocations:
+        """Where prefixes were sent (:attr:`locations`)."""
+        return self.locations
 
     @property
     def weights(self) -> CostWeights:

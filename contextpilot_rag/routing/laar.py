@@ -138,6 +138,7 @@ class LaarPolicy:
     from below so one pessimistic prediction cannot make a model unreachable."""
 
     name = "laar"
+    route_memory = None  # latency and accuracy only: no prefix routes
 
     def __init__(
         self,

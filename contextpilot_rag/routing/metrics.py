@@ -41,12 +41,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .common import route_memory
 from .types import Decision, Outcome, Policy, ReplicaState
 
 if TYPE_CHECKING:
@@ -61,12 +60,10 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 
 
 def route_table_entries(policy: Policy) -> int | None:
-    """How many routes ``policy`` remembers (prefix entries or learned routes), or
-    ``None`` for a policy without route memory."""
-    memory = route_memory(policy)
-    if memory is not None:
-        return len(memory)
-    return len(policy) if isinstance(policy, Sized) else None  # the prefix baseline
+    """How many routes ``policy`` remembers (``len`` of its :attr:`~.types.Policy.route_memory`),
+    or ``None`` for a policy without route memory."""
+    memory = policy.route_memory
+    return None if memory is None else len(memory)
 
 
 def cache_verdict(predicted: int, observed: int | None) -> str:

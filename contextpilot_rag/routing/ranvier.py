@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ..errors import ConfigError
-from .common import PromptBound, candidate_replicas
+from .common import candidate_replicas
+from .route_table import RouteTableBase
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
 
 __all__ = [
@@ -73,30 +74,15 @@ class RouteMatch:
 _Entry = tuple[str, int, float]
 
 
-class RouteTable:
+class RouteTable(RouteTableBase[_Entry]):
     """Bounded map: chained block hash → :class:`Route`, LRU + TTL + trust ranks."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 600.0) -> None:
-        if capacity < 1:
-            raise ConfigError(f"capacity must be >= 1, got {capacity}")
-        if ttl_s <= 0:
-            raise ConfigError(f"ttl_s must be > 0, got {ttl_s}")
-        self.capacity = capacity
-        self.ttl_s = ttl_s
+        super().__init__(capacity, ttl_s, ranks=2)
         # values are (replica_id, blocks, learned_s): plain tuples are the cheapest thing
-        # to build ~50 times per dispatch; the dict a route lives in is its trust rank
-        self._local: OrderedDict[int, _Entry] = OrderedDict()
-        self._peer: OrderedDict[int, _Entry] = OrderedDict()
-        self._bound = PromptBound()
-
-    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
-        """``replica_id`` holds only the prompts of its ``max_prompts`` latest learns
-        (a llama-server slot: 1): routes to it that only older prompts had are
-        forgotten. ``None`` removes the bound."""
-        self._bound.limit(replica_id, max_prompts)
-
-    def __len__(self) -> int:
-        return len(self._local) + len(self._peer)
+        # to build ~50 times per dispatch; the dict a route lives in is its trust rank,
+        # peer routes being evicted first
+        self._peer, self._local = self._ranks
 
     def get(self, key: int, now: float) -> Route | None:
         """The live route for ``key`` (refreshing its LRU position), or ``None``."""
@@ -162,10 +148,7 @@ class RouteTable:
                     local[key] = (replica_id, b, now)
                     local.move_to_end(key)
             self._evict()
-        if replica_id in self._bound.limits:  # forget it for the prompts pushed out
-            keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
-            for key in self._bound.add(replica_id, keys):
-                self.forget(key, replica_id)
+        self._count_prompt(block_hashes, boundaries, replica_id)
 
     def put(self, key: int, route: Route) -> None:
         """Insert one route, honouring trust ranks, then evict down to capacity."""
@@ -177,12 +160,6 @@ class RouteTable:
             self._peer[key] = (route.replica_id, route.blocks, route.learned_s)
             self._peer.move_to_end(key)
         self._evict()
-
-    def _evict(self) -> None:
-        """Drop LRU routes, peer before local, until within capacity."""
-        local, peer = self._local, self._peer
-        while len(local) + len(peer) > self.capacity:
-            (peer if peer else local).popitem(last=False)
 
     def import_routes(self, routes: Iterable[tuple[int, Route]]) -> int:
         """Merge routes received from a peer router, as ``peer`` trust; returns how many
@@ -330,6 +307,11 @@ class RanvierPolicy:
         capacity = self.config.capacity_tokens_per_replica
         self.cache_model = ReplicaCacheModel(capacity) if capacity else None
 
+    @property
+    def route_memory(self) -> RouteTable:
+        """The learned routes (:attr:`table`)."""
+        return self.table
+
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         """Pick a replica for ``request`` and learn its boundaries there."""
         candidates = candidate_replicas(request, fleet)
@@ -347,15 +329,7 @@ class RanvierPolicy:
 
     def observe(self, outcome: Outcome) -> None:
         """Drop routes the engine disproved for the replica that served ``outcome``."""
-        request, decision = outcome.request, outcome.decision
-        if outcome.cancelled:
-            return
-        if outcome.error is not None:
-            self._forget_beyond(request, decision.replica_id, 0)
-        elif outcome.cached_tokens < decision.predicted_cached_tokens:
-            self._forget_beyond(
-                request, decision.replica_id, outcome.cached_tokens // request.block_tokens
-            )
+        self.table.correct(outcome)
 
     def _match(
         self, request: RouteRequest, by_id: dict[str, ReplicaState], now: float
@@ -407,9 +381,3 @@ class RanvierPolicy:
                 segments.append((hashes[b - 1], (b - previous) * tokens))
                 previous = b
         return segments
-
-    def _forget_beyond(self, request: RouteRequest, replica_id: str, kept_blocks: int) -> None:
-        hashes = request.block_hashes
-        for b in request.boundaries:
-            if kept_blocks < b <= len(hashes):
-                self.table.forget(hashes[b - 1], replica_id)

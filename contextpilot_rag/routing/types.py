@@ -1,10 +1,11 @@
 """The routing protocol: what a policy sees (a request and the fleet's state), what it
 decides, and what it learns from afterwards.
 
-A policy is any object with ``name``, ``choose(request, fleet) -> Decision`` and
-``observe(outcome)``. The fleet simulator (``contextpilot_rag.sim.fleet``) and the
-routing client drive policies only through this protocol, so built-in and external
-policies (e.g. a wrapper around ``gorgo-lb``) plug in the same way.
+A policy is any object with ``name``, ``route_memory`` (its route table, or ``None``),
+``choose(request, fleet) -> Decision`` and ``observe(outcome)``. The fleet simulator
+(``contextpilot_rag.sim.fleet``) and the routing client drive policies only through this
+protocol, so built-in and external policies (e.g. a wrapper around ``gorgo-lb``) plug in
+the same way.
 
 Prompts are described by **chained block hashes**: ``block_hashes[i]`` identifies the
 whole prefix up to and including block ``i`` (``block_tokens`` tokens per block), so
@@ -16,16 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import InvalidRouteRequestError
 
+if TYPE_CHECKING:
+    from ..prompt import Prompt
+
 __all__ = [
+    "CacheFeedback",
     "Decision",
     "FleetView",
     "Outcome",
     "Policy",
     "ReplicaState",
+    "RouteMemory",
     "RouteRequest",
 ]
 
@@ -160,13 +166,38 @@ class Outcome:
 
 
 @runtime_checkable
+class RouteMemory(Protocol):
+    """A policy's bounded record of which replica holds which prompt prefixes (its
+    route table). ``len``: the routes it holds now. ``limit_prompts``: the replica
+    keeps only its ``max_prompts`` latest prompts (a llama-server slot: 1), so older
+    routes to it are stale; ``None`` removes the bound."""
+
+    def __len__(self) -> int: ...
+
+    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None: ...
+
+
+@runtime_checkable
 class Policy(Protocol):
     """A routing policy. ``choose`` must be cheap (it runs on every request) and must
     return a healthy replica not in ``request.excluded`` when one exists;
-    ``observe`` receives every outcome, in completion order."""
+    ``observe`` receives every outcome, in completion order. ``route_memory`` is
+    the policy's route table (``None`` for a policy that keeps none), an attribute or
+    a read-only property."""
 
     name: str
+
+    @property
+    def route_memory(self) -> RouteMemory | None: ...
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision: ...
 
     def observe(self, outcome: Outcome) -> None: ...
+
+
+class CacheFeedback(Protocol):
+    """Who learns what an engine served from its prefix cache for a prompt it was
+    sent (:meth:`contextpilot_rag.ContextPilot.observe_cache` implements it): the
+    routing client reports each answer's cached and total prompt tokens."""
+
+    def observe_cache(self, prompt: Prompt, cached_tokens: int, prompt_tokens: int) -> object: ...

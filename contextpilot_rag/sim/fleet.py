@@ -57,12 +57,12 @@ from enum import IntEnum
 import numpy as np
 
 from ..errors import ConfigError, InvalidDecisionError
+from ..routing.holding import release_order
 from ..routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from .prefix_cache import PrefixCacheModel
 
 __all__ = [
     "GORGO_REGIONS",
-    "InvalidDecisionError",
     "Replica",
     "RequestRecord",
     "SimFleetView",
@@ -393,11 +393,14 @@ class _Simulation:
         self.push(now + runtime.config.rtt_s / 2, _Event.ENQUEUE, runtime.config.replica_id, job)
 
     def release(self, now: float) -> None:
-        """Offer every held request again, smallest last predicted TTFT first."""
+        """Offer every held request again in :func:`release_order` (as the client does):
+        smallest last predicted TTFT first, no prediction before any, ties in the order
+        held (the timer tokens count up)."""
         if not self.held:
             return
-        # a stable sort: ties keep the order they were held in (arrival)
-        order = sorted(self.held.values(), key=lambda entry: entry[1].predicted_ttft_s or 0.0)
+        order = sorted(
+            self.held.values(), key=lambda entry: release_order(entry[1].predicted_ttft_s, entry[2])
+        )
         self.held = {}
         for request, _, _ in order:
             self.offer(now, request)
@@ -550,9 +553,9 @@ def simulate(
     ``clock_ns`` times ``policy.choose`` (wall clock, nanoseconds); inject a fake
     clock to make ``decision_us`` deterministic. ``late_binding``: requests are
     offered with ``may_hold`` and held ones kept at the router (module docstring).
-    Raises :class:`ConfigError` for an
-    invalid fleet or request set and :class:`InvalidDecisionError` for an invalid
-    decision."""
+    Raises :class:`ConfigError` for an invalid fleet or request set and
+    :class:`~contextpilot_rag.errors.InvalidDecisionError` for a decision that breaks
+    the policy contract (the type the routing client raises for the same violation)."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     _validate_inputs(ordered, replicas)
     records = _Simulation(policy, replicas, clock_ns, late_binding).run(ordered)

@@ -1,9 +1,8 @@
 """A model of vLLM's automatic prefix caching, to measure what a prompt order saves.
 
-Only full blocks of ``block_size`` tokens are cacheable. Each block is keyed by a
-chained hash of its parent block's hash and its own tokens, so two blocks with equal
-keys stand for equal whole prefixes (up to a 64-bit hash collision). A prompt is served
-from cache up to its first block that misses.
+Only full blocks of ``block_size`` tokens are cacheable. Each block is keyed by its
+chained hash (:mod:`.block_hashes`), so two blocks with equal keys stand for equal
+whole prefixes. A prompt is served from cache up to its first block that misses.
 
 Invariant: the cache is an LRU of blocks whose parents are all cached too (the set of
 cached blocks is closed under taking prefixes). It holds because admitting a prompt
@@ -21,15 +20,14 @@ head.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from ..errors import ConfigError
+from .block_hashes import iter_block_hashes
 
 __all__ = ["CacheResult", "PrefixCacheModel", "distinct_block_tokens"]
-
-_ROOT_HASH = 0  # parent hash of every prompt's first block
 
 
 @dataclass(frozen=True)
@@ -44,15 +42,6 @@ class CacheResult:
     def computed_tokens(self) -> int:
         """Tokens the engine must prefill: those not served from cache."""
         return self.prompt_tokens - self.cached_tokens
-
-
-def _iter_block_hashes(token_ids: Sequence[int], block_size: int) -> Iterator[int]:
-    """Chained hashes of the full blocks of ``token_ids``, first block first."""
-    tokens = tuple(token_ids)
-    parent = _ROOT_HASH
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tokens[start : start + block_size]))
-        yield parent
 
 
 def _max_cached_tokens(prompt_tokens: int, block_size: int) -> int:
@@ -129,7 +118,7 @@ class PrefixCacheModel:
 
     def lookup(self, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` the cache would serve now. Changes no state."""
-        hashes = _iter_block_hashes(token_ids, self._block_size)
+        hashes = iter_block_hashes(token_ids, self._block_size)
         return self._cached_tokens(hashes, len(token_ids))
 
     def admit(self, token_ids: Sequence[int], generated: Sequence[int] = ()) -> CacheResult:
@@ -139,7 +128,7 @@ class PrefixCacheModel:
         ``generated`` are the tokens the engine decoded after the prompt. vLLM (v1)
         and SGLang keep the KV of decoded tokens too, so full blocks of prompt +
         generated are cached; only the prompt counts towards the totals."""
-        hashes = list(_iter_block_hashes((*token_ids, *generated), self._block_size))
+        hashes = list(iter_block_hashes((*token_ids, *generated), self._block_size))
         result = CacheResult(
             prompt_tokens=len(token_ids),
             cached_tokens=self._cached_tokens(hashes, len(token_ids)),
@@ -190,5 +179,5 @@ def distinct_block_tokens(prompts: Iterable[Sequence[int]], block_size: int = 16
     _validate(block_size, None)
     seen: set[int] = set()
     for token_ids in prompts:
-        seen.update(_iter_block_hashes(token_ids, block_size))
+        seen.update(iter_block_hashes(token_ids, block_size))
     return len(seen) * block_size

@@ -6,8 +6,10 @@ simulator.
 - :func:`load_scbench_kv`: SCBench-style KV lookups (``{id, context, multi_turns:
   [{input, answer}]}``); one request per turn, prompted with SCBench's template, the
   turns of a record sharing its context as a prefix (and a session).
-- :func:`from_workload`: the core's benchmark workloads (online / multi-turn), through
-  a prompt builder (an arm of :mod:`contextpilot_rag.bench.replay`).
+- :func:`from_workload`: a workload of requests (e.g. the core's benchmark workloads,
+  online / multi-turn) through a prompt builder (an arm of :mod:`.replay`). Any object
+  with a ``name`` and ``requests`` that carry a ``session`` will do
+  (:class:`WorkloadLike`), so this layer imports no benchmark code.
 """
 
 from __future__ import annotations
@@ -17,19 +19,19 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigError, InvalidInputError
 from ..routing.types import RouteRequest
 from ..tokenizers import Tokenizer, default_tokenizer
-
-if TYPE_CHECKING:  # bench imports sim; importing it here at runtime would be circular
-    from ..bench.workloads import Workload, WorkloadRequest
+from .block_hashes import chained_block_hashes
 
 Messages = Sequence[Mapping[str, str]]
 
 __all__ = [
     "SCBENCH_PROMPT",
+    "SessionRequest",
+    "WorkloadLike",
     "chained_block_hashes",
     "detect_language",
     "from_workload",
@@ -118,18 +120,6 @@ def length_bucket(tokens: int) -> str:
         if tokens <= limit_k * 1024:
             return f"{limit_k}k"
     return "64k+"
-
-
-def chained_block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
-    """Chained hashes of the full ``block_tokens`` blocks of ``token_ids``: entry ``i``
-    identifies the whole prefix up to block ``i`` (stable across processes, since
-    hashes of int tuples are not salted)."""
-    hashes: list[int] = []
-    parent = 0
-    for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
-        parent = hash((parent, tuple(token_ids[start : start + block_tokens])))
-        hashes.append(parent)
-    return tuple(hashes)
 
 
 def _token_count(record: dict[str, Any], fallback: int) -> int:
@@ -234,9 +224,30 @@ def _with_arrival(request: RouteRequest, arrival_s: float) -> RouteRequest:
     return replace(request, arrival_s=arrival_s)
 
 
+class SessionRequest(Protocol):
+    """A workload request as :func:`from_workload` reads it: its conversation (or
+    ``None``)."""
+
+    @property
+    def session(self) -> str | None: ...
+
+
+Item = TypeVar("Item", bound=SessionRequest, covariant=True)
+
+
+class WorkloadLike(Protocol[Item]):
+    """A named sequence of requests (``bench.workloads.Workload`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def requests(self) -> Sequence[Item]: ...
+
+
 def from_workload(
-    workload: Workload,
-    build: Callable[[WorkloadRequest], Messages],
+    workload: WorkloadLike[Item],
+    build: Callable[[Item], Messages],
     encode: Callable[[Messages], Sequence[int]],
     *,
     block_tokens: int = 16,
@@ -245,9 +256,9 @@ def from_workload(
 ) -> list[RouteRequest]:
     """Requests of a core benchmark workload, in workload order.
 
-    ``build`` renders each request's chat messages (e.g. a ``bench.replay`` arm:
-    baseline or ContextPilot-optimized), ``encode`` turns messages into token ids as
-    the engine sees them (e.g. ``bench.replay.EngineTokenizer``). Block hashes chain
+    ``build`` renders each request's chat messages (e.g. a replay arm: baseline or
+    ContextPilot-optimized), ``encode`` turns messages into token ids as the engine
+    sees them (e.g. :class:`~.replay.EngineTokenizer`). Block hashes chain
     the full ``block_tokens`` blocks; boundaries are the end of every message but the
     last (aligned down to a block) and the end of the prompt's full blocks. Sessions
     are the workload's conversation ids; request ``i`` arrives at

@@ -11,7 +11,7 @@ and the hit is reported as ``usage.prompt_tokens_details.cached_tokens``. Real c
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
         client.chat.completions.create(model="test-model", messages=[...])
 
-A chat prompt is tokenized as :class:`~contextpilot_rag.bench.replay.EngineTokenizer`
+A chat prompt is tokenized as :class:`~contextpilot_rag.sim.replay.EngineTokenizer`
 does it: ``<|role|>\\n{content}\\n`` per message, each message encoded on its own (text
 parts of a list content are joined with ``"\\n"``, as vLLM does). A completions prompt
 is encoded as it is. Only prompt tokens are admitted to the cache, not the reply.

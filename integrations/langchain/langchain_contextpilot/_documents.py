@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from langchain_core.documents import Document
 from typing_extensions import TypedDict
 
-from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
+from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.errors import InvalidBlockError, InvalidInputError
 
 __all__ = [
@@ -94,7 +94,7 @@ def optimize_documents(
     blocks = [document_to_block(doc, position, options.id_key) for position, doc in enumerate(docs)]
     conversation_id = options.session_id if options.dedup else None
     prompt = pilot.optimize(blocks, query, conversation_id=conversation_id)
-    notes = _notes(prompt, pilot.config, query) if options.annotate else (None, None)
+    notes = (prompt.order_note, prompt.location_note) if options.annotate else (None, None)
     return _annotated(docs, blocks, prompt, notes)
 
 
@@ -162,21 +162,12 @@ def _document_id(document: Document, id_key: str | None) -> str | None:
     return document.id or None
 
 
-def _notes(prompt: Prompt, config: PilotConfig, query: str) -> tuple[str | None, str | None]:
-    """The order note and location note the pilot wrote into this turn's prompt."""
-    return prompt.order_note, prompt.location_note
-
-
 def _output_order(blocks: list[ContextBlock], prompt: Prompt) -> list[int]:
     """Input positions in output order."""
     positions_of: dict[str, list[int]] = {}
     for position, block in enumerate(blocks):
         positions_of.setdefault(block.id, []).append(position)
-    return [
-        position
-        for block in (*prompt.blocks, *prompt.deduplicated)
-        for position in positions_of[block.id]
-    ]
+    return [position for block in prompt.placed_blocks for position in positions_of[block.id]]
 
 
 def _annotated(
@@ -185,8 +176,7 @@ def _annotated(
     prompt: Prompt,
     notes: tuple[str | None, str | None],
 ) -> list[Document]:
-    matched = {block.id for block in prompt.blocks[: prompt.stats.blocks_matched]}
-    deduplicated = {block.id for block in prompt.deduplicated}
+    matched, deduplicated = prompt.matched_ids, prompt.deduplicated_ids
     seen: set[str] = set()
     result = []
     for position, rank in enumerate(_output_order(blocks, prompt)):

@@ -84,13 +84,7 @@ class _PilotMemory:
             if read.blocks
             else None
         )
-        return rebuild_response(
-            read,
-            prompt,
-            query=query,
-            conversation_id=conversation_id,
-            config=self.pilot.config,
-        )
+        return rebuild_response(read, prompt, conversation_id=conversation_id)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_memory" or name.startswith("__"):  # not set yet (copy, unpickling)

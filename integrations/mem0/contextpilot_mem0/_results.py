@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeGuard
 
-from contextpilot_rag import ContextBlock, PilotConfig, Prompt, content_id
+from contextpilot_rag import ContextBlock, Prompt, content_id
 
 from ._errors import Mem0ResponseError
 
@@ -101,9 +101,7 @@ def rebuild_response(
     read: MemoryBlocks,
     prompt: Prompt | None,
     *,
-    query: str,
     conversation_id: str | None,
-    config: PilotConfig,
 ) -> dict[str, Any]:
     """A copy of the response whose results follow the prompt, each annotated.
     ``prompt`` is ``None`` when no result had text (nothing was optimized)."""
@@ -120,7 +118,7 @@ def rebuild_response(
         }
         for position, (rank, status, label) in enumerate(placed)
     ]
-    summary = _summary(prompt, query, config) if prompt is not None else _empty_summary()
+    summary = _summary(prompt) if prompt is not None else _empty_summary()
     summary["conversation_id"] = conversation_id
     return {**read.response, "results": results, ANNOTATION_KEY: summary}
 
@@ -131,22 +129,25 @@ def _placement(read: MemoryBlocks, prompt: Prompt | None) -> list[tuple[int, Sta
     rank_of = {block_id: rank for rank, block_id in enumerate(read.block_ids) if block_id}
     placed: list[tuple[int, Status, str | None]] = []
     if prompt is not None:
-        label_of = prompt.label_of
-        placed += [(rank_of[block.id], "sent", label_of(block.id)) for block in prompt.blocks]
+        deduplicated = prompt.deduplicated_ids
         placed += [
-            (rank_of[block.id], "deduplicated", label_of(block.id)) for block in prompt.deduplicated
+            (
+                rank_of[block.id],
+                "deduplicated" if block.id in deduplicated else "sent",
+                prompt.label_of(block.id),
+            )
+            for block in prompt.placed_blocks
         ]
     skipped = [rank for rank, block_id in enumerate(read.block_ids) if block_id is None]
     return placed + [(rank, "skipped", None) for rank in skipped]
 
 
-def _summary(prompt: Prompt, query: str, config: PilotConfig) -> dict[str, Any]:
-    order, location = _notes(prompt, query, config)
+def _summary(prompt: Prompt) -> dict[str, Any]:
     return {
         "request_id": prompt.request_id,
-        "order_note": order,
-        "location_note": location,
-        "notes": [note for note in (order, location) if note is not None],
+        "order_note": prompt.order_note,
+        "location_note": prompt.location_note,
+        "notes": list(prompt.notes),
         "messages": prompt.to_openai(),
         "stats": asdict(prompt.stats),
         "history_lost": prompt.history_lost,
@@ -163,11 +164,6 @@ def _empty_summary() -> dict[str, Any]:
         "stats": None,
         "history_lost": False,
     }
-
-
-def _notes(prompt: Prompt, query: str, config: PilotConfig) -> tuple[str | None, str | None]:
-    """The order and location notes as the prompt renders them."""
-    return prompt.order_note, prompt.location_note
 
 
 def _as_result(result: object, position: int) -> Mapping[str, Any]:

@@ -173,7 +173,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
         first_of: dict[str, NodeWithScore] = {}
         for block, shown in zip(blocks, escaped, strict=True):
             first_of.setdefault(block.id, shown)
-        return self._annotated(prompt, first_of, _notes_of(prompt, self.pilot, query))
+        return self._annotated(prompt, first_of, "\n\n".join(prompt.notes))
 
     def _block_of(self, position: int, item: NodeWithScore, shown: NodeWithScore) -> ContextBlock:
         """The block for one node: the LLM view of its escaped copy ``shown`` as
@@ -203,9 +203,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
         then those it de-duplicated, in retrieval order. The notes follow the last
         node sent in full (or the last node, when every one was de-duplicated)."""
         ranks = {block.id: rank for rank, block in enumerate(prompt.original_blocks)}
-        matched = {block.id for block in prompt.blocks[: prompt.stats.blocks_matched]}
-        flagged = {block.id for block in prompt.deduplicated}
-        order = [*prompt.blocks, *prompt.deduplicated]
+        matched, flagged = prompt.matched_ids, prompt.deduplicated_ids
         carrier = (prompt.blocks or prompt.deduplicated)[-1].id
         return [
             _annotated_copy(
@@ -222,7 +220,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
                 visible_note=notes if self.annotate and block.id == carrier else "",
                 show_label=self.annotate,
             )
-            for block in order
+            for block in prompt.placed_blocks
         ]
 
 
@@ -304,11 +302,6 @@ def _with_text(node: BaseNode, text: str) -> dict[str, Any]:
     if isinstance(node, Node) and node.text_resource is not None:  # Node keeps text apart
         return {"text_resource": node.text_resource.model_copy(update={"text": text})}
     return {"text": text}
-
-
-def _notes_of(prompt: Prompt, pilot: ContextPilot, query: str) -> str:
-    """The notes the pilot rendered for this request, as they appear in the prompt."""
-    return "\n\n".join(prompt.notes)
 
 
 def _annotated_copy(

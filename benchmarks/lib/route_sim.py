@@ -1,5 +1,6 @@
-"""The routing benchmark behind ``contextpilot-rag route-sim``: replay a trace through the
-fleet simulator once per policy and report the issue's JSON fields.
+"""Compare routing policies on a trace in the fleet simulator (``benchmarks/route_sim.py``,
+``benchmarks/routing.py``): replay it once per policy and report one row of
+:data:`RESULT_FIELDS` per policy.
 
 Protocol (deterministic by ``seed``, except the wall-clock ``decision_us_p50``):
 
@@ -23,23 +24,34 @@ attempts; ``ttca_mean_s`` over logical requests answered correctly.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import ConfigError
-from ..routing import POLICY_NAMES, CostPolicy, Policy, RouteRequest, WeightTuner, make_policy
-from ..sim.accuracy import DEFAULT_MODELS
-from ..sim.fleet import Replica, SimResult, default_fleet, simulate
-from ..sim.traces import load_mooncake, load_scbench_kv
-from ..sim.ttca import TtcaResult, fit_accuracy, run_ttca, synthetic_requests, ttca_fleet
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.routing import (
+    POLICY_NAMES,
+    CostPolicy,
+    Policy,
+    RouteRequest,
+    WeightTuner,
+    make_policy,
+)
+from contextpilot_rag.sim.accuracy import DEFAULT_MODELS
+from contextpilot_rag.sim.fleet import Replica, SimResult, default_fleet, simulate
+from contextpilot_rag.sim.traces import load_mooncake, load_scbench_kv
+from contextpilot_rag.sim.ttca import (
+    TtcaResult,
+    fit_accuracy,
+    run_ttca,
+    synthetic_requests,
+    ttca_fleet,
+)
+
 from .report import save_figure
 
 __all__ = [
@@ -48,7 +60,6 @@ __all__ = [
     "default_policies",
     "plot_route_sim",
     "resolve_policies",
-    "route_sim_progress",
     "route_sim_results",
     "route_sim_table",
     "run_route_sim",
@@ -63,7 +74,7 @@ logger = logging.getLogger(__name__)
 _Result = TypeVar("_Result")
 
 ProgressFactory = Callable[[str, int], Callable[[], None]]
-"""``progress(label, total)`` returns an ``advance()`` callback (see ``report.progress_bars``)."""
+"""``progress(label, total)`` returns an ``advance()`` callback."""
 
 RESULT_FIELDS = (
     "policy",
@@ -304,20 +315,6 @@ def run_route_sim(
         progress=progress,
     )
     return [_result_row(result.policy, result) for result in results]
-
-
-@contextlib.contextmanager
-def route_sim_progress(console: Console) -> Iterator[ProgressFactory]:
-    """A ``progress(label, total)`` factory drawing rich bars on ``console`` (the CLI
-    passes stderr, so ``--json`` output on stdout stays clean)."""
-    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bars:
-
-        def start(label: str, total: int) -> Callable[[], None]:
-            task = bars.add_task(label, total=total)
-            return lambda: bars.advance(task)
-
-        yield start
 
 
 def _cell(value: Any, fmt: str) -> str:

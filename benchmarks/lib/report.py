@@ -1,26 +1,25 @@
-"""Presenting experiment results: rich progress and tables for the terminal, markdown
-for docs/benchmarks.md, a bar chart when matplotlib is installed."""
+"""Presenting the main benchmark's results: markdown tables for docs/benchmarks.md, a
+bar chart when matplotlib is installed, rich progress bars for the terminal."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from contextpilot_rag.batch.progress import rich_progress
+from contextpilot_rag.experiment import ExperimentResult, Progress
 
 from .batch import BatchArm, BatchResult
-from .suite import ExperimentResult, LatencyResult
+from .sections import spread
+from .suite import LatencyResult
 
 __all__ = [
     "batch_markdown",
-    "batch_table",
     "experiment_markdown",
-    "experiment_table",
     "latency_markdown",
-    "latency_table",
     "plot_hit_ratios",
     "progress_bars",
     "save_figure",
@@ -30,51 +29,25 @@ _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs
 
 
 @contextlib.contextmanager
-def progress_bars() -> Iterator[Callable[[str, int], Callable[[], None]]]:
-    """A ``progress(label, total)`` factory drawing one rich bar per task."""
-    with Progress(
-        TextColumn("{task.description:<34}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        transient=False,
-    ) as bars:
-
-        def start(label: str, total: int) -> Callable[[], None]:
-            task = bars.add_task(label, total=total)
-            return lambda: bars.advance(task)
-
-        yield start
-
-
-def _rows(result: ExperimentResult) -> list[tuple[str, ...]]:
-    base = result.arm("unmodified").computed_tokens
-    rows: list[tuple[str, ...]] = []
-    for arm in result.arms:
-        rows.append(
-            (
-                arm.name,
-                f"{arm.hit_ratio:.1%}",
-                f"{arm.prompt_tokens:,}",
-                f"{arm.computed_tokens:,}",
-                f"{arm.computed_tokens / base:.1%}",
-            )
-        )
-    return rows
-
-
-def experiment_table(result: ExperimentResult) -> Table:
-    table = Table(title=f"{result.name} (cache capacity {result.capacity_tokens:,} tokens)")
-    for column in _COLUMNS:
-        table.add_column(column, justify="left" if column == "arm" else "right")
-    for row in _rows(result):
-        table.add_row(*row)
-    return table
+def progress_bars() -> Iterator[Progress]:
+    """One rich bar per task, on stderr (so output on stdout stays clean), advanced
+    one step per call."""
+    with rich_progress() as bars:
+        yield lambda label, total: functools.partial(bars(label, total), 1)
 
 
 def experiment_markdown(result: ExperimentResult) -> str:
+    base = result.arm("unmodified").computed_tokens
     lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
+    for arm in result.arms:
+        cells = (
+            arm.name,
+            f"{arm.hit_ratio:.1%}",
+            f"{arm.prompt_tokens:,}",
+            f"{arm.computed_tokens:,}",
+            f"{arm.computed_tokens / base:.1%}",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
     misses = sum(arm.dedup_misses for arm in result.arms)
     lines.append("")
     lines.append(
@@ -85,13 +58,16 @@ def experiment_markdown(result: ExperimentResult) -> str:
 
 
 def _latency_rows(result: LatencyResult) -> list[tuple[str, str]]:
+    def ms(field: str) -> str:
+        return spread([getattr(run, field) for run in result.runs], ".3f", " ms")
+
     return [
-        ("requests", f"{result.requests:,}"),
-        ("optimize() median", f"{result.p50_ms:.3f} ms"),
-        ("optimize() p99", f"{result.p99_ms:.3f} ms"),
-        ("median, first 10% of the stream", f"{result.first_decile_p50_ms:.3f} ms"),
-        ("median, last 10% of the stream", f"{result.last_decile_p50_ms:.3f} ms"),
-        ("last / first", f"{result.drift:.2f}x"),
+        ("requests per run", f"{result.requests:,}"),
+        ("optimize() median", ms("p50_ms")),
+        ("optimize() p99", ms("p99_ms")),
+        ("median, first 10% of the stream", ms("first_decile_p50_ms")),
+        ("median, last 10% of the stream", ms("last_decile_p50_ms")),
+        ("last / first", spread([run.drift for run in result.runs], ".2f", "x")),
         (
             "max index tokens / capacity",
             f"{result.max_index_tokens:,} / {result.capacity_tokens:,}",
@@ -108,7 +84,7 @@ def _reference_rows(result: LatencyResult) -> list[tuple[str, str]]:
     head = f"first {reference.requests:,} requests"
     return [
         (
-            f"{head}: median, ours / reference",
+            f"{head}: median, ours / reference (first run)",
             f"{ours.p50_ms:.3f} / {reference.p50_ms:.3f} ms "
             f"({reference.p50_ms / ours.p50_ms:.0f}x faster)",
         ),
@@ -117,15 +93,6 @@ def _reference_rows(result: LatencyResult) -> list[tuple[str, str]]:
             f"{reference.first_decile_p50_ms:.3f} → {reference.last_decile_p50_ms:.3f} ms",
         ),
     ]
-
-
-def latency_table(result: LatencyResult) -> Table:
-    table = Table(title="optimize() latency over a long stream")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    for row in _latency_rows(result):
-        table.add_row(*row)
-    return table
 
 
 def latency_markdown(result: LatencyResult) -> str:
@@ -182,24 +149,16 @@ def _batch_row(arm: BatchArm) -> tuple[str, ...]:
         return "-" if value is None else f"{value:.2f} s"
 
     missing = arm.plan_s is None and arm.note.startswith(("unavailable", "not "))
+    plan = spread(arm.plan_runs_s, ".2f", " s") if arm.plan_runs_s else seconds(arm.plan_s)
     return (
         arm.name,
         "-" if missing else f"{arm.hit_ratio:.1%}",
         "-" if missing else f"{arm.hit_ratio_unbounded:.1%}",
-        seconds(arm.plan_s),
+        plan,
         seconds(arm.total_s),
         "-" if arm.peak_mb is None else f"{arm.peak_mb:,.0f} MB",
         arm.note,
     )
-
-
-def batch_table(result: BatchResult) -> Table:
-    table = Table(title=f"batch of {result.requests:,} (capacity {result.capacity_tokens:,})")
-    for column in _BATCH_COLUMNS:
-        table.add_column(column, justify="left" if column in ("arm", "note") else "right")
-    for arm in result.arms:
-        table.add_row(*_batch_row(arm))
-    return table
 
 
 def batch_markdown(result: BatchResult) -> str:

@@ -7,8 +7,9 @@ path, and the live metadata that makes the index searchable afterwards.
 
 The reference runs in a fresh interpreter so that its peak memory is its own, a run past
 ``timeout_s`` can be killed (with the ``multiprocessing`` workers it forks), and its
-prints go nowhere. The child imports only the standard library and the reference: this
-file is executed as a script there, not imported through ``contextpilot_rag``.
+prints go nowhere. The child is this file run as a script in isolated mode
+(``python -I``: neither this directory nor the environment's ``PYTHON*`` settings on
+its path), so it imports only the standard library and the reference.
 
 How the reference treats its input (0.5.0):
 
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 REFERENCE_ALPHA = 0.001
 """The position weight of the reference's distance (its default and the paper's)."""
 
-_BOOTSTRAP = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 _INPUT_NAME = "contexts.json"
 _OUTPUT_NAME = "result.json"
 _STDERR_NAME = "stderr.txt"
@@ -139,7 +139,7 @@ def _run_child(workdir: Path, contexts: list[list[int]], timeout_s: float) -> di
     """Run the reference on ``contexts`` in a fresh interpreter; its JSON answer, or
     ``None`` (logged) when it timed out or failed."""
     (workdir / _INPUT_NAME).write_text(json.dumps({"contexts": contexts}), encoding="utf-8")
-    command = [sys.executable, "-c", _BOOTSTRAP, str(Path(__file__).resolve()), str(workdir)]
+    command = [sys.executable, "-I", str(Path(__file__).resolve()), str(workdir)]
     with (workdir / _STDERR_NAME).open("wb") as stderr:
         child = subprocess.Popen(
             command,

@@ -18,26 +18,28 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from ..batch import BatchMethod, BatchSchedule, plan_batch
-from ..blocks import ContextBlock, render_block
-from ..index import IndexConfig
-from ..pilot import ContextPilot, PilotConfig
-from ..prompt import Prompt
-from ..sim.prefix_cache import PrefixCacheModel, distinct_block_tokens
-from ..tokenizers import Tokenizer, default_tokenizer
-from .replay import EngineTokenizer, baseline_config
-from .workloads import Workload, online_workload
+from contextpilot_rag.batch import BatchMethod, BatchSchedule, plan_batch
+from contextpilot_rag.bench.workloads import Workload, online_workload
+from contextpilot_rag.blocks import ContextBlock, render_block
+from contextpilot_rag.experiment import Progress, baseline_config
+from contextpilot_rag.index import IndexConfig
+from contextpilot_rag.pilot import ContextPilot, PilotConfig
+from contextpilot_rag.prompt import Prompt
+from contextpilot_rag.sim.prefix_cache import PrefixCacheModel, distinct_block_tokens
+from contextpilot_rag.sim.replay import EngineTokenizer
+from contextpilot_rag.tokenizers import Tokenizer, default_tokenizer
+
+from .suite import REFERENCE
 
 __all__ = ["BatchArm", "BatchResult", "measure_plan_memory", "run_batch"]
-
-Progress = Callable[[str, int], Callable[[], None]]
-REFERENCE = "reference contextpilot 0.5.0"
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,11 @@ class BatchArm:
     name: str
     hit_ratio: float  # at the experiment's capacity
     hit_ratio_unbounded: float
-    plan_s: float | None  # build + schedule, block codes in, plan out
+    plan_s: float | None  # build + schedule, block codes in, plan out (median of runs)
     total_s: float | None  # optimize_batch end to end (rendering included)
     peak_mb: float | None = None
     note: str = ""
+    plan_runs_s: tuple[float, ...] = ()  # every timed planning run
 
 
 @dataclass(frozen=True)
@@ -111,13 +114,15 @@ def run_batch(
     ),
     reference_timeout_s: float | None = 120.0,
     measure_memory: bool = True,
+    runs: int = 1,
     tokenizer: Tokenizer | None = None,
     progress: Progress | None = None,
 ) -> BatchResult:
     """Plan one batch of ``n_requests`` with each arm and replay it in execution order.
     ``reference_timeout_s=None`` skips the reference implementation;
     ``measure_memory`` measures the first arm's planner in a child process (peak
-    memory added by planning, the workload itself excluded)."""
+    memory added by planning, the workload itself excluded); the planner is timed
+    ``runs`` times (hit ratios do not depend on it: planning is deterministic)."""
     tokenizer = tokenizer or default_tokenizer()
     workload = online_workload(n_docs=n_docs, n_requests=n_requests, k=k, seed=seed)
     blocks = {doc_id: ContextBlock(text, id=doc_id) for doc_id, text in workload.corpus.items()}
@@ -141,13 +146,14 @@ def run_batch(
     coded = [[codes[d] for d in r.doc_ids] for r in workload.requests]
     weights = [float(tokenizer.count(render_block(blocks[doc_id]))) for doc_id in codes]
     for name, method, schedule in arms:
-        started = time.perf_counter()
         try:
-            plan_batch(coded, method=method, schedule=schedule, weights=weights)
+            plan_runs_s = tuple(
+                _time_plan(coded, method, schedule, weights) for _ in range(max(1, runs))
+            )
         except ImportError as exc:  # an optional planner whose module is absent
             results.append(BatchArm(name, 0.0, 0.0, None, None, note=f"unavailable: {exc}"))
             continue
-        plan_s = time.perf_counter() - started
+        plan_s = statistics.median(plan_runs_s)
         pilot = ContextPilot(
             PilotConfig(index=IndexConfig(capacity_tokens=capacity)), tokenizer=tokenizer
         )
@@ -165,9 +171,10 @@ def run_batch(
                 )
                 peak_mb = memory["plan_mb"]
                 note = f"process peak RSS {memory['peak_rss_mb']:,.0f} MB"
-        results.append(
-            _arm(name, prompts, encode, capacity, plan_s, total_s, tick, peak_mb=peak_mb, note=note)
+        arm = _arm(
+            name, prompts, encode, capacity, plan_s, total_s, tick, peak_mb=peak_mb, note=note
         )
+        results.append(replace(arm, plan_runs_s=plan_runs_s))
         del prompts
     if reference_timeout_s is None:
         results.append(BatchArm(REFERENCE, 0.0, 0.0, None, None, note="not run at this size"))
@@ -178,6 +185,17 @@ def run_batch(
             )
         )
     return BatchResult(n_requests, capacity, tuple(results))
+
+
+def _time_plan(
+    coded: Sequence[Sequence[int]],
+    method: BatchMethod,
+    schedule: BatchSchedule,
+    weights: Sequence[float],
+) -> float:
+    started = time.perf_counter()
+    plan_batch(coded, method=method, schedule=schedule, weights=weights)
+    return time.perf_counter() - started
 
 
 def _check_segments(encode: SegmentEncoder, prompts: Sequence[Prompt]) -> None:
@@ -256,31 +274,6 @@ def _codes(workload: Workload) -> dict[str, int]:
     return codes
 
 
-_MEMORY_SCRIPT = """
-import json, resource, sys, time, tracemalloc
-from contextpilot_rag.bench.workloads import online_workload
-from contextpilot_rag.batch import plan_batch
-n, n_docs, k, seed, method, schedule = json.loads(sys.argv[1])
-workload = online_workload(n_docs=n_docs, n_requests=n, k=k, seed=seed)
-codes = {}
-coded = [[codes.setdefault(d, len(codes)) for d in r.doc_ids] for r in workload.requests]
-del workload
-started = time.perf_counter()
-plan_batch(coded, method=method, schedule=schedule)
-seconds = time.perf_counter() - started
-# VmHWM: peak of this exec'd address space (ru_maxrss would count the parent's too)
-status = open("/proc/self/status").read().split("VmHWM:")
-peak_rss = (
-    int(status[1].split()[0]) if len(status) > 1
-    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-) / 1024
-tracemalloc.start()
-plan_batch(coded, method=method, schedule=schedule)
-_, traced_peak = tracemalloc.get_traced_memory()
-print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss, "plan_mb": traced_peak / 2**20}))
-"""
-
-
 def measure_plan_memory(
     n_requests: int,
     *,
@@ -297,7 +290,7 @@ def measure_plan_memory(
     sees numpy's buffers)."""
     arguments = json.dumps([n_requests, n_docs, k, seed, method, schedule])
     completed = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT, arguments],
+        [sys.executable, "-I", str(Path(__file__).with_name("plan_memory.py")), arguments],
         capture_output=True,
         text=True,
         timeout=timeout_s,

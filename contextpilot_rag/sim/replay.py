@@ -1,45 +1,58 @@
-"""Replay a workload through a prompt builder into the prefix-cache model.
+"""Replay a workload's prompts, in arrival order, into the prefix-cache model.
 
-Each *arm* turns a workload request into chat messages (the unmodified baseline,
-``ContextPilot`` with some configuration, or the reference implementation); the
-messages are tokenized the way an engine would see them (a plain role template around
-each message) and admitted, in arrival order, to a vLLM-style prefix cache. Hit ratio
-= cached prompt tokens / prompt tokens.
+An *arm* builds the chat messages of one workload request (the unmodified prompt, or
+``ContextPilot`` with some configuration). :class:`EngineTokenizer` turns messages
+into the token ids an engine sees (a plain role template around each message), and
+:func:`replay` admits them to a fresh :class:`PrefixCacheModel`. Hit ratio = cached
+prompt tokens / prompt tokens.
+
+Invariant: a replay is a pure function of the workload, the arm and the capacity; only
+``ArmResult.build_s`` (wall time spent building prompts) varies between runs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from ..blocks import ContextBlock
-from ..pilot import ContextPilot, PilotConfig
-from ..prompt import Prompt
-from ..sim.prefix_cache import PrefixCacheModel, distinct_block_tokens
 from ..tokenizers import Tokenizer
-from .workloads import Workload, WorkloadRequest
+from .prefix_cache import PrefixCacheModel, distinct_block_tokens
+from .traces import Messages, SessionRequest, WorkloadLike
 
 __all__ = [
     "ArmResult",
     "BuildPrompt",
     "EngineTokenizer",
-    "baseline_config",
+    "Messages",
+    "TurnRequest",
     "capacity_for",
     "generated_tokens",
-    "pilot_arm",
     "replay",
     "replay_tokens",
     "synthetic_answer",
 ]
 
-Messages = Sequence[Mapping[str, str]]
-BuildPrompt = Callable[[WorkloadRequest], Messages]
+
+class TurnRequest(SessionRequest, Protocol):
+    """A workload request as a replay reads it: its conversation (or ``None``) and its
+    turn in that conversation (``bench.workloads.WorkloadRequest`` is one)."""
+
+    @property
+    def turn(self) -> int: ...
+
+
+Request = TypeVar("Request", bound=TurnRequest)
+BuildPrompt = Callable[[Request], Messages]
 """An arm: build the messages of one request (and record its answer if it keeps history)."""
 
 
 @dataclass(frozen=True)
 class ArmResult:
+    """What one arm's prompts cost a prefix cache; ``dedup_misses`` counts
+    de-duplicated blocks whose text was not in the prompt's history (must be 0)."""
+
     name: str
     requests: int
     prompt_tokens: int
@@ -89,36 +102,12 @@ class EngineTokenizer:
         return cached
 
 
-def synthetic_answer(request: WorkloadRequest) -> str:
+def synthetic_answer(request: TurnRequest) -> str:
     """A fixed stand-in for the model's answer (about 30 tokens)."""
     return (
         f"According to the context documents, the answer to question {request.turn + 1} "
         f"of conversation {request.session} follows from the first two documents cited."
     )
-
-
-def baseline_config(base: PilotConfig | None = None) -> PilotConfig:
-    """The unmodified prompt: same rendering, no reorder, dedup or notes."""
-    return replace(base or PilotConfig(), reorder=False, dedup=False, annotate=False)
-
-
-def pilot_arm(
-    pilot: ContextPilot, workload: Workload, blocks_of: Callable[[str], ContextBlock]
-) -> tuple[BuildPrompt, list[Prompt]]:
-    """An arm backed by ``pilot``; keeps the prompts it built for later checks."""
-    built: list[Prompt] = []
-
-    def build(request: WorkloadRequest) -> Messages:
-        blocks = [blocks_of(doc_id) for doc_id in request.doc_ids]
-        prompt = pilot.optimize(
-            blocks, request.query, conversation_id=request.session, system=workload.system_prompt
-        )
-        if request.session is not None:
-            pilot.record_answer(prompt, synthetic_answer(request))
-        built.append(prompt)
-        return prompt.messages
-
-    return build, built
 
 
 def capacity_for(
@@ -129,7 +118,7 @@ def capacity_for(
 
 
 def generated_tokens(
-    workload: Workload, encode: EngineTokenizer, *, cache_answers: bool
+    workload: WorkloadLike[TurnRequest], encode: EngineTokenizer, *, cache_answers: bool
 ) -> list[list[int]]:
     """Per request, the tokens the engine decodes after its prompt, if the engine
     keeps them cached (vLLM v1 and SGLang do): the synthetic answer of requests that
@@ -144,8 +133,8 @@ def generated_tokens(
 
 def replay(
     name: str,
-    workload: Workload,
-    build: BuildPrompt,
+    workload: WorkloadLike[Request],
+    build: BuildPrompt[Request],
     encode: EngineTokenizer,
     *,
     capacity_tokens: int | None,
@@ -184,12 +173,3 @@ def replay_tokens(
     for number, stream in enumerate(streams):
         cache.admit(stream, generated[number] if generated else ())
     return ArmResult(name, len(streams), cache.prompt_tokens_total, cache.cached_tokens_total, 0.0)
-
-
-def dedup_misses(prompts: Iterable[Prompt]) -> int:
-    """De-duplicated blocks whose full text is NOT in the prompt's history (must be 0)."""
-    misses = 0
-    for prompt in prompts:
-        history = "".join(m["content"] for m in prompt.messages[:-1] if m["role"] == "user")
-        misses += sum(1 for block in prompt.deduplicated if block.text.strip() not in history)
-    return misses

@@ -1,0 +1,111 @@
+"""What every learned route table shares: prefix keys → who was sent them, bounded.
+
+A route table remembers, per **key**, which replica was sent a prefix and when. The key
+is the chained block hash of the prefix's last block (``block_hashes[b - 1]`` for a
+boundary of ``b`` blocks), so one dict probe names a whole prefix. What a key holds is
+the policy's: one route with a trust rank (:class:`~.ranvier.RouteTable`), or every
+replica sent the prefix (:class:`~.gorgo.PrefixLocations`).
+
+Invariants of :class:`RouteTableBase`:
+
+- at most ``capacity`` keys are held, over all ranks; when full, the least recently
+  used key of the lowest non-empty rank is evicted first;
+- an entry older than ``ttl_s`` is never used;
+- a replica limited to ``k`` prompts (:meth:`RouteTableBase.limit_prompts`) keeps its
+  routes only under keys recorded for one of its ``k`` latest prompts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
+
+from ..errors import ConfigError
+from .common import PromptBound
+from .types import Outcome, RouteRequest
+
+__all__ = ["RouteTableBase"]
+
+Entry = TypeVar("Entry")
+
+
+class RouteTableBase(ABC, Generic[Entry]):
+    """Bounded LRU ranks of ``key → Entry``, with a TTL and per-replica prompt bounds.
+
+    ``ranks`` ordered dicts hold the entries, least recently used first; rank 0 is
+    evicted before rank 1. Subclasses own what an entry means and say how a replica
+    is dropped from one (:meth:`forget`)."""
+
+    def __init__(self, capacity: int, ttl_s: float, *, ranks: int = 1) -> None:
+        if capacity < 1:
+            raise ConfigError(f"{type(self).__name__} capacity must be >= 1, got {capacity}")
+        if ttl_s <= 0:
+            raise ConfigError(f"{type(self).__name__} ttl_s must be > 0, got {ttl_s}")
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._ranks: tuple[OrderedDict[int, Entry], ...] = tuple(
+            OrderedDict() for _ in range(ranks)
+        )
+        self._bound = PromptBound()
+
+    def __len__(self) -> int:
+        return sum(len(rank) for rank in self._ranks)
+
+    def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
+        """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
+        (a llama-server slot: 1): its routes that only older prompts had are dropped.
+        ``None`` removes the bound. Prompts recorded before the call are not counted."""
+        self._bound.limit(replica_id, max_prompts)
+
+    @abstractmethod
+    def forget(self, key: int, replica_id: str) -> object:
+        """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
+
+    def correct(self, outcome: Outcome) -> None:
+        """Forget the prefixes the engine showed ``outcome``'s replica does not hold:
+        every boundary beyond the cached tokens it reported (all of them on error).
+        A cancelled request, or one served at least as well as predicted, changes
+        nothing."""
+        request, decision = outcome.request, outcome.decision
+        if outcome.cancelled or (
+            outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens
+        ):
+            return
+        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
+        self.forget_beyond(request, decision.replica_id, kept)
+
+    def forget_beyond(self, request: RouteRequest, replica_id: str, kept_blocks: int) -> None:
+        """:meth:`forget` ``replica_id`` at every boundary of ``request`` longer than
+        ``kept_blocks`` blocks."""
+        hashes = request.block_hashes
+        for b in request.boundaries:
+            if kept_blocks < b <= len(hashes):
+                self.forget(hashes[b - 1], replica_id)
+
+    def _evict(self) -> None:
+        """Drop least recently used keys, lowest rank first, until within capacity."""
+        excess = len(self) - self.capacity
+        for rank in self._ranks:
+            while excess > 0 and rank:
+                rank.popitem(last=False)
+                excess -= 1
+
+    def _count_prompt(
+        self, block_hashes: Sequence[int], boundaries: Iterable[int], replica_id: str
+    ) -> None:
+        """Count one prompt recorded on ``replica_id`` at ``boundaries``; on a replica
+        limited by :meth:`limit_prompts`, release it from the keys of the prompts this
+        one pushed out."""
+        if replica_id not in self._bound.limits:
+            return
+        n = len(block_hashes)
+        keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
+        for key in self._bound.add(replica_id, keys):
+            self._release(key, replica_id)
+
+    def _release(self, key: int, replica_id: str) -> None:
+        """``replica_id`` no longer holds the prefix ending at ``key``: newer prompts
+        pushed it out. :meth:`forget` unless a subclass drops more."""
+        self.forget(key, replica_id)
