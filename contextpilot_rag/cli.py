@@ -8,17 +8,15 @@ Benchmarks are scripts of a source checkout, not commands of the installed packa
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from .batch.progress import rich_progress
-from .experiment import ExperimentResult, Progress, run_multiturn, run_online
+from .batch.progress import rich_step_progress
+from .experiment import ExperimentResult, run_multiturn, run_online
 
 __all__ = ["main"]
 
@@ -39,14 +37,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--requests", type=int, default=400, help="online requests (default 400)")
     demo.add_argument("--seed", type=int, default=0)
     return parser
-
-
-@contextlib.contextmanager
-def _progress_bars() -> Iterator[Progress]:
-    """One rich bar per task, on stderr (:func:`~contextpilot_rag.batch.progress.rich_progress`),
-    advanced one step per call."""
-    with rich_progress() as bars:
-        yield lambda label, total: functools.partial(bars(label, total), 1)
 
 
 def _experiment_table(result: ExperimentResult) -> Table:
@@ -74,7 +64,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         "through a vLLM-style prefix cache sized at 25% of what the unmodified prompts "
         "would need.\n"
     )
-    with _progress_bars() as progress:
+    with rich_step_progress() as progress:
         online = run_online(
             n_docs=args.requests, n_requests=args.requests, seed=args.seed, progress=progress
         )

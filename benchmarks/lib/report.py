@@ -3,14 +3,12 @@ bar chart when matplotlib is installed, rich progress bars for the terminal."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from contextpilot_rag.batch.progress import rich_progress
-from contextpilot_rag.experiment import ExperimentResult, Progress
+from contextpilot_rag.batch.progress import rich_step_progress
+from contextpilot_rag.experiment import ExperimentResult
 
 from .batch import BatchArm, BatchResult
 from .sections import spread
@@ -28,12 +26,7 @@ __all__ = [
 _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs unmodified")
 
 
-@contextlib.contextmanager
-def progress_bars() -> Iterator[Progress]:
-    """One rich bar per task, on stderr (so output on stdout stays clean), advanced
-    one step per call."""
-    with rich_progress() as bars:
-        yield lambda label, total: functools.partial(bars(label, total), 1)
+progress_bars = rich_step_progress  # one step per call
 
 
 def experiment_markdown(result: ExperimentResult) -> str:

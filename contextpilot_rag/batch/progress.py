@@ -4,11 +4,12 @@ shown, so the batch layer stays importable without it)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 from .plan import Progress as ProgressFactory
 
-__all__ = ["rich_progress"]
+__all__ = ["rich_progress", "rich_step_progress"]
 
 
 @contextlib.contextmanager
@@ -38,3 +39,11 @@ def rich_progress() -> Iterator[ProgressFactory]:
             return lambda n: bars.advance(task, n)
 
         yield start
+
+
+@contextlib.contextmanager
+def rich_step_progress() -> Iterator[Callable[[str, int], Callable[[], None]]]:
+    """:func:`rich_progress` for callers that advance one step per call
+    (``progress(label, total) -> advance()``)."""
+    with rich_progress() as bars:
+        yield lambda label, total: functools.partial(bars(label, total), 1)
