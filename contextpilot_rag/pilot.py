@@ -55,6 +55,7 @@ from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
 from .ordering import RemainderOrder, reorder_for_prefix
 from .prompt import BlockBoundary, Prompt, PromptStats
 from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
+from .usage import parse_cache_usage
 
 __all__ = ["ContextPilot", "PilotConfig", "structure_guard_of"]
 
@@ -327,6 +328,20 @@ class ContextPilot:
                 )
         with self._lock:
             return self._index.evict([RequestId(request_id) for request_id in ids])
+
+    def observe(self, prompt: Prompt, usage: object, *, tolerance: float = 0.1) -> int:
+        """:meth:`observe_cache` fed by the usage report of the answer to ``prompt``, in
+        any shape :func:`~contextpilot_rag.usage.parse_cache_usage` reads (OpenAI /
+        vLLM / SGLang ``usage``, llama-server ``timings``, LangChain ``usage_metadata``,
+        Anthropic or Gemini usage, or the response carrying one). A report without
+        cache information raises :class:`InvalidInputError` and changes nothing.
+        Returns how many requests were evicted."""
+        if not isinstance(prompt, Prompt):
+            raise InvalidInputError("observe() takes the Prompt that was sent")
+        reported = parse_cache_usage(usage)
+        return self.observe_cache(
+            prompt, reported.cached_tokens, reported.prompt_tokens, tolerance=tolerance
+        )
 
     def observe_cache(
         self, prompt: Prompt, cached_tokens: int, prompt_tokens: int, *, tolerance: float = 0.1

@@ -34,6 +34,7 @@ PURE_MODULES = (
     "contextpilot_rag.conversations",
     "contextpilot_rag.annotations",
     "contextpilot_rag.prompt",
+    "contextpilot_rag.usage",
     "contextpilot_rag.batch",
     "contextpilot_rag.batch.progress",
     "contextpilot_rag.routing.types",

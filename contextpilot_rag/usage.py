@@ -1,0 +1,159 @@
+"""The engine's cache truth, read from whatever usage report the answer came with.
+
+Every engine and framework reports how much of a prompt it served from its prefix
+cache, each in its own words. :func:`parse_cache_usage` reads the common shapes,
+duck-typed (a mapping or an object with attributes), into one :class:`CacheUsage`:
+
+- OpenAI Chat Completions ``usage`` (OpenAI, vLLM with
+  ``--enable-prompt-tokens-details``, SGLang): ``prompt_tokens`` and
+  ``prompt_tokens_details.cached_tokens``;
+- llama-server ``timings``: ``cache_n`` cached plus ``prompt_n`` computed;
+- LangChain ``usage_metadata``: ``input_tokens`` and ``input_token_details.cache_read``;
+- Anthropic ``usage``: ``input_tokens`` (uncached) + ``cache_read_input_tokens`` +
+  ``cache_creation_input_tokens``;
+- Gemini ``usage_metadata``: ``prompt_token_count`` and ``cached_content_token_count``
+  (or their REST spellings ``promptTokenCount`` / ``cachedContentTokenCount``); Gemini
+  omits the cached count when it is zero, so its absence there reads as 0.
+
+A whole response (or AIMessage, or final stream chunk) is read through its ``usage``,
+``timings`` or ``usage_metadata`` field. A report that says nothing about the cache is
+an error, never "0 cached": the caller would evict what the engine may well hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import InvalidInputError
+
+__all__ = ["CacheUsage", "parse_cache_usage"]
+
+_WRAPPERS = ("usage", "timings", "usage_metadata", "usageMetadata")
+
+_LOOKED_FOR = (
+    "prompt_tokens_details.cached_tokens (OpenAI), timings.cache_n (llama-server), "
+    "input_token_details.cache_read (LangChain), cache_read_input_tokens (Anthropic), "
+    "cached_content_token_count (Gemini)"
+)
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """``cached_tokens`` of the engine's ``prompt_tokens`` were served from its prefix
+    cache. Guaranteed: both are ints and ``0 <= cached_tokens <= prompt_tokens``."""
+
+    cached_tokens: int
+    prompt_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("cached_tokens", "prompt_tokens"):
+            _check_count(name, getattr(self, name))
+        if self.cached_tokens > self.prompt_tokens:
+            raise InvalidInputError(
+                f"usage reports {self.cached_tokens} cached tokens of only "
+                f"{self.prompt_tokens} prompt tokens"
+            )
+
+
+def parse_cache_usage(report: object) -> CacheUsage:
+    """Read the cached and total prompt tokens from ``report``: a usage record, or a
+    response, message or chunk carrying one. Raises :class:`InvalidInputError` when it
+    holds no cache information, or counts that are not non-negative integers."""
+    for node in (report, *(_field(report, name) for name in _WRAPPERS)):
+        if node is None:
+            continue
+        for reader in _READERS:
+            usage = reader(node)
+            if usage is not None:
+                return usage
+    raise InvalidInputError(
+        f"no prompt-cache information in the usage report ({type(report).__name__}); "
+        f"looked for {_LOOKED_FOR}. Ask the engine for it (vLLM: "
+        "--enable-prompt-tokens-details) or call observe_cache() with the counts"
+    )
+
+
+def _field(node: object, name: str) -> object:
+    """``node[name]`` or ``node.name``; ``None`` when absent (SDK models use ``None``)."""
+    if isinstance(node, Mapping):
+        return node.get(name)
+    return getattr(node, name, None)
+
+
+def _check_count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(f"usage field {name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _required(node: object, name: str, cache_field: str) -> int:
+    value = _field(node, name)
+    if value is None:
+        raise InvalidInputError(f"usage reports {cache_field} but not {name}")
+    return _check_count(name, value)
+
+
+def _openai(node: object) -> CacheUsage | None:
+    cached = _field(_field(node, "prompt_tokens_details"), "cached_tokens")
+    if cached is None:
+        return None
+    cache_field = "prompt_tokens_details.cached_tokens"
+    return CacheUsage(
+        _check_count(cache_field, cached), _required(node, "prompt_tokens", cache_field)
+    )
+
+
+def _llama_server(node: object) -> CacheUsage | None:
+    cache_n = _field(node, "cache_n")
+    if cache_n is None:
+        return None
+    cached = _check_count("cache_n", cache_n)
+    return CacheUsage(cached, cached + _required(node, "prompt_n", "cache_n"))
+
+
+def _langchain(node: object) -> CacheUsage | None:
+    cache_read = _field(_field(node, "input_token_details"), "cache_read")
+    if cache_read is None:
+        return None
+    cache_field = "input_token_details.cache_read"
+    return CacheUsage(
+        _check_count(cache_field, cache_read), _required(node, "input_tokens", cache_field)
+    )
+
+
+def _anthropic(node: object) -> CacheUsage | None:
+    cache_read = _field(node, "cache_read_input_tokens")
+    if cache_read is None:
+        return None
+    cached = _check_count("cache_read_input_tokens", cache_read)
+    uncached = _required(node, "input_tokens", "cache_read_input_tokens")
+    created = _field(node, "cache_creation_input_tokens")
+    written = 0 if created is None else _check_count("cache_creation_input_tokens", created)
+    return CacheUsage(cached, cached + uncached + written)
+
+
+def _gemini(node: object) -> CacheUsage | None:
+    """Gemini leaves the cached count out when nothing was served from cache (its
+    usage metadata omits zero fields), so with the prompt count present it means 0."""
+    for cache_field, total_field in (
+        ("cached_content_token_count", "prompt_token_count"),
+        ("cachedContentTokenCount", "promptTokenCount"),
+    ):
+        cached, total = _field(node, cache_field), _field(node, total_field)
+        if cached is not None:
+            return CacheUsage(
+                _check_count(cache_field, cached), _required(node, total_field, cache_field)
+            )
+        if total is not None:
+            return CacheUsage(0, _check_count(total_field, total))
+    return None
+
+
+_READERS: tuple[Callable[[object], CacheUsage | None], ...] = (
+    _openai,
+    _llama_server,
+    _langchain,
+    _anthropic,
+    _gemini,
+)
