@@ -51,7 +51,8 @@ class RouteTableBase(ABC, Generic[Entry]):
         self._bound = PromptBound()
 
     def __len__(self) -> int:
-        return sum(len(rank) for rank in self._ranks)
+        ranks = self._ranks  # on every record: one rank (gorgo) is the common case
+        return len(ranks[0]) if len(ranks) == 1 else sum(map(len, ranks))
 
     def limit_prompts(self, replica_id: str, max_prompts: int | None) -> None:
         """``replica_id`` holds only its ``max_prompts`` most recently recorded prompts
@@ -87,6 +88,8 @@ class RouteTableBase(ABC, Generic[Entry]):
     def _evict(self) -> None:
         """Drop least recently used keys, lowest rank first, until within capacity."""
         excess = len(self) - self.capacity
+        if excess <= 0:
+            return
         for rank in self._ranks:
             while excess > 0 and rank:
                 rank.popitem(last=False)
