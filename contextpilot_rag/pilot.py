@@ -11,6 +11,7 @@ lock serialises the calls, so concurrent callers see a consistent index.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -576,7 +577,7 @@ class ContextPilot:
         lost = self._store.forgotten(conversation_id)
         if lost:
             if self.config.on_history_lost == "raise":
-                raise self._missing(conversation_id)
+                raise _expired(conversation_id)
             logger.warning(
                 "conversation %r expired or was evicted; its history is lost and it "
                 "starts again (Prompt.history_lost is set)",
@@ -587,10 +588,7 @@ class ContextPilot:
 
     def _missing(self, conversation_id: str) -> UnknownConversationError:
         if self._store.forgotten(conversation_id):
-            return ConversationExpiredError(
-                f"conversation {conversation_id!r} expired or was evicted from its store "
-                "and its history is lost; call end_conversation() to start it again"
-            )
+            return _expired(conversation_id)
         return UnknownConversationError(
             f"no live conversation {conversation_id!r} (never started, or ended)"
         )
@@ -830,10 +828,22 @@ def structure_guard_of(pilot: ContextPilot | None) -> StructureGuard:
     """The escaping ``pilot`` renders untrusted text with (the default layout's for
     ``None``): what an adapter that re-renders blocks outside the pilot must use."""
     if pilot is None:
-        return PilotConfig().structure_guard()
+        return _default_guard()
     if not isinstance(pilot, ContextPilot):
         raise InvalidInputError(f"pilot must be a ContextPilot or None, got {type(pilot).__name__}")
-    return pilot.config.structure_guard()
+    return pilot._guard
+
+
+@functools.cache
+def _default_guard() -> StructureGuard:
+    return PilotConfig().structure_guard()
+
+
+def _expired(conversation_id: str) -> ConversationExpiredError:
+    return ConversationExpiredError(
+        f"conversation {conversation_id!r} expired or was evicted from its store "
+        "and its history is lost; call end_conversation() to start it again"
+    )
 
 
 def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:
@@ -897,7 +907,7 @@ def _turn(
         user_message=prompt.messages[-1]["content"],
         block_ids=tuple(block.id for block in final),
         block_digests=tuple(block.digest for block in final),
-        block_labels=tuple(prompt.label_of(block.id) for block in final),
+        block_labels=tuple(prompt.relabeled.get(block.id, block.label) for block in final),
         block_tokens=block_tokens,
         question=query,
         tail_tokens=prompt.stats.tail_tokens,

@@ -94,14 +94,19 @@ def _required(node: object, name: str, cache_field: str) -> int:
     return _check_count(name, value)
 
 
-def _openai(node: object) -> CacheUsage | None:
-    cached = _field(_field(node, "prompt_tokens_details"), "cached_tokens")
+def _cached_of_total(node: object, cache_path: str, total_field: str) -> CacheUsage | None:
+    """The shape "a cached count (at dotted ``cache_path``) of a total prompt count";
+    ``None`` when the cached count is absent."""
+    cached = node
+    for name in cache_path.split("."):
+        cached = _field(cached, name)
     if cached is None:
         return None
-    cache_field = "prompt_tokens_details.cached_tokens"
-    return CacheUsage(
-        _check_count(cache_field, cached), _required(node, "prompt_tokens", cache_field)
-    )
+    return CacheUsage(_check_count(cache_path, cached), _required(node, total_field, cache_path))
+
+
+def _openai(node: object) -> CacheUsage | None:
+    return _cached_of_total(node, "prompt_tokens_details.cached_tokens", "prompt_tokens")
 
 
 def _llama_server(node: object) -> CacheUsage | None:
@@ -113,13 +118,7 @@ def _llama_server(node: object) -> CacheUsage | None:
 
 
 def _langchain(node: object) -> CacheUsage | None:
-    cache_read = _field(_field(node, "input_token_details"), "cache_read")
-    if cache_read is None:
-        return None
-    cache_field = "input_token_details.cache_read"
-    return CacheUsage(
-        _check_count(cache_field, cache_read), _required(node, "input_tokens", cache_field)
-    )
+    return _cached_of_total(node, "input_token_details.cache_read", "input_tokens")
 
 
 def _anthropic(node: object) -> CacheUsage | None:
@@ -140,11 +139,10 @@ def _gemini(node: object) -> CacheUsage | None:
         ("cached_content_token_count", "prompt_token_count"),
         ("cachedContentTokenCount", "promptTokenCount"),
     ):
-        cached, total = _field(node, cache_field), _field(node, total_field)
-        if cached is not None:
-            return CacheUsage(
-                _check_count(cache_field, cached), _required(node, total_field, cache_field)
-            )
+        usage = _cached_of_total(node, cache_field, total_field)
+        if usage is not None:
+            return usage
+        total = _field(node, total_field)
         if total is not None:
             return CacheUsage(0, _check_count(total_field, total))
     return None

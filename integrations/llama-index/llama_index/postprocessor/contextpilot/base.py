@@ -37,6 +37,7 @@ from contextpilot_rag.errors import (
     InvalidInputError,
 )
 from contextpilot_rag.escaping import StructureGuard
+from contextpilot_rag.pilot import structure_guard_of
 
 __all__ = [
     "ANNOTATION_KEYS",
@@ -257,7 +258,7 @@ def _checked(nodes: object) -> list[NodeWithScore]:
 def _guard_of(pilot: ContextPilot) -> StructureGuard:
     """The pilot's escaping, plus the line LlamaIndex shows the label on
     (``contextpilot_label: ...``), which a node's text must not imitate either."""
-    return StructureGuard((*pilot.config.structure_guard().lead_ins, f"{LABEL_KEY}:"))
+    return StructureGuard((*structure_guard_of(pilot).lead_ins, f"{LABEL_KEY}:"))
 
 
 def _escaped(position: int, item: NodeWithScore, guard: StructureGuard) -> NodeWithScore:
