@@ -4,17 +4,23 @@ A block's identity is its ``id``; by default the id is a hash of its text, so th
 text is the same block wherever it comes from. A block always renders to the same bytes
 (:func:`render_block`): its label is derived from the id, never from its position, which
 is what lets an engine reuse the cached tokens of a block at the same prefix offset.
+
+Labels are short on purpose: every block's label line and every note that names it are
+prompt tokens paid on each request. A short plain id is its own label; a longer id shows
+as five letters of its hash (:func:`block_label`), and :attr:`Prompt.labels` maps the
+labels back to the ids.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import string
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NewType, TypeGuard
+from typing import Any, Literal, NewType, TypeGuard
 
 from .errors import (
     BlockConflictError,
@@ -30,6 +36,7 @@ __all__ = [
     "BlockId",
     "BlockRegistry",
     "ContextBlock",
+    "LabelStyle",
     "RegisteredBlock",
     "block_label",
     "check_encodable",
@@ -42,8 +49,14 @@ __all__ = [
 
 BlockId = NewType("BlockId", str)
 
+LabelStyle = Literal["short", "id"]
+"""How a block id becomes its label (see :func:`block_label`)."""
+
+_LABEL_STYLES: tuple[LabelStyle, ...] = ("short", "id")
 _ID_HEX_CHARS = 16
 _LABEL_HEX_CHARS = 8
+_SHORT_ID_CHARS = 12  # an id up to this long is its own label in the "short" style
+_SHORT_LABEL_LETTERS = 5  # 26**5: a 100-block conversation has a shared label 1 time in 2,400
 _SAFE_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]{1,32}$")
 _CONTENT_ID = re.compile(rf"^[0-9a-f]{{{_ID_HEX_CHARS}}}$")
 _PLAIN_LABEL = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")  # any label unique_label() makes
@@ -85,8 +98,9 @@ class ContextBlock:
     score: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     label: str = field(init=False, repr=False, compare=False)
-    """The position-independent label used in the rendered prompt and notes (unless
-    another block of the same prompt has it: see :attr:`Prompt.labels`)."""
+    """The position-independent label used in the rendered prompt and notes:
+    :func:`block_label` of the id (unless another block of the same prompt has it, or
+    the pilot shows full ids: see :attr:`Prompt.labels`)."""
     digest: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,37 +137,64 @@ class ContextBlock:
         return hash((self.id, self.text))
 
 
-def block_label(block_id: str) -> str:
-    """A short printable label for a block id, depending on the id only: the id
-    itself when it is short and plain, the first 8 characters of a content-hash id,
-    otherwise 8 hex characters of a hash of the id (labels are repeated in notes, so
-    every token counts). An id that would read as a chat-template control token
-    (``INST`` makes ``[INST]``) is hashed too."""
-    if _CONTENT_ID.match(block_id):
-        return block_id[:_LABEL_HEX_CHARS]
-    if _SAFE_LABEL.match(block_id) and not CONTROL_TOKEN.fullmatch(f"[{block_id}]"):
-        return block_id
-    return _hashed(block_id)
+def block_label(block_id: str, style: LabelStyle = "short") -> str:
+    """A printable label for a block id, depending on the id only (so a block renders
+    to the same bytes in every prompt).
+
+    ``"short"`` (the default): the id itself when it has at most 12 plain characters
+    (letters, digits, ``_ . : -``), otherwise five lowercase letters of its SHA-256
+    (``837407666_1762-2394-0-632`` costs 15 cl100k tokens as a label line, its label
+    about 4). ``"id"``: the id itself up to 32 plain characters, the first 8 characters
+    of a content-hash id, otherwise 8 hex characters of its SHA-256. In both, an id
+    that would read as a chat-template control token (``INST`` makes ``[INST]``) is
+    hashed. Raises :class:`ConfigError` for another style."""
+    if style == "short":
+        if len(block_id) <= _SHORT_ID_CHARS and _is_plain(block_id):
+            return block_id
+        return _letters(block_id)
+    if style == "id":
+        if _CONTENT_ID.match(block_id):
+            return block_id[:_LABEL_HEX_CHARS]
+        return block_id if _is_plain(block_id) else _hashed(block_id)
+    raise ConfigError(f"label style must be one of {_LABEL_STYLES}, got {style!r}")
+
+
+def _is_plain(block_id: str) -> bool:
+    return bool(_SAFE_LABEL.match(block_id)) and not CONTROL_TOKEN.fullmatch(f"[{block_id}]")
 
 
 def _hashed(text: str, hex_chars: int = _LABEL_HEX_CHARS) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:hex_chars]
 
 
-def unique_label(block: ContextBlock, taken: Mapping[str, str]) -> str:
+def _letters(text: str, count: int = _SHORT_LABEL_LETTERS) -> str:
+    """``count`` lowercase letters of the SHA-256 of ``text``: cheaper in tokens than
+    hex or base32 of the same entropy, and never a control token (those need capitals
+    or ``<``)."""
+    value = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+    letters = []
+    for _ in range(count):
+        value, digit = divmod(value, 26)
+        letters.append(string.ascii_lowercase[digit])
+    return "".join(letters)
+
+
+def unique_label(block: ContextBlock, taken: Mapping[str, str], own: str | None = None) -> str:
     """The label ``block`` shows in a prompt whose other blocks already hold the
-    labels in ``taken`` (label → block id): its own :attr:`~ContextBlock.label`
-    unless another block holds it, then a longer one derived from its id alone, so
-    the same collision always resolves to the same bytes."""
-    owner = taken.get(block.label)
+    labels in ``taken`` (label → block id): its own label (``own``, by default its
+    :attr:`~ContextBlock.label`) unless another block holds it, then a longer one
+    derived from its id alone, so the same collision always resolves to the same
+    bytes."""
+    label = block.label if own is None else own
+    owner = taken.get(label)
     if owner is None or owner == block.id:
-        return block.label
+        return label
     longer = [block.id[:12], block.id] if _CONTENT_ID.match(block.id) else []
-    longer += [f"{block.label}-{_hashed(block.id, 6)}", f"{block.label}-{_hashed(block.id, 16)}"]
-    for label in longer:
-        owner = taken.get(label)
+    longer += [f"{label}-{_hashed(block.id, 6)}", f"{label}-{_hashed(block.id, 16)}"]
+    for candidate in longer:
+        owner = taken.get(candidate)
         if owner is None or owner == block.id:
-            return label
+            return candidate
     number = 2
     while taken.get(f"{longer[-1]}-{number}", block.id) != block.id:
         number += 1
@@ -223,21 +264,29 @@ def validate_blocks(blocks: object) -> tuple[ContextBlock, ...]:
 @dataclass(frozen=True)
 class RegisteredBlock:
     """What the registry remembers of a block: its text, its rendering, the token
-    count of that rendering and of its label as notes cite it (after a space)."""
+    count of that rendering, the label it renders under and that label's token count
+    as notes cite it (after a space)."""
 
     text: str
     rendered: str
     tokens: int
     label_tokens: int
+    label: str
+
+
+def _render_labeled(block: ContextBlock, label: str) -> str:
+    return render_block(block, label=label)
 
 
 class BlockRegistry:
-    """Block id → text, rendering and token count, for the ids seen recently.
+    """Block id → text, label, rendering and token count, for the ids seen recently.
 
-    Three jobs: it caches token counts (each block is tokenized once while it stays
-    here), it catches an id reused for a different text across calls, and it counts
-    how many requests carried each block (its popularity). Bounded to ``capacity``
-    ids, least recently used dropped first. Not thread-safe by itself.
+    Three jobs: it caches labels, renderings and token counts (each block is labeled,
+    rendered and tokenized once while it stays here), it catches an id reused for a
+    different text across calls, and it counts how many requests carried each block
+    (its popularity). ``render(block, label)`` renders a block under a label given
+    by ``label_style`` (:func:`block_label`). Bounded to ``capacity`` ids, least
+    recently used dropped first. Not thread-safe by itself.
     """
 
     def __init__(
@@ -245,11 +294,15 @@ class BlockRegistry:
         count_tokens: Callable[[str], int],
         *,
         capacity: int = 200_000,
-        render: Callable[[ContextBlock], str] = render_block,
+        label_style: LabelStyle = "short",
+        render: Callable[[ContextBlock, str], str] = _render_labeled,
     ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ConfigError("block registry capacity must be a positive int")
+        if label_style not in _LABEL_STYLES:
+            raise ConfigError(f"label_style must be one of {_LABEL_STYLES}, got {label_style!r}")
         self._count = count_tokens
+        self._label_style = label_style
         self._render = render
         self._capacity = capacity
         self._entries: OrderedDict[str, RegisteredBlock] = OrderedDict()
@@ -286,9 +339,10 @@ class BlockRegistry:
                 f"that max_block_tokens={max_tokens} allows (PilotConfig.max_block_chars); "
                 "split it into smaller chunks"
             )
-        rendered = self._render(block)
+        label = block.label if self._label_style == "short" else block_label(block.id, "id")
+        rendered = self._render(block, label)
         entry = RegisteredBlock(
-            block.text, rendered, self._count(rendered), self._count(" " + block.label)
+            block.text, rendered, self._count(rendered), self._count(" " + label), label
         )
         if max_tokens is not None and entry.tokens > max_tokens:
             raise OversizeBlockError(

@@ -1,8 +1,9 @@
-"""``contextpilot-rag``: a demo of prompt optimization on the embedded default.
+"""``contextpilot-rag``: the demo (on a real engine by default, ``--engine sim`` for the
+instant simulated run), the real-engine benchmark (``bench --suite engine``) and the
+engines the project runs (``engine install|start|stop|status``).
 
-Benchmarks are scripts of a source checkout, not commands of the installed package:
-``python benchmarks/bench.py`` (docs/benchmarks.md) and ``python benchmarks/route_sim.py``
-(routing policies on a trace).
+The simulated benchmarks are scripts of a source checkout: ``python benchmarks/bench.py``
+(docs/benchmarks.md) and ``python benchmarks/route_sim.py`` (routing policies on a trace).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .batch.progress import rich_step_progress
+from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
+from .engines.cli import add_engine_parser, run_engine_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 
 __all__ = ["main"]
@@ -32,10 +35,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="a small end-to-end run on synthetic RAG traffic (offline)"
+        "demo",
+        help="unmodified vs contextpilot_rag on a real engine (installed on first use); "
+        "--engine sim: the instant simulated run",
     )
-    demo.add_argument("--requests", type=int, default=400, help="online requests (default 400)")
-    demo.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(demo, sim=True)
+    demo.add_argument(
+        "--requests", type=int, default=400, help="--engine sim: online requests (default 400)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    demo.add_argument(
+        "--plot",
+        default="out/demo.png",
+        help="real engine: where to write the PNG (default out/demo.png)",
+    )
+    add_bench_parser(commands)
+    add_engine_parser(commands)
     return parser
 
 
@@ -90,7 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``contextpilot-rag`` command."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return _demo(args, Console())
+    console = Console()
+    if args.command == "engine":
+        return run_engine_command(args, console)
+    if args.command == "bench":
+        return run_bench(args, console)
+    if args.engine == "sim" and not args.endpoint:
+        return _demo(args, console)
+    return run_demo(args, console)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -30,6 +31,7 @@ from .batch.trie import PrefixTrie
 from .blocks import (
     BlockRegistry,
     ContextBlock,
+    LabelStyle,
     RegisteredBlock,
     check_encodable,
     content_id,
@@ -89,6 +91,16 @@ class PilotConfig:
     dropped (TTL or LRU): ``"restart"`` starts it afresh and flags the prompt
     (:attr:`Prompt.history_lost`), ``"raise"`` raises
     :class:`~contextpilot_rag.errors.ConversationExpiredError`.
+
+    ``label_style`` chooses the blocks' labels (:func:`~contextpilot_rag.blocks.block_label`):
+    ``"short"`` shows an id longer than 12 characters as five letters of its hash (the
+    label line and each note naming the block cost a few tokens, not one per id
+    fragment); ``"id"`` shows ids of up to 32 plain characters as they are.
+    :attr:`Prompt.labels` maps what a prompt shows back to the block ids either way.
+
+    ``max_observed_prompts`` bounds the prompts whose statistics the pilot keeps (the
+    most recent, by request id) so that :meth:`ContextPilot.observe` can take a request
+    id instead of the :class:`Prompt`, as framework callbacks do; 0 keeps none.
     """
 
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -107,6 +119,8 @@ class PilotConfig:
     conversation_ttl_s: float | None = 3600.0
     block_registry_size: int = 200_000
     on_history_lost: Literal["restart", "raise"] = "restart"
+    max_observed_prompts: int = 4096
+    label_style: LabelStyle = "short"
 
     def __post_init__(self) -> None:
         if self.remainder not in ("popularity", "retrieval"):
@@ -121,12 +135,17 @@ class PilotConfig:
             ) from exc
         if self.on_history_lost not in ("restart", "raise"):
             raise ConfigError("PilotConfig.on_history_lost must be 'restart' or 'raise'")
+        if self.label_style not in ("short", "id"):
+            raise ConfigError("PilotConfig.label_style must be 'short' or 'id'")
         for name in ("max_block_tokens", "max_block_chars", "max_history_turns"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"PilotConfig.{name} must be a positive int or None")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
+        observed = self.max_observed_prompts
+        if not isinstance(observed, int) or isinstance(observed, bool) or observed < 0:
+            raise ConfigError("PilotConfig.max_observed_prompts must be an int >= 0")
 
     @property
     def block_char_limit(self) -> int | None:
@@ -196,6 +215,7 @@ class ContextPilot:
         self._registry = BlockRegistry(
             self.tokenizer.count,
             capacity=self.config.block_registry_size,
+            label_style=self.config.label_style,
             render=self._render_block,
         )
         self._store: ConversationStore = store or InMemoryConversationStore(
@@ -207,6 +227,8 @@ class ContextPilot:
         self._request_numbers = itertools.count(1)
         self._segment_tokens: dict[str, int] = {}
         self._system_keys: dict[str, str] = {}
+        # request id -> stats of the most recent prompts, oldest first (for observe())
+        self._observed: OrderedDict[str, PromptStats] = OrderedDict()
 
     # -- public API --------------------------------------------------------------------
 
@@ -330,24 +352,32 @@ class ContextPilot:
         with self._lock:
             return self._index.evict([RequestId(request_id) for request_id in ids])
 
-    def observe(self, prompt: Prompt, usage: object, *, tolerance: float = 0.1) -> int:
+    def observe(self, prompt: Prompt | str, usage: object, *, tolerance: float = 0.1) -> int:
         """:meth:`observe_cache` fed by the usage report of the answer to ``prompt``, in
         any shape :func:`~contextpilot_rag.usage.parse_cache_usage` reads (OpenAI /
         vLLM / SGLang ``usage``, llama-server ``timings``, LangChain ``usage_metadata``,
-        Anthropic or Gemini usage, or the response carrying one). A report without
-        cache information raises :class:`InvalidInputError` and changes nothing.
-        Returns how many requests were evicted."""
-        if not isinstance(prompt, Prompt):
-            raise InvalidInputError("observe() takes the Prompt that was sent")
+        Anthropic or Gemini usage, or the response, message or framework result
+        carrying one). ``prompt`` is the :class:`Prompt` that was sent or its
+        ``request_id`` (one of the last ``PilotConfig.max_observed_prompts``). A
+        report without cache information, or a request id the pilot does not
+        remember, raises :class:`InvalidInputError` and changes nothing. Returns how
+        many requests were evicted."""
+        _check_observed(prompt, "observe")
         reported = parse_cache_usage(usage)
         return self.observe_cache(
             prompt, reported.cached_tokens, reported.prompt_tokens, tolerance=tolerance
         )
 
     def observe_cache(
-        self, prompt: Prompt, cached_tokens: int, prompt_tokens: int, *, tolerance: float = 0.1
+        self,
+        prompt: Prompt | str,
+        cached_tokens: int,
+        prompt_tokens: int,
+        *,
+        tolerance: float = 0.1,
     ) -> int:
-        """Feedback from the engine that answered ``prompt``: it served ``cached_tokens``
+        """Feedback from the engine that answered ``prompt`` (the :class:`Prompt`, or
+        its ``request_id`` as :meth:`observe` takes it): it served ``cached_tokens``
         of its ``prompt_tokens`` (in the engine's tokens) from its prefix cache. When
         that share falls short of the share this pilot predicted reusable
         (``prompt.stats``) by more than ``tolerance``, and the prediction rested on
@@ -355,18 +385,19 @@ class ContextPilot:
         prompt's path up to its first block the engine did not serve (and at least its
         first context block) are evicted: the engine no longer holds them. ``prompt``
         itself stays (the engine has just cached it). Returns how many were evicted."""
-        if not isinstance(prompt, Prompt):
-            raise InvalidInputError("observe_cache() takes the Prompt that was sent")
+        _check_observed(prompt, "observe_cache")
+        for name, value in (("cached_tokens", cached_tokens), ("prompt_tokens", prompt_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidInputError(f"observe_cache(): {name} must be an int, got {value!r}")
         if not 0 <= cached_tokens <= prompt_tokens or prompt_tokens < 1:
             raise InvalidInputError(
                 "observe_cache() needs 0 <= cached_tokens <= prompt_tokens and prompt_tokens >= 1"
             )
-        stats = prompt.stats
-        predicted = stats.reusable_tokens / max(1, stats.prompt_tokens)
-        if stats.blocks_matched < 1 or cached_tokens / prompt_tokens >= predicted - tolerance:
-            return 0
-        request_id = RequestId(prompt.request_id)
         with self._lock:
+            request_id, stats = self._observed_prompt(prompt)
+            predicted = stats.reusable_tokens / max(1, stats.prompt_tokens)
+            if stats.blocks_matched < 1 or cached_tokens / prompt_tokens >= predicted - tolerance:
+                return 0
             if request_id not in self._index:
                 return 0
             served = cached_tokens / prompt_tokens * stats.prompt_tokens  # pilot tokens
@@ -379,6 +410,20 @@ class ContextPilot:
             fixed = len(tokens) - 1 - (stats.blocks_total - stats.blocks_deduplicated)
             depth = max(depth, fixed + 1)
             return self._index.evict(self._index.requests_sharing(request_id, depth))
+
+    def _observed_prompt(self, prompt: Prompt | str) -> tuple[RequestId, PromptStats]:
+        """The request id and stats of a prompt given itself or by request id (lock
+        held); an id not among the remembered prompts is :class:`InvalidInputError`."""
+        if isinstance(prompt, Prompt):
+            return RequestId(prompt.request_id), prompt.stats
+        stats = self._observed.get(prompt)
+        if stats is None:
+            raise InvalidInputError(
+                f"no recent prompt has request id {prompt!r}: unknown, or older than the "
+                f"last PilotConfig.max_observed_prompts={self.config.max_observed_prompts} "
+                "prompts; pass the Prompt itself"
+            )
+        return RequestId(prompt), stats
 
     def index_stats(self) -> IndexStats:
         with self._lock:
@@ -407,9 +452,9 @@ class ContextPilot:
         match = self._match(kept, fixed_prefix, tokens_of)
         matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
         final = self._reorder(kept, matched, after_history=bool(visible))
-        relabeled = _relabeled(final, duplicated, visible)
+        relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
         rendered = self._render_relabeled(rendered, final, relabeled)
-        order, location, note_tokens = self._notes(blocks, final, duplicated, entries, relabeled)
+        order, location, note_tokens = self._notes(blocks, final, duplicated, rendered, relabeled)
         request_id = f"cp-{next(self._request_numbers):09d}"
         layout = _Layout(
             blocks,
@@ -524,11 +569,10 @@ class ContextPilot:
         """A batch request's plan, its block order decided by the batch planner;
         ``matched``: how many leading blocks an earlier request of the batch sends."""
         blocks = tuple(request.blocks)
-        relabeled = _relabeled(final, (), ())
-        rendered = self._render_relabeled(
-            dict(zip([block.id for block in blocks], entries, strict=True)), final, relabeled
-        )
-        order, location, note_tokens = self._notes(blocks, final, (), entries, relabeled)
+        registered = dict(zip([block.id for block in blocks], entries, strict=True))
+        relabeled = _relabeled(final, (), (), self._own_labels(registered))
+        rendered = self._render_relabeled(registered, final, relabeled)
+        order, location, note_tokens = self._notes(blocks, final, (), rendered, relabeled)
         request_id = f"cp-{next(self._request_numbers):09d}"
         fixed_prefix, fixed_tokens = fixed
         start_tokens = sum(fixed_tokens)
@@ -593,8 +637,15 @@ class ContextPilot:
             f"no live conversation {conversation_id!r} (never started, or ended)"
         )
 
-    def _render_block(self, block: ContextBlock) -> str:
-        return render_block(block, self._guard)
+    def _own_labels(
+        self, registered: Mapping[str, RegisteredBlock]
+    ) -> Mapping[str, RegisteredBlock] | None:
+        """The entries whose labels ``_relabeled`` must read: none in the default
+        style, where every entry is labeled by its block's own label."""
+        return None if self.config.label_style == "short" else registered
+
+    def _render_block(self, block: ContextBlock, label: str) -> str:
+        return render_block(block, self._guard, label=label)
 
     def _render_relabeled(
         self,
@@ -602,19 +653,24 @@ class ContextPilot:
         final: Sequence[ContextBlock],
         relabeled: Mapping[str, str],
     ) -> dict[str, RegisteredBlock]:
-        """``rendered`` with the blocks that show another label than their own
-        (a collision in this prompt) rendered under that label."""
+        """``rendered`` with the blocks that show another label than the registry
+        rendered them under (a collision in this prompt) rendered under that label."""
         if not relabeled:
+            return rendered
+        moved = [
+            (block, label)
+            for block in final
+            if (label := relabeled.get(block.id)) is not None and label != rendered[block.id].label
+        ]
+        if not moved:
             return rendered
         rendered = dict(rendered)
         count = self.tokenizer.count
-        for block in final:
-            label = relabeled.get(block.id)
-            if label is not None:
-                text = render_block(block, self._guard, label=label)
-                rendered[block.id] = RegisteredBlock(
-                    block.text, text, count(text), count(" " + label)
-                )
+        for block, label in moved:
+            text = self._render_block(block, label)
+            rendered[block.id] = RegisteredBlock(
+                block.text, text, count(text), count(" " + label), label
+            )
         return rendered
 
     def _deduplicate(
@@ -684,26 +740,42 @@ class ContextPilot:
         original: tuple[ContextBlock, ...],
         final: tuple[ContextBlock, ...],
         duplicated: Sequence[tuple[ContextBlock, int]],
-        entries: Sequence[RegisteredBlock],
+        rendered: Mapping[str, RegisteredBlock],
         relabeled: Mapping[str, str],
     ) -> tuple[str | None, str | None, int]:
-        """The order note, the location note and their token count. The order note
-        recurs with every reordering, so its count is estimated from cached pieces
-        (template text and each label's tokens) instead of tokenizing it anew."""
+        """The order note, the location note and their token count."""
         if not self.config.annotate:
             return None, None, 0
         templates = self.config.notes
         tokens = 0
         order = order_note(original, final, templates, relabeled)
-        if order is not None and not relabeled:
-            tokens += self._count_segment(templates.order.format(labels="") + "\n\n")
-            tokens += sum(entry.label_tokens for entry in entries)
-        elif order is not None:
-            tokens += self.tokenizer.count(order + "\n\n")
+        if order is not None:
+            tokens += self._order_note_tokens(order, original, rendered, relabeled)
         location = location_note(duplicated, templates, relabeled)
         if location is not None:
             tokens += self.tokenizer.count(location + "\n\n")
         return order, location, tokens
+
+    def _order_note_tokens(
+        self,
+        note: str,
+        original: Sequence[ContextBlock],
+        rendered: Mapping[str, RegisteredBlock],
+        relabeled: Mapping[str, str],
+    ) -> int:
+        """The order note recurs with every reordering, so its tokens are summed from
+        cached pieces (the template's, each label's) when every block shows the label
+        its entry counted; counted afresh otherwise (a collision, or a de-duplicated
+        block under the label of an earlier turn)."""
+        entries = [rendered[block.id] for block in original]
+        short = not relabeled and self.config.label_style == "short"  # entries: block.label
+        if short or all(
+            relabeled.get(block.id, block.label) == entry.label
+            for block, entry in zip(original, entries, strict=True)
+        ):
+            template = self.config.notes.order.format(labels="") + "\n\n"
+            return self._count_segment(template) + sum(entry.label_tokens for entry in entries)
+        return self.tokenizer.count(note + "\n\n")
 
     # -- rendering --------------------------------------------------------------------
 
@@ -822,6 +894,17 @@ class ContextPilot:
         self._index.insert(plan.index_path, plan.index_tokens, request_id)
         if plan.conversation is not None:
             self._store.put(plan.conversation)
+        self._remember(plan.prompt)
+
+    def _remember(self, prompt: Prompt) -> None:
+        """Keep ``prompt``'s stats for :meth:`observe` by request id: the most recent
+        ``max_observed_prompts`` only (lock held)."""
+        capacity = self.config.max_observed_prompts
+        if capacity:
+            observed = self._observed
+            observed[prompt.request_id] = prompt.stats
+            if len(observed) > capacity:
+                observed.popitem(last=False)
 
 
 def structure_guard_of(pilot: ContextPilot | None) -> StructureGuard:
@@ -844,6 +927,14 @@ def _expired(conversation_id: str) -> ConversationExpiredError:
         f"conversation {conversation_id!r} expired or was evicted from its store "
         "and its history is lost; call end_conversation() to start it again"
     )
+
+
+def _check_observed(prompt: object, method: str) -> None:
+    if not isinstance(prompt, (Prompt, str)):
+        raise InvalidInputError(
+            f"{method}() takes the Prompt that was sent or its request id, "
+            f"got {type(prompt).__name__}"
+        )
 
 
 def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:
@@ -875,13 +966,24 @@ def _relabeled(
     final: Sequence[ContextBlock],
     duplicated: Sequence[tuple[ContextBlock, int]],
     visible: Sequence[tuple[int, Turn]],
+    registered: Mapping[str, RegisteredBlock] | None = None,
 ) -> dict[str, str]:
-    """Block id → label, for the blocks that show another label than their own, so
-    that labels are unique over the prompt and the history it renders: a
-    de-duplicated block keeps the label its turn showed; a sent block keeps its own
-    label unless another block already shows it. Usually empty."""
-    if not visible and len({block.label for block in final}) == len(final):
-        return {}
+    """Block id → label, for the blocks that show another label than their
+    :attr:`~ContextBlock.label`, so that labels are unique over the prompt and the
+    history it renders: a de-duplicated block keeps the label its turn showed; a sent
+    block keeps its own label unless another block already shows it. Its own label is
+    the one its ``registered`` entry was rendered under (its id with
+    ``label_style="id"``), or its :attr:`~ContextBlock.label` when ``registered`` is
+    ``None`` (the default style, where they are the same). Usually empty then."""
+    if registered is None:
+        if not visible and len({block.label for block in final}) == len(final):
+            return {}
+        own = [block.label for block in final]
+    else:
+        own = [registered[block.id].label for block in final]
+        if not visible and len(set(own)) == len(own):
+            pairs = zip(final, own, strict=True)
+            return {block.id: label for block, label in pairs if label != block.label}
     shown: dict[str, str] = {}
     taken: dict[str, str] = {}
     for _, turn in visible:
@@ -891,8 +993,8 @@ def _relabeled(
     relabeled = {
         block.id: shown[block.id] for block, _ in duplicated if shown[block.id] != block.label
     }
-    for block in final:
-        label = unique_label(block, taken)
+    for block, own_label in zip(final, own, strict=True):
+        label = unique_label(block, taken, own_label)
         taken[label] = block.id
         if label != block.label:
             relabeled[block.id] = label

@@ -50,8 +50,8 @@ class Prompt:
     ``location_note`` names the de-duplicated blocks (``None`` when none).
     ``relabeled`` maps the blocks that the prompt shows under another label than
     their own :attr:`~contextpilot_rag.ContextBlock.label` (two blocks of the prompt,
-    history included, would share one) to that label; :attr:`labels` has every
-    block's. ``history_lost`` is true when
+    history included, would share one, or ``PilotConfig.label_style="id"`` shows the
+    id) to that label; :attr:`labels` has every block's. ``history_lost`` is true when
     the conversation's store had dropped it (expired or evicted) and this turn
     starts it again without its history."""
 

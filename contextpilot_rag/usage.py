@@ -15,21 +15,46 @@ duck-typed (a mapping or an object with attributes), into one :class:`CacheUsage
   (or their REST spellings ``promptTokenCount`` / ``cachedContentTokenCount``); Gemini
   omits the cached count when it is zero, so its absence there reads as 0.
 
-A whole response (or AIMessage, or final stream chunk) is read through its ``usage``,
-``timings`` or ``usage_metadata`` field. A report that says nothing about the cache is
-an error, never "0 cached": the caller would evict what the engine may well hold.
+- the flat ``cached_tokens`` / ``prompt_tokens`` pair the routing adapters report
+  (``ChatContextPilot``'s ``response_metadata``, ``ContextPilotLLM``'s
+  ``additional_kwargs``).
+
+What carries a report is read through it, a few levels deep (:data:`CARRIERS`): a whole
+response or final stream chunk (``usage``, ``timings``, ``usage_metadata``), the OpenAI
+SDK's ``ChatCompletion`` / ``CompletionUsage``, a LangChain ``AIMessage``,
+``ChatGeneration`` or single-prompt ``LLMResult`` (``message``, ``response_metadata`` /
+``llm_output`` → ``token_usage``, ``generations``), a LlamaIndex ``ChatResponse`` or
+``CompletionResponse`` (``raw``, ``additional_kwargs``). A report that says nothing about
+the cache is an error, never "0 cached": the caller would evict what the engine may well
+hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidInputError
 
-__all__ = ["CacheUsage", "parse_cache_usage"]
+__all__ = ["CARRIERS", "CacheUsage", "parse_cache_usage"]
 
-_WRAPPERS = ("usage", "timings", "usage_metadata", "usageMetadata")
+CARRIERS = (
+    "usage",
+    "timings",
+    "usage_metadata",
+    "usageMetadata",
+    "token_usage",
+    "response_metadata",
+    "llm_output",
+    "message",
+    "generations",
+    "raw",
+    "additional_kwargs",
+)
+"""The fields a report is looked for in, breadth first, up to :data:`_MAX_DEPTH` levels
+below what :func:`parse_cache_usage` is given."""
+
+_MAX_DEPTH = 3  # LLMResult → generation → message → usage_metadata
 
 _LOOKED_FOR = (
     "prompt_tokens_details.cached_tokens (OpenAI), timings.cache_n (llama-server), "
@@ -59,10 +84,9 @@ class CacheUsage:
 def parse_cache_usage(report: object) -> CacheUsage:
     """Read the cached and total prompt tokens from ``report``: a usage record, or a
     response, message or chunk carrying one. Raises :class:`InvalidInputError` when it
-    holds no cache information, or counts that are not non-negative integers."""
-    for node in (report, *(_field(report, name) for name in _WRAPPERS)):
-        if node is None:
-            continue
+    holds no cache information, or counts that are not non-negative integers. The first
+    report found, breadth first through :data:`CARRIERS`, is the answer."""
+    for node in _carried(report):
         for reader in _READERS:
             usage = reader(node)
             if usage is not None:
@@ -72,6 +96,41 @@ def parse_cache_usage(report: object) -> CacheUsage:
         f"looked for {_LOOKED_FOR}. Ask the engine for it (vLLM: "
         "--enable-prompt-tokens-details) or call observe_cache() with the counts"
     )
+
+
+def _carried(report: object) -> Iterator[object]:
+    """``report``, then what it carries, level by level (each object once)."""
+    level, seen = [report], set()
+    for depth in range(_MAX_DEPTH + 1):
+        following: list[object] = []
+        for node in level:
+            if node is None or isinstance(node, (str, bytes)) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            yield node
+            if depth < _MAX_DEPTH:
+                following.extend(_carriers_of(node))
+        level = following
+
+
+def _carriers_of(node: object) -> Iterator[object]:
+    for name in CARRIERS:
+        value = _field(node, name)
+        if name == "generations":
+            value = _only_generation(value)
+        if value is not None:
+            yield value
+
+
+def _only_generation(generations: object) -> object:
+    """The generation of an ``LLMResult`` that answered one prompt with one
+    generation (``[[generation]]``); ``None`` for any other shape, whose usage would
+    be ambiguous."""
+    if isinstance(generations, list) and len(generations) == 1:
+        (inner,) = generations
+        if isinstance(inner, list) and len(inner) == 1:
+            return inner[0]
+    return None
 
 
 def _field(node: object, name: str) -> object:
@@ -148,10 +207,17 @@ def _gemini(node: object) -> CacheUsage | None:
     return None
 
 
+def _flat(node: object) -> CacheUsage | None:
+    """``cached_tokens`` beside ``prompt_tokens``: the routing adapters' facts (and a
+    :class:`CacheUsage` itself)."""
+    return _cached_of_total(node, "cached_tokens", "prompt_tokens")
+
+
 _READERS: tuple[Callable[[object], CacheUsage | None], ...] = (
     _openai,
     _llama_server,
     _langchain,
     _anthropic,
     _gemini,
+    _flat,
 )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import runpy
 from pathlib import Path
 
 import pytest
 
 from contextpilot_rag.cli import main
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.testing.openai_server import OpenAICompatibleServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -24,12 +27,52 @@ def test_quickstart_example_runs_and_beats_the_unmodified_prompt(
 
 
 def test_demo_prints_baseline_and_optimized_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "40"]) == 0
+    assert main(["demo", "--engine", "sim", "--requests", "40"]) == 0
     out = capsys.readouterr().out
     assert "unmodified" in out and "ours" in out
     assert "hit ratio" in out
 
 
 def test_demo_rejects_a_workload_too_small_to_measure(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "3"]) == 2
+    assert main(["demo", "--engine", "sim", "--requests", "3"]) == 2
     assert "at least 10" in capsys.readouterr().out
+
+
+def test_real_engine_demo_runs_against_any_openai_compatible_endpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``demo --endpoint``: the LangChain chain (several users at once) and the
+    multi-turn conversation, each unmodified and through the pilot, against a real
+    loopback HTTP engine that reports cached tokens."""
+    png = tmp_path / "demo.png"
+    with OpenAICompatibleServer(block_size=16) as server:
+        code = main(
+            ["demo", "--endpoint", server.base_url, "--model", server.model, "--plot", str(png)]
+        )
+        sent = len(server.requests)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Scenario 1: 4 users at once" in out
+    assert "6-turn" in out and "speed-up" in out
+    assert sent == 2 * 12 + 2 * 6
+    assert png.stat().st_size > 10_000
+
+
+def test_bench_engine_suite_against_an_endpoint_writes_json_and_markdown(tmp_path: Path) -> None:
+    report, table = tmp_path / "suite.json", tmp_path / "suite.md"
+    with OpenAICompatibleServer(block_size=16) as server:
+        args = ["bench", "--suite", "engine", "--endpoint", server.base_url]
+        args += ["--model", server.model, "--workloads", "batch,langchain"]
+        assert main([*args, "--json", str(report), "--markdown", str(table)]) == 0
+    data = json.loads(report.read_text())
+    names = [w["name"] for w in data["workloads"]]
+    assert names == ["batch", "langchain"]
+    batch = data["workloads"][0]["arms"]
+    assert [arm["name"] for arm in batch] == ["unmodified", "contextpilot"]
+    assert batch[1]["cached_tokens"] > batch[0]["cached_tokens"]
+    assert "langchain path: cached tokens vs direct pilot" in table.read_text()
+
+
+def test_endpoint_without_model_is_a_usage_error() -> None:
+    with pytest.raises(ConfigError):
+        main(["bench", "--endpoint", "http://127.0.0.1:9/v1"])

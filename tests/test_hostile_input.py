@@ -25,6 +25,7 @@ from contextpilot_rag import (
     Tokenizer,
     UnknownConversationError,
 )
+from contextpilot_rag.blocks import block_label
 from contextpilot_rag.errors import ConversationExpiredError
 
 if TYPE_CHECKING:
@@ -251,10 +252,11 @@ def test_a_chosen_id_equal_to_another_blocks_label_gets_a_distinct_label(
     assert sorted(labels) == sorted(prompt.labels.values())
 
 
-def test_two_content_ids_with_one_label_prefix_get_distinct_labels(pilot: ContextPilot) -> None:
+def test_two_content_ids_with_one_label_prefix_get_distinct_labels(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(label_style="id"), tokenizer=tokenizer)  # 8-hex labels
     first = ContextBlock("first text")
     twin = ContextBlock("second text", id=first.id[:8] + "0" * 8)  # same 8-hex label
-    assert first.label == twin.label
+    assert block_label(first.id, "id") == block_label(twin.id, "id")
     prompt = pilot.optimize([first, twin], "q")
     assert len(set(label_lines(user_messages(prompt)[-1]))) == 2
 

@@ -22,6 +22,7 @@ ABOVE = (
     "contextpilot_rag.retrievers",
     "contextpilot_rag.serve",
     "contextpilot_rag.cli",
+    "contextpilot_rag.engines",
 )
 
 PURE_MODULES = (
@@ -56,6 +57,10 @@ PURE_MODULES = (
     "contextpilot_rag.sim.accuracy",
     "contextpilot_rag.sim.ttca",
     "contextpilot_rag.sim",
+    "contextpilot_rag.kv_events.events",
+    "contextpilot_rag.kv_events.mirror",
+    "contextpilot_rag.kv_events.tracker",
+    "contextpilot_rag.kv_events",
 )
 
 _BLOCKING_IMPORT = """

@@ -407,6 +407,9 @@ def test_unknown_conversation_error_message_is_readable(pilot: ContextPilot) -> 
         {"max_block_tokens": 0},
         {"max_history_turns": -1},
         {"system_prompt": 42},
+        {"max_observed_prompts": -1},
+        {"max_observed_prompts": 1.5},
+        {"max_observed_prompts": True},
     ],
 )
 def test_pilot_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
@@ -435,6 +438,9 @@ FAILING_CALLS: dict[str, FailingCall] = {
     "answered-twice": lambda p: p.record_answer("conv", "again"),
     "answer-unknown-conversation": lambda p: p.record_answer("ghost", "answer"),
     "evict-bare-str": lambda p: p.evict("cp-000000001"),
+    "observe-unknown-request-id": lambda p: p.observe_cache("cp-999999999", 0, 1000),
+    "observe-not-a-prompt": lambda p: p.observe(7, {"cache_n": 0, "prompt_n": 9}),  # type: ignore[arg-type]
+    "observe-count-not-int": lambda p: p.observe_cache("cp-000000002", 0.5, 1000),  # type: ignore[arg-type]
 }
 
 
@@ -480,3 +486,48 @@ def test_a_predicted_hit_the_engine_did_not_serve_is_trimmed_from_the_index(
     assert [b.id for b in third.blocks][:2] == ["a", "b"]  # still matched, via the second
     assert pilot.observe_cache(first, 0, 1000) == 0  # no longer indexed: nothing to do
     assert pilot.observe_cache(unrelated, 0, 1000) == 0  # it predicted no block hit
+
+
+# -- observing by request id ----------------------------------------------------------
+
+
+def test_observe_by_request_id_acts_as_observe_with_the_prompt(tokenizer: Tokenizer) -> None:
+    by_prompt, by_id = ContextPilot(tokenizer=tokenizer), ContextPilot(tokenizer=tokenizer)
+    for pilot in (by_prompt, by_id):
+        pilot.optimize(_docs("a", "b", "c"), "Q1?")
+    second = by_prompt.optimize(_docs("a", "b", "d"), "Q2?")
+    second_id = by_id.optimize(_docs("a", "b", "d"), "Q2?").request_id
+    miss = {"cache_n": 10, "prompt_n": 990}
+    assert by_prompt.observe(second, miss) == by_id.observe(second_id, miss) == 1
+    assert by_prompt.index_stats() == by_id.index_stats()
+    assert by_id.observe_cache(second_id, 900, 1000) == 0
+
+
+def test_an_unknown_request_id_is_refused_naming_the_bound(pilot: ContextPilot) -> None:
+    pilot.optimize(_docs("a"), "Q?")
+    with pytest.raises(InvalidInputError, match=r"cp-999999999.*max_observed_prompts=4096"):
+        pilot.observe("cp-999999999", {"cache_n": 0, "prompt_n": 10})
+
+
+def test_only_the_most_recent_prompts_are_remembered(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_observed_prompts=2), tokenizer=tokenizer)
+    first, second, third = (pilot.optimize(_docs(n), "Q?") for n in "abc")
+    with pytest.raises(InvalidInputError, match="older than"):
+        pilot.observe_cache(first.request_id, 0, 100)
+    for prompt in (second, third):
+        assert pilot.observe_cache(prompt.request_id, 0, 100) == 0
+    assert pilot.observe_cache(first, 0, 100) == 0  # the Prompt itself always works
+
+
+def test_max_observed_prompts_zero_remembers_none(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_observed_prompts=0), tokenizer=tokenizer)
+    prompt = pilot.optimize(_docs("a"), "Q?")
+    with pytest.raises(InvalidInputError):
+        pilot.observe_cache(prompt.request_id, 0, 100)
+    assert pilot.observe_cache(prompt, 0, 100) == 0
+
+
+def test_batch_prompts_are_remembered_by_request_id(pilot: ContextPilot) -> None:
+    prompts = pilot.optimize_batch([(_docs("a", "b"), "Q1?"), (_docs("b", "a", "c"), "Q2?")])
+    shared = next(prompt for prompt in prompts if prompt.stats.blocks_matched)
+    assert pilot.observe_cache(shared.request_id, 0, 1000) == 1

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextpilot_rag import ContextBlock, ContextPilot, InvalidInputError, PilotConfig, Tokenizer
+from contextpilot_rag.blocks import LabelStyle
 from contextpilot_rag.escaping import CONTROL_TOKEN
 
 Messages = Sequence[Mapping[str, str]]
@@ -134,11 +135,11 @@ turns = st.lists(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(turns=turns)
+@given(turns=turns, label_style=st.sampled_from(["short", "id"]))
 def test_no_text_forges_a_message_a_label_or_a_note(
-    tokenizer: Tokenizer, turns: list[tuple[list[str], str, str]]
+    tokenizer: Tokenizer, turns: list[tuple[list[str], str, str]], label_style: LabelStyle
 ) -> None:
-    pilot = ContextPilot(PilotConfig(), tokenizer=tokenizer)
+    pilot = ContextPilot(PilotConfig(label_style=label_style), tokenizer=tokenizer)
     shared = ContextBlock("A document every turn retrieves.")
     for number, (contents, query, answer) in enumerate(turns):
         blocks = [ContextBlock(text) for text in contents]

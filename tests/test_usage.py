@@ -184,3 +184,113 @@ def test_observe_refuses_a_report_without_cache_information_and_changes_nothing(
 def test_gemini_omits_a_zero_cached_count_so_its_absence_is_zero() -> None:
     assert parse_cache_usage({"prompt_token_count": 1000}) == CacheUsage(0, 1000)
     assert parse_cache_usage({"usageMetadata": {"promptTokenCount": 7}}) == CacheUsage(0, 7)
+
+
+# -- what carries a report: SDK, LangChain and LlamaIndex objects -------------------------
+
+LANGCHAIN_USAGE = {
+    "input_tokens": 1000,
+    "output_tokens": 20,
+    "total_tokens": 1020,
+    "input_token_details": {"cache_read": 640},
+}
+
+
+def test_a_langchain_llm_result_is_read_through_its_generation_or_llm_output() -> None:
+    from langchain_core.outputs import ChatGeneration, LLMResult
+
+    message = AIMessage(content="x", usage_metadata=LANGCHAIN_USAGE)  # type: ignore[arg-type]
+    generation = ChatGeneration(message=message)
+    assert parse_cache_usage(generation) == CacheUsage(640, 1000)
+    assert parse_cache_usage(LLMResult(generations=[[generation]])) == CacheUsage(640, 1000)
+    bare = LLMResult(
+        generations=[[ChatGeneration(message=AIMessage(content="x"))]],
+        llm_output={"token_usage": OPENAI_USAGE, "model_name": "m"},
+    )
+    assert parse_cache_usage(bare) == CacheUsage(640, 1000)
+
+
+def test_a_langchain_message_is_read_through_its_response_metadata_token_usage() -> None:
+    message = AIMessage(content="x", response_metadata={"token_usage": OPENAI_USAGE})
+    assert parse_cache_usage(message) == CacheUsage(640, 1000)
+
+
+def test_an_llm_result_of_several_prompts_is_not_read_from_one_of_them() -> None:
+    from langchain_core.outputs import ChatGeneration, LLMResult
+
+    generation = ChatGeneration(message=AIMessage(content="x", usage_metadata=LANGCHAIN_USAGE))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="looked for"):
+        parse_cache_usage(LLMResult(generations=[[generation], [generation]]))
+
+
+def test_llama_index_responses_are_read_through_raw_or_additional_kwargs() -> None:
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+    from openai.types.chat import ChatCompletion
+
+    completion = ChatCompletion.model_validate(
+        {"id": "r", "choices": [], "created": 0, "model": "m", "object": "chat.completion"}
+        | {"usage": OPENAI_USAGE}
+    )
+    message = ChatMessage(role="assistant", content="x")
+    routed_facts = {"prompt_tokens": 1000, "cached_tokens": 640, "endpoint": "http://e/v1"}
+    for response in (
+        ChatResponse(message=message, raw=completion),  # OpenAI / OpenAILike
+        ChatResponse(message=message, raw={"usage": OPENAI_USAGE}),  # ContextPilotLLM
+        ChatResponse(message=message, additional_kwargs=routed_facts),
+        CompletionResponse(text="x", raw=completion),
+        CompletionResponse(text="x", additional_kwargs=routed_facts),
+    ):
+        assert parse_cache_usage(response) == CacheUsage(640, 1000), response
+    without = ChatResponse(message=message, additional_kwargs={"prompt_tokens": 1000})
+    with pytest.raises(InvalidInputError, match="looked for"):
+        parse_cache_usage(without)
+
+
+def test_a_cache_usage_reads_as_itself() -> None:
+    assert parse_cache_usage(CacheUsage(3, 7)) == CacheUsage(3, 7)
+
+
+def test_a_report_nested_deeper_than_the_carriers_reach_is_not_found() -> None:
+    deep = {"raw": {"raw": {"raw": {"usage": OPENAI_USAGE}}}}
+    with pytest.raises(InvalidInputError, match="looked for"):
+        parse_cache_usage(deep)
+
+
+def test_a_self_referencing_report_is_read_once() -> None:
+    looping: dict[str, object] = {"prompt_tokens": 5}
+    looping["raw"] = looping
+    with pytest.raises(InvalidInputError, match="looked for"):
+        parse_cache_usage(looping)
+
+
+# -- the plain OpenAI SDK, against the loopback engine -------------------------------------
+
+
+def test_the_openai_sdk_two_liner_feeds_the_engines_cache_truth_to_the_pilot(
+    pilot: ContextPilot,
+) -> None:
+    openai = pytest.importorskip("openai")
+    from contextpilot_rag.testing import OpenAICompatibleServer
+
+    with OpenAICompatibleServer() as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        first = pilot.optimize(_docs("a", "b", "c"), "Q1?")
+        pilot.observe(first, client.chat.completions.create(model="m", messages=first.to_openai()))
+        server.cache.reset()  # the engine drops what it held
+        second = pilot.optimize(_docs("a", "b", "d"), "Q2?")
+        assert second.stats.blocks_matched == 2  # predicted: a and b are cached
+        response = client.chat.completions.create(model="m", messages=second.to_openai())
+        assert response.usage.prompt_tokens_details.cached_tokens == 0
+        assert pilot.observe(second, response) == 1  # the first request is evicted
+
+        third = pilot.optimize(_docs("c", "b", "a"), "Q3?")
+        stream = client.chat.completions.create(
+            model="m",
+            messages=third.to_openai(),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        *_, last = stream  # the last chunk carries the usage
+        assert pilot.observe(third.request_id, last) == 0
+    assert pilot.index_stats().requests == 2

@@ -1,9 +1,11 @@
 """Real ``llama-server`` (llama.cpp) processes on loopback, for engine tests and benchmarks.
 
-The engine is not a dependency: ``benchmarks/engines/build_llama_server.sh`` builds it
-and fetches a small GGUF model into ``.engines/`` (see ``docs/routing.md``), and
-:func:`find_llama_server` finds them there or through ``CONTEXTPILOT_LLAMA_SERVER`` and
-``CONTEXTPILOT_GGUF``. Tests skip when it returns ``None``::
+The engine is not a dependency: ``contextpilot-rag engine install --engine llama-server
+--model gemma3`` (or ``benchmarks/engines/build_llama_server.sh``, which runs it) builds it
+and fetches a small GGUF model into the engine home (docs/engines.md), and
+:func:`find_llama_server` finds them there, in a checkout's ``.engines/`` (the older
+layout), or through ``CONTEXTPILOT_LLAMA_SERVER`` and ``CONTEXTPILOT_GGUF``. Tests skip
+when it returns ``None``::
 
     engine = find_llama_server()
     with LlamaServer(engine, slots=2) as server:
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from ..engines.home import EngineLayout
 from ..errors import ConfigError
 
 __all__ = ["LlamaEngine", "LlamaServer", "find_llama_server"]
@@ -38,13 +41,20 @@ class LlamaEngine:
 
 
 def find_llama_server(root: Path | None = None) -> LlamaEngine | None:
-    """The engine from ``CONTEXTPILOT_LLAMA_SERVER`` / ``CONTEXTPILOT_GGUF``, else from
-    ``ROOT/.engines/`` (``root``: the current directory); ``None`` if either is missing."""
+    """The engine from ``CONTEXTPILOT_LLAMA_SERVER`` / ``CONTEXTPILOT_GGUF`` (each
+    overrides its part), else from ``ROOT/.engines/`` (``root``: the current directory),
+    else from the engine home; ``None`` if no place has both parts."""
     base = (root or Path.cwd()) / ".engines"
-    binary = Path(os.environ.get("CONTEXTPILOT_LLAMA_SERVER") or base / "bin" / "llama-server")
-    model = Path(os.environ.get("CONTEXTPILOT_GGUF") or base / _MODEL_FILE)
-    if binary.is_file() and os.access(binary, os.X_OK) and model.is_file():
-        return LlamaEngine(binary, model)
+    home = EngineLayout.default()
+    places = [
+        (base / "bin" / "llama-server", base / _MODEL_FILE),
+        (home.llama_server, home.models_dir / _MODEL_FILE),
+    ]
+    for default_binary, default_model in places:
+        binary = Path(os.environ.get("CONTEXTPILOT_LLAMA_SERVER") or default_binary)
+        model = Path(os.environ.get("CONTEXTPILOT_GGUF") or default_model)
+        if binary.is_file() and os.access(binary, os.X_OK) and model.is_file():
+            return LlamaEngine(binary, model)
     return None
 
 

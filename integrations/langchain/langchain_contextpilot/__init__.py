@@ -1,13 +1,18 @@
 """LangChain integration of contextpilot_rag: reorder, de-duplicate and annotate
-retrieved documents so inference engines reuse their prefix cache, and a chat model
-that routes every request over a fleet of engines.
+retrieved documents so inference engines reuse their prefix cache, a chat model that
+routes every request over a fleet of engines, and a callback handler that reports what
+the engine served from its cache back to the pilot.
 
 >>> from langchain_contextpilot import ChatContextPilot, ContextPilotRetriever, format_documents
 >>> retriever = ContextPilotRetriever(base_retriever=vectorstore.as_retriever())  # doctest: +SKIP
 >>> chain = retriever | format_documents  # doctest: +SKIP
 >>> llm = ChatContextPilot(endpoints=["http://10.0.0.1:8000/v1"], model="qwen")  # doctest: +SKIP
+>>> from langchain_contextpilot import ContextPilotCallbackHandler
+>>> handler = ContextPilotCallbackHandler(retriever.pilot)  # doctest: +SKIP
+>>> chain.invoke(question, config={"callbacks": [handler]})  # doctest: +SKIP
 """
 
+from ._callbacks import ContextPilotCallbackHandler
 from ._chat_model import ChatContextPilot
 from ._compressor import ContextPilotCompressor
 from ._documents import ANNOTATION_KEY, ContextPilotAnnotation
@@ -20,6 +25,7 @@ __all__ = [
     "ANNOTATION_KEY",
     "ChatContextPilot",
     "ContextPilotAnnotation",
+    "ContextPilotCallbackHandler",
     "ContextPilotCompressor",
     "ContextPilotRetriever",
     "__version__",

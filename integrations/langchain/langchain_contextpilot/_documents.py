@@ -49,7 +49,10 @@ class ContextPilotAnnotation(TypedDict):
     ``repeat``: the base retriever returned the same document (same id and text)
     earlier in this result; it is rendered once. ``order_note`` / ``location_note``:
     the notes of this request (the same on all its documents), ``None`` when there is
-    none or ``annotate=False``. ``session_id``: the conversation the pilot
+    none or ``annotate=False``. ``request_id``: the request id of the pilot's prompt
+    (the same on all its documents), which :class:`ContextPilotCallbackHandler` pairs
+    with the model call and :meth:`ContextPilot.observe
+    <contextpilot_rag.ContextPilot.observe>` takes. ``session_id``: the conversation the pilot
     de-duplicated against (``None`` unless ``dedup=True``). ``history_lost``: that
     conversation had expired or been evicted, and this turn started it again without
     its history (:attr:`Prompt.history_lost <contextpilot_rag.Prompt.history_lost>`).

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field
+from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import (
     BaseNode,
@@ -29,6 +30,7 @@ from llama_index.core.schema import (
     QueryBundle,
     TextNode,
 )
+from llama_index_instrumentation import get_dispatcher
 
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.errors import (
@@ -49,9 +51,11 @@ __all__ = [
     "RANK_KEY",
     "REQUEST_ID_KEY",
     "ContextPilotNodePostprocessor",
+    "ContextPilotPromptEvent",
 ]
 
 logger = logging.getLogger(__name__)
+dispatcher = get_dispatcher(__name__)
 
 LABEL_KEY = "contextpilot_label"
 """The label the pilot's notes cite the node by (:meth:`Prompt.label_of`, unique in
@@ -61,7 +65,8 @@ RANK_KEY = "contextpilot_rank"
 MATCHED_KEY = "contextpilot_matched"
 """``True`` when the node is in the prefix an earlier prompt already sent (cached)."""
 REQUEST_ID_KEY = "contextpilot_request_id"
-"""The context-index request id (what :meth:`ContextPilot.evict` takes)."""
+"""The pilot prompt's request id (what :meth:`ContextPilot.observe` and
+:meth:`ContextPilot.evict` take); also announced as a :class:`ContextPilotPromptEvent`."""
 NOTES_KEY = "contextpilot_notes"
 """The request's order / location notes (``""`` when there are none)."""
 DEDUPLICATED_KEY = "contextpilot_deduplicated"
@@ -78,6 +83,20 @@ ANNOTATION_KEYS = (
     NOTES_KEY,
     REQUEST_ID_KEY,
 )
+
+
+class ContextPilotPromptEvent(BaseEvent):
+    """The postprocessor returned the nodes of the pilot prompt ``request_id``, built by
+    ``pilot``: dispatched from inside the postprocessing span, so that
+    :class:`~llama_index.postprocessor.contextpilot.ContextPilotEventHandler` can pair
+    it with the LLM call of the same query."""
+
+    request_id: str
+    pilot: ContextPilot = Field(exclude=True, repr=False)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ContextPilotPromptEvent"
 
 
 class ContextPilotNodePostprocessor(BaseNodePostprocessor):
@@ -99,7 +118,9 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     and move them after the others; they are never dropped — see
     docs/integrations/llama-index.md for when dropping them is safe. ``id_key``:
     take block ids from this metadata key instead of the node id. Works without a
-    query (the order never depends on the query text).
+    query (the order never depends on the query text). Each call announces its
+    prompt's request id as a :class:`ContextPilotPromptEvent` on LlamaIndex's
+    dispatcher, for :class:`ContextPilotEventHandler` to pair with the LLM call.
     """
 
     pilot: ContextPilot = Field(
@@ -171,6 +192,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
             prompt.stats.blocks_matched,
             prompt.stats.blocks_deduplicated,
         )
+        dispatcher.event(ContextPilotPromptEvent(request_id=prompt.request_id, pilot=self.pilot))
         first_of: dict[str, NodeWithScore] = {}
         for block, shown in zip(blocks, escaped, strict=True):
             first_of.setdefault(block.id, shown)

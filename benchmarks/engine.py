@@ -1,0 +1,76 @@
+"""The real-engine suite (``contextpilot-rag bench --suite engine``), written into docs.
+
+    python benchmarks/engine.py --write docs/benchmarks.md --plot docs/img/engine_suite.png
+    python benchmarks/engine.py --engine llama-server ...        # llama.cpp instead of vLLM
+    python benchmarks/engine.py --endpoint URL --model NAME ...  # any running server
+
+Installs the engine on first use (``contextpilot_rag.engines``), starts it on
+loopback, runs online, batch, multi-turn and the LangChain path (each arm on a reset
+cache, requests one at a time), stops it, and writes the ``engine-suite`` section:
+per arm mean/p95 TTFT, prefill time, the engine's cached and computed tokens, the
+simulated prediction for the same token ids, and the issue's targets. One run: the
+ratios compare arms measured back to back on one engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lib.sections import provenance, write_section
+from rich.console import Console
+
+from contextpilot_rag.batch.progress import rich_step_progress
+from contextpilot_rag.bench.commands import add_engine_arguments, engine_session
+from contextpilot_rag.bench.engine_report import (
+    SUITE_WORKLOADS,
+    markdown,
+    plot,
+    rich_tables,
+    run_suite,
+    write_json,
+)
+
+SECTION = "engine-suite"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_engine_arguments(parser)
+    parser.add_argument("--workloads", default=",".join(SUITE_WORKLOADS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write", type=Path, help="docs file to write the section into")
+    parser.add_argument("--plot", type=Path, help="PNG of the results")
+    parser.add_argument("--json", type=Path, help="raw results as JSON")
+    args = parser.parse_args(argv)
+    console = Console()
+    workloads = [w for w in args.workloads.split(",") if w]
+    with engine_session(args, console) as engine, rich_step_progress() as progress:
+        result = run_suite(
+            engine,
+            workloads,
+            seed=args.seed,
+            on_arm=lambda name, n: progress(name, n),
+            on_workload=(lambda so_far: write_json(so_far, args.json)) if args.json else None,
+        )
+    for table in rich_tables(result):
+        console.print(table)
+    if args.json:
+        write_json(result, args.json)
+    plotted = bool(args.plot) and plot(result, args.plot)
+    if args.write:
+        command = "python benchmarks/engine.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        body = provenance(command.strip(), 1, "one run; ratios within the run")
+        if plotted:
+            body += f"\n\n![real-engine suite]({args.plot.relative_to(args.write.parent)})"
+        write_section(args.write, SECTION, body + "\n\n" + markdown(result))
+        console.print(f"wrote section {SECTION} of {args.write}")
+    if args.json:
+        console.print(json.dumps({"json": str(args.json)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

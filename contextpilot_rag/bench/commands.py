@@ -1,0 +1,245 @@
+"""``contextpilot-rag demo`` on a real engine and ``contextpilot-rag bench --suite engine``.
+
+Both take the engine the same way: the project's own (``--engine vllm`` or
+``llama-server``, installed on first use with progress shown, started on loopback and
+stopped on exit, Ctrl-C included) or any running OpenAI-compatible server
+(``--endpoint URL --model NAME``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..batch.progress import rich_step_progress
+from ..errors import ConfigError
+from .engine_report import (
+    SUITE_WORKLOADS,
+    SuiteResult,
+    markdown,
+    plot,
+    rich_tables,
+    run_suite,
+    write_json,
+)
+from .engine_suite import ArmRun, EngineTarget, WorkloadRun, run_workload
+from .engine_workloads import SYSTEM, multiturn_workload, online_workload
+
+__all__ = ["add_bench_parser", "add_engine_arguments", "engine_session", "run_bench", "run_demo"]
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, sim: bool = False) -> None:
+    """The engine options shared by ``demo`` and ``bench``."""
+    kinds = ["vllm", "llama-server", *(["sim"] if sim else [])]
+    parser.add_argument(
+        "--engine",
+        choices=kinds,
+        default="vllm",
+        help="the project's engine to install (first use) and run on loopback (default vllm)"
+        + ("; sim: the instant simulated run, no engine" if sim else ""),
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="use this running OpenAI-compatible server instead (its /v1 root)",
+    )
+    parser.add_argument(
+        "--model",
+        help="with --endpoint: the served model name; otherwise the project's model "
+        "(smollm2, the default, or gemma3 with llama-server)",
+    )
+    parser.add_argument(
+        "--kv-cache-gib", type=int, default=2, help="vLLM KV cache size in GiB (default 2)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=32,
+        help="vLLM prefix-cache block size in tokens, a multiple of 32 (default 32)",
+    )
+
+
+@contextlib.contextmanager
+def engine_session(args: argparse.Namespace, console: Console) -> Iterator[EngineTarget]:
+    """The engine ``args`` name, running; a project engine is stopped on exit."""
+    from ..engines import external_engine, install_engine, installed_engine, start_engine
+
+    if args.endpoint:
+        if not args.model:
+            raise ConfigError("--endpoint needs --model (the served model name)")
+        yield _probed(external_engine(args.endpoint, args.model))
+        return
+    kind, model = args.engine, args.model or "smollm2"
+    if installed_engine(kind, model) is None:
+        console.print(f"Installing {kind} with {model} (first run only) ...")
+        install_engine(kind, model, progress=True)
+    with console.status(f"Starting {kind} ({model}) on 127.0.0.1 ..."):
+        engine = start_engine(
+            kind, model, block_size=args.block_size, kv_cache_gib=args.kv_cache_gib
+        )
+    with engine:
+        console.print(f"{kind} serving {engine.model_name} at {engine.base_url}")
+        yield engine
+
+
+def _probed(engine: Any) -> Any:
+    """An external engine with the block size and cache capacity its ``/metrics``
+    page reports (vLLM's ``vllm:cache_config_info``), where it has one."""
+    import httpx
+
+    from ..engines.cache_info import kv_cache_tokens_from_metrics
+
+    root = engine.base_url.removesuffix("/v1")
+    try:
+        text = httpx.get(f"{root}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return engine
+    match = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', text)
+    if match is None:
+        return engine
+    return replace(
+        engine, block_size=int(match[1]), kv_cache_tokens=kv_cache_tokens_from_metrics(text)
+    )
+
+
+def _progress_arm(progress: Any) -> Callable[[str, int], Callable[[], None]]:
+    def on_arm(name: str, total: int) -> Callable[[], None]:
+        return progress(name, total)  # type: ignore[no-any-return]
+
+    return on_arm
+
+
+# -- bench --------------------------------------------------------------------------
+
+
+def add_bench_parser(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="the real-engine benchmark: every mode, unmodified vs contextpilot_rag",
+        description="Runs online, batch, multi-turn and the LangChain path on a real engine "
+        "(one request at a time, cache reset per arm) and reports TTFT, the engine's "
+        "cached/computed tokens and the simulated prediction for the same prompts.",
+    )
+    bench.add_argument(
+        "--suite", choices=["engine"], default="engine", help="which suite (only: engine)"
+    )
+    add_engine_arguments(bench)
+    bench.add_argument(
+        "--workloads",
+        default=",".join(SUITE_WORKLOADS),
+        help=f"comma-separated subset of {','.join(SUITE_WORKLOADS)} (default: all)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    bench.add_argument("--json", type=Path, help="also write the results as JSON here")
+    bench.add_argument("--plot", type=Path, help="also write a PNG of the results here")
+    bench.add_argument("--markdown", type=Path, help="also write the results as markdown here")
+
+
+def run_bench(args: argparse.Namespace, console: Console) -> int:
+    workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
+    with engine_session(args, console) as engine, rich_step_progress() as progress:
+        result = run_suite(engine, workloads, seed=args.seed, on_arm=_progress_arm(progress))
+    _report(result, args, console)
+    return 0
+
+
+def _report(result: SuiteResult, args: argparse.Namespace, console: Console) -> None:
+    for table in rich_tables(result):
+        console.print(table)
+    if args.json:
+        write_json(result, args.json)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(result) + "\n", encoding="utf-8")
+    if args.plot and plot(result, args.plot):
+        console.print(f"plot: {args.plot}")
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+def run_demo(args: argparse.Namespace, console: Console) -> int:
+    """Several users at once through a LangChain RAG chain over BM25 on the bundled
+    MTRAG corpus, then one multi-turn conversation; each twice (unmodified, then
+    through contextpilot_rag), on a real engine."""
+    from ..pilot import ContextPilot, PilotConfig
+    from .langchain_path import langchain_available, run_langchain_arm
+
+    if not langchain_available():
+        console.print(
+            "[red]The real-engine demo runs a LangChain chain: install langchain-openai and "
+            "the langchain-contextpilot integration (make does), or use --engine sim.[/red]"
+        )
+        return 1
+    users = online_workload(topics=2, users_per_topic=2, questions=3, k=4, seed=args.seed)
+    talk = multiturn_workload(conversations=1, turns=6, k=3, max_tokens=32, seed=args.seed)
+    talk = replace(talk, arms=tuple(a for a in talk.arms if "keeps" not in a.name))
+    console.print(
+        "Corpus: 350 MTRAG passages (IBM, Apache-2.0), BM25. Scenario 1: 4 users at once, "
+        "3 questions each, through a LangChain chain (ChatOpenAI) — plain, then with "
+        "ContextPilotRetriever and its callback handler. Scenario 2: one 6-turn MTRAG "
+        "conversation — LangChain's history pattern, then the pilot (history kept, "
+        "repeated documents de-duplicated).\n"
+    )
+    with engine_session(args, console) as engine, rich_step_progress() as progress:
+        on_arm = _progress_arm(progress)
+        plain, _ = run_langchain_arm(
+            "unmodified",
+            engine,
+            users.requests,
+            pilot=None,
+            concurrent=True,
+            tick=on_arm("users: unmodified", len(users.requests)),
+        )
+        ours, _ = run_langchain_arm(
+            "contextpilot",
+            engine,
+            users.requests,
+            pilot=ContextPilot(PilotConfig(system_prompt=SYSTEM)),
+            concurrent=True,
+            tick=on_arm("users: contextpilot", len(users.requests)),
+        )
+        conversation = run_workload(engine, talk, on_arm=on_arm)
+        facts = f"{getattr(engine, 'kind', 'external')} · {engine.model_name}"
+    scenarios = [
+        ("4 users, LangChain", (plain, ours)),
+        ("6-turn chat", conversation.arms),
+    ]
+    console.print(_demo_table(scenarios, facts))
+    path = Path(args.plot)
+    if _demo_plot(scenarios, path, facts):
+        console.print(f"plot: {path}")
+    return 0
+
+
+def _demo_table(scenarios: list[tuple[str, tuple[ArmRun, ...]]], facts: str) -> Table:
+    table = Table(title=f"contextpilot_rag on a real engine ({facts})")
+    for column in ("scenario", "arm", "mean TTFT s", "p95 TTFT s", "cached", "computed"):
+        table.add_column(column, justify="left" if column in ("scenario", "arm") else "right")
+    table.add_column("speed-up", justify="right")
+    for name, arms in scenarios:
+        base = arms[0]
+        for arm in arms:
+            table.add_row(
+                name,
+                arm.name,
+                f"{arm.mean_ttft_s:.2f}",
+                f"{arm.p95_ttft_s:.2f}",
+                f"{arm.cached_tokens:,} ({arm.cached_tokens / max(1, arm.prompt_tokens):.0%})",
+                f"{arm.computed_tokens:,}",
+                f"{base.mean_ttft_s / arm.mean_ttft_s:.2f}x",
+            )
+    return table
+
+
+def _demo_plot(scenarios: list[tuple[str, tuple[ArmRun, ...]]], path: Path, facts: str) -> bool:
+    runs = [WorkloadRun(name, "", arms) for name, arms in scenarios]
+    return plot(SuiteResult({"model": facts, "kind": "demo"}, runs), path)

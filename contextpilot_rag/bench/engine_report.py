@@ -1,0 +1,399 @@
+"""The real-engine suite end to end: which workloads, the ratios the issue's targets
+are stated in, and their rendering (rich table, markdown, PNG, JSON).
+
+Ratios are taken within one run (arms back to back on one engine), never across
+runs: the machine's speed drifts, a ratio of neighbours much less.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine_suite import ArmRun, EngineTarget, Tick, WorkloadRun, run_workload
+from .engine_workloads import (
+    SYSTEM,
+    EngineWorkload,
+    batch_workload,
+    multiturn_workload,
+    online_workload,
+)
+
+__all__ = [
+    "SUITE_WORKLOADS",
+    "Check",
+    "SuiteResult",
+    "checks",
+    "markdown",
+    "plot",
+    "rich_tables",
+    "run_suite",
+    "write_json",
+]
+
+SUITE_WORKLOADS = ("online", "batch", "multi-turn", "langchain")
+"""Workloads of ``--suite engine``; ``langchain`` is the online workload sent through
+a LangChain chain (plain and through the pilot with its callback handler)."""
+
+OnArm = Callable[[str, int], Tick]
+
+
+@dataclass
+class SuiteResult:
+    engine: dict[str, Any]
+    runs: list[WorkloadRun] = field(default_factory=list)
+
+    def run(self, name: str) -> WorkloadRun | None:
+        return next((run for run in self.runs if run.name == name), None)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"engine": self.engine, "workloads": [run.as_json() for run in self.runs]}
+
+
+def _engine_facts(engine: EngineTarget) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "base_url": engine.base_url,
+        "model": engine.model_name,
+        "block_size": engine.block_size,
+        "kv_cache_tokens": engine.kv_cache_tokens,
+    }
+    for name in ("kind", "flags"):
+        value = getattr(engine, name, None)
+        if value is not None:
+            facts[name] = value if isinstance(value, str) else list(value)
+    return facts
+
+
+def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm) -> WorkloadRun:
+    from ..pilot import ContextPilot, PilotConfig
+    from .langchain_path import run_langchain_arm
+
+    requests = workload.requests
+    direct = run_workload(engine, _direct_only(workload), on_arm=on_arm).arms[0]
+    plain, _ = run_langchain_arm(
+        "langchain, unmodified",
+        engine,
+        requests,
+        pilot=None,
+        tick=on_arm("langchain, unmodified", len(requests)),
+    )
+    ours, handlers = run_langchain_arm(
+        "langchain + contextpilot",
+        engine,
+        requests,
+        pilot=ContextPilot(PilotConfig(system_prompt=SYSTEM)),
+        tick=on_arm("langchain + contextpilot", len(requests)),
+    )
+    observed = sum(int(getattr(h, "observed", 0)) for h in handlers)
+    return WorkloadRun(
+        "langchain",
+        f"{workload.description}; through a LangChain chain (ChatOpenAI), callback handler "
+        "attached",
+        (plain, direct, ours),
+        (f"callback handler observed {observed} of {len(requests)} engine usage reports",),
+    )
+
+
+def _direct_only(workload: EngineWorkload) -> EngineWorkload:
+    arm = workload.arm("contextpilot")
+    return EngineWorkload(workload.name, workload.description, (_Renamed(arm, "direct pilot"),))
+
+
+class _Renamed:
+    def __init__(self, arm: Any, name: str) -> None:
+        self._arm = arm
+        self.name = name
+        self.max_tokens = int(arm.max_tokens)
+
+    def __len__(self) -> int:
+        return len(self._arm)
+
+    def messages(self, i: int) -> Any:
+        return self._arm.messages(i)
+
+    def answered(self, i: int, answer: str) -> None:
+        self._arm.answered(i, answer)
+
+
+def run_suite(
+    engine: EngineTarget,
+    workloads: Sequence[str] = SUITE_WORKLOADS,
+    *,
+    seed: int = 0,
+    on_arm: OnArm | None = None,
+    sizes: dict[str, dict[str, int]] | None = None,
+    on_workload: Callable[[SuiteResult], None] | None = None,
+) -> SuiteResult:
+    """Run ``workloads`` (names from :data:`SUITE_WORKLOADS`) on ``engine``.
+    ``sizes`` overrides a workload's size arguments (e.g. ``{"online": {"k": 6}}``);
+    ``on_workload`` is called with the results so far after each workload (to save
+    them as they come)."""
+    unknown = set(workloads) - set(SUITE_WORKLOADS)
+    if unknown:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"unknown workloads {sorted(unknown)}; known: {SUITE_WORKLOADS}")
+    sizes = sizes or {}
+    progress: OnArm = on_arm or (lambda name, total: lambda: None)
+    result = SuiteResult(_engine_facts(engine))
+    builders: dict[str, Callable[..., EngineWorkload]] = {
+        "online": online_workload,
+        "batch": batch_workload,
+        "multi-turn": multiturn_workload,
+    }
+    for name in workloads:
+        if name == "langchain":
+            from .langchain_path import langchain_available
+
+            if not langchain_available():
+                continue
+            workload = builders["online"](seed=seed, **sizes.get("online", {}))
+            result.runs.append(_langchain_run(engine, workload, _labelled(progress, name)))
+        else:
+            workload = builders[name](seed=seed, **sizes.get(name, {}))
+            result.runs.append(run_workload(engine, workload, on_arm=_labelled(progress, name)))
+        if on_workload is not None:
+            on_workload(result)
+    return result
+
+
+def _labelled(on_arm: OnArm, workload: str) -> OnArm:
+    return lambda arm, total: on_arm(f"{workload}: {arm}", total)
+
+
+# -- targets ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    what: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf")
+
+
+def _sim_error(arm: ArmRun) -> float | None:
+    predicted = arm.predicted_computed
+    if predicted is None or predicted == 0:
+        return None
+    return arm.computed_tokens / predicted - 1
+
+
+def _predicted_hit(arm: ArmRun) -> float | None:
+    predicted = arm.predicted_computed
+    if predicted is None:
+        return None
+    return 1 - predicted / max(1, arm.prompt_tokens)
+
+
+def checks(result: SuiteResult) -> list[Check]:
+    """The issue's must-show targets, evaluated on this run."""
+    out: list[Check] = []
+    targets = {"multi-turn": ("mean TTFT", 2.0), "batch": ("prefill time", 2.0)}
+    targets["online"] = ("prefill time", 1.2)
+    for name, (measure, goal) in targets.items():
+        run = result.run(name)
+        if run is None:
+            continue
+        plain, ours = run.arm("unmodified"), run.arm("contextpilot")
+        if measure == "mean TTFT":
+            gain = _ratio(plain.mean_ttft_s, ours.mean_ttft_s)
+        else:
+            gain = _ratio(plain.prefill_s, ours.prefill_s)
+        hit = _predicted_hit(ours)
+        where = f" (sim predicts {hit:.0%} hits)" if hit is not None else ""
+        out.append(
+            Check(
+                f"{name}: {measure} vs unmodified",
+                f">= {goal}x",
+                f"{gain:.2f}x{where}",
+                gain >= goal,
+            )
+        )
+        computed = _ratio(plain.computed_tokens, ours.computed_tokens)
+        speed = _ratio(plain.prefill_s, ours.prefill_s)
+        out.append(
+            Check(
+                f"{name}: TTFT reduction / computed-token reduction",
+                ">= 0.8",
+                f"{speed:.2f}x / {computed:.2f}x = {speed / computed:.2f}",
+                speed / computed >= 0.8,
+            )
+        )
+        for arm in run.arms:
+            error = _sim_error(arm)
+            out.append(
+                Check(
+                    f"{name}/{arm.name}: engine computed tokens vs simulated",
+                    "within ±10%",
+                    "n/a" if error is None else f"{error:+.1%}",
+                    None if error is None else abs(error) <= 0.10,
+                )
+            )
+    for name in ("online", "batch"):
+        run = result.run(name)
+        if run is None:
+            continue
+        overhead = run.arm("contextpilot").prompt_tokens / run.arm("unmodified").prompt_tokens - 1
+        out.append(
+            Check(
+                f"{name}: prompt tokens added by notes and labels",
+                "<= 5%",
+                f"{overhead:+.1%}",
+                overhead <= 0.05,
+            )
+        )
+    lc = result.run("langchain")
+    if lc is not None:
+        direct, chain = lc.arm("direct pilot"), lc.arm("langchain + contextpilot")
+        gap = chain.cached_tokens / max(1, direct.cached_tokens) - 1
+        out.append(
+            Check(
+                "langchain path: cached tokens vs direct pilot",
+                "within 5%",
+                f"{gap:+.1%}",
+                abs(gap) <= 0.05,
+            )
+        )
+    return out
+
+
+# -- rendering ----------------------------------------------------------------------
+
+_COLUMNS = (
+    "arm",
+    "requests",
+    "mean TTFT s",
+    "p95 TTFT s",
+    "prefill s",
+    "prompt tok",
+    "cached (engine)",
+    "computed (engine)",
+    "computed (sim)",
+    "speed-up",
+)
+
+
+def _rows(run: WorkloadRun) -> list[tuple[str, ...]]:
+    base = run.arms[0]
+    rows: list[tuple[str, ...]] = []
+    for arm in run.arms:
+        predicted = arm.predicted_computed
+        rows.append(
+            (
+                arm.name,
+                str(len(arm.sent)),
+                f"{arm.mean_ttft_s:.3f}",
+                f"{arm.p95_ttft_s:.3f}",
+                f"{arm.prefill_s:.1f}",
+                f"{arm.prompt_tokens:,}",
+                f"{arm.cached_tokens:,} ({arm.cached_tokens / max(1, arm.prompt_tokens):.0%})",
+                f"{arm.computed_tokens:,}",
+                "n/a" if predicted is None else f"{predicted:,}",
+                f"{_ratio(base.mean_ttft_s, arm.mean_ttft_s):.2f}x",
+            )
+        )
+    return rows
+
+
+def rich_tables(result: SuiteResult) -> list[Any]:
+    """One rich table per workload, then the targets."""
+    from rich.table import Table
+
+    tables: list[Any] = []
+    for run in result.runs:
+        table = Table(title=f"{run.name}: {run.description}")
+        for column in _COLUMNS:
+            table.add_column(column, justify="left" if column == "arm" else "right")
+        for row in _rows(run):
+            table.add_row(*row)
+        tables.append(table)
+    targets = Table(title="targets (issue 20)")
+    for column in ("what", "target", "measured", "met"):
+        targets.add_column(column)
+    for check in checks(result):
+        met = "n/a" if check.met is None else ("yes" if check.met else "no")
+        targets.add_row(check.what, check.target, check.measured, met)
+    tables.append(targets)
+    return tables
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(result: SuiteResult) -> str:
+    """The results as markdown: the engine, one table per workload, the targets."""
+    engine = result.engine
+    parts = [
+        f"Engine: `{engine.get('kind', 'external')}` serving `{engine['model']}` "
+        f"(block size {engine['block_size']}, prefix cache {engine['kv_cache_tokens']} tokens)"
+        + (f"; flags `{' '.join(engine['flags'])}`" if engine.get("flags") else "")
+        + ". Requests one at a time, streamed; the engine's cache reset before each arm; "
+        "speed-up = mean TTFT of the first arm / this arm's.",
+    ]
+    for run in result.runs:
+        parts.append(f"**{run.name}** — {run.description}\n\n" + _md_table(_COLUMNS, _rows(run)))
+        if run.notes:
+            parts.append("Notes: " + "; ".join(run.notes))
+    rows = [
+        (c.what, c.target, c.measured, "n/a" if c.met is None else ("yes" if c.met else "**no**"))
+        for c in checks(result)
+    ]
+    parts.append("**Targets**\n\n" + _md_table(("what", "target", "measured", "met"), rows))
+    return "\n\n".join(parts)
+
+
+def plot(result: SuiteResult, path: Path) -> bool:
+    """Mean TTFT per arm and workload, and engine vs simulated computed tokens, as a
+    PNG; ``False`` when matplotlib is missing (the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    runs = result.runs
+    figure, axes = plt.subplots(2, len(runs), figsize=(4.2 * len(runs), 7), squeeze=False)
+    for column, run in enumerate(runs):
+        names = [arm.name.replace(" (", "\n(") for arm in run.arms]
+        top, bottom = axes[0][column], axes[1][column]
+        top.bar(names, [arm.mean_ttft_s for arm in run.arms], color="tab:blue")
+        top.set_title(run.name)
+        top.set_ylabel("mean TTFT (s)")
+        positions = range(len(run.arms))
+        bottom.bar(
+            [p - 0.2 for p in positions], [a.computed_tokens for a in run.arms], 0.4, label="engine"
+        )
+        bottom.bar(
+            [p + 0.2 for p in positions],
+            [a.predicted_computed or 0 for a in run.arms],
+            0.4,
+            label="simulated",
+        )
+        bottom.set_xticks(list(positions), names)
+        bottom.set_ylabel("computed prompt tokens")
+        bottom.legend()
+        for axis in (top, bottom):
+            axis.tick_params(axis="x", labelsize=7)
+    figure.suptitle(f"{result.engine['model']} on {result.engine.get('kind', 'engine')}")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_json(result: SuiteResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.as_json(), indent=2), encoding="utf-8")

@@ -1,0 +1,330 @@
+"""The real-engine benchmark: every arm of a workload sent to a running engine, one
+request at a time, with the engine's own account of its cache.
+
+For each arm the engine's prefix cache is reset (vLLM's ``/reset_prefix_cache``), then
+each request is streamed (``stream_options.include_usage``) and timed: time to first
+token (TTFT) from sending to the first generated token, the request's wall time, and
+the engine-reported ``prompt_tokens`` / ``prompt_tokens_details.cached_tokens`` (or
+llama-server's ``timings``). Alongside, the prompt's token ids as the engine tokenizes
+them (vLLM ``/tokenize`` with the chat template applied) are replayed through
+:class:`~contextpilot_rag.sim.prefix_cache.PrefixCacheModel` at the engine's block size
+and cache capacity, so each arm also has the *simulated* computed tokens for the very
+same prompt sequence: the sim-to-real check.
+
+Invariants: arms of one workload run back to back on the same engine with a cold
+cache each; nothing but the suite talks to the engine meanwhile (the numbers assume
+it); a report without cache information fails the run (never read as 0 cached).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from ..errors import InvalidInputError
+from ..sim.prefix_cache import PrefixCacheModel
+from ..usage import parse_cache_usage
+from .engine_workloads import EngineWorkload, Messages
+
+__all__ = [
+    "ArmRun",
+    "EngineTarget",
+    "Sent",
+    "WorkloadRun",
+    "engine_tokenizer",
+    "run_workload",
+    "send_chat",
+]
+
+Tokenize = Callable[[Messages], list[int]]
+"""A prompt's token ids as the engine sees them (chat template applied)."""
+TokenizeText = Callable[[str], list[int]]
+Tick = Callable[[], None]
+
+
+class EngineTarget(Protocol):
+    """What the suite needs of a running engine (``contextpilot_rag.engines``'
+    running engines have it)."""
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible ``/v1`` root."""
+        ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def block_size(self) -> int | None:
+        """Prefix-cache block size in tokens (``None``: unknown)."""
+        ...
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Prefix-cache capacity in tokens (``None``: unknown)."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache; ``False`` when the engine cannot."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the engine served it."""
+
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    answer: str
+    predicted_cached: int | None = None
+    """Cached tokens the prefix-cache model predicts for the same token ids."""
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+def _p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    name: str
+    sent: tuple[Sent, ...]
+    reset: bool
+    """Whether the engine's cache was emptied before this arm."""
+
+    @property
+    def mean_ttft_s(self) -> float:
+        return statistics.fmean(s.ttft_s for s in self.sent)
+
+    @property
+    def p95_ttft_s(self) -> float:
+        return _p95([s.ttft_s for s in self.sent])
+
+    @property
+    def prefill_s(self) -> float:
+        """Sum of the requests' TTFTs: the time spent before first tokens."""
+        return sum(s.ttft_s for s in self.sent)
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.total_s for s in self.sent)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens for s in self.sent)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(s.cached_tokens for s in self.sent)
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def predicted_computed(self) -> int | None:
+        if any(s.predicted_cached is None for s in self.sent):
+            return None
+        return sum(s.prompt_tokens - (s.predicted_cached or 0) for s in self.sent)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "requests": len(self.sent),
+            "reset": self.reset,
+            "mean_ttft_s": self.mean_ttft_s,
+            "p95_ttft_s": self.p95_ttft_s,
+            "prefill_s": self.prefill_s,
+            "total_s": self.total_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "computed_tokens": self.computed_tokens,
+            "predicted_computed_tokens": self.predicted_computed,
+        }
+
+
+@dataclass(frozen=True)
+class WorkloadRun:
+    name: str
+    description: str
+    arms: tuple[ArmRun, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def arm(self, name: str) -> ArmRun:
+        return next(arm for arm in self.arms if arm.name == name)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "arms": [arm.as_json() for arm in self.arms],
+            "notes": list(self.notes),
+        }
+
+
+def _root(base_url: str) -> str:
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def engine_tokenizer(
+    http: httpx.Client, base_url: str, model: str
+) -> tuple[Tokenize, TokenizeText] | None:
+    """vLLM's ``POST /tokenize``: the chat template applied as for
+    ``/v1/chat/completions`` (generation prompt included), and plain text (for the
+    answers the engine generated). ``None`` when the engine has no such endpoint."""
+    url = f"{_root(base_url)}/tokenize"
+
+    def call(body: dict[str, Any]) -> list[int]:
+        response = http.post(url, json={"model": model, **body})
+        response.raise_for_status()
+        tokens = response.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise InvalidInputError(f"{url} answered without 'tokens'")
+        return [int(t) for t in tokens]
+
+    try:
+        call({"prompt": "probe", "add_special_tokens": False})
+    except (httpx.HTTPError, InvalidInputError, ValueError):
+        return None
+
+    def chat(messages: Messages) -> list[int]:
+        return call({"messages": messages, "add_generation_prompt": True})
+
+    def text(answer: str) -> list[int]:
+        return call({"prompt": answer, "add_special_tokens": False}) if answer else []
+
+    return chat, text
+
+
+def send_chat(
+    http: httpx.Client, base_url: str, model: str, messages: Messages, *, max_tokens: int = 1
+) -> Sent:
+    """Stream one chat completion; time its first token; read the engine's usage."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    report: Any = None
+    with http.stream("POST", f"{base_url.rstrip('/')}/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    parts.append(delta["content"])
+                if first is None and (delta.get("content") or choice.get("finish_reason")):
+                    first = time.perf_counter()
+            if chunk.get("usage") or chunk.get("timings"):
+                report = chunk
+    ended = time.perf_counter()
+    if report is None:
+        raise InvalidInputError("the engine streamed no usage (needs stream_options support)")
+    usage = parse_cache_usage(report)
+    return Sent(
+        ttft_s=(first or ended) - started,
+        total_s=ended - started,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        answer="".join(parts),
+    )
+
+
+def _no_tick() -> None:
+    return None
+
+
+def run_workload(
+    engine: EngineTarget,
+    workload: EngineWorkload,
+    *,
+    tokenize: tuple[Tokenize, TokenizeText] | None = None,
+    use_engine_tokenizer: bool = True,
+    on_arm: Callable[[str, int], Tick] | None = None,
+    timeout_s: float = 600.0,
+) -> WorkloadRun:
+    """Send every arm of ``workload`` to ``engine``, each on a freshly reset cache.
+
+    ``tokenize`` gives prompt token ids for the simulated prediction; by default the
+    engine's own ``/tokenize`` is used when it has one (``use_engine_tokenizer``), and
+    without token ids the prediction is left out. ``on_arm(name, total)`` returns a
+    callback advanced once per request (progress display)."""
+    notes: list[str] = []
+    with httpx.Client(timeout=timeout_s) as http:
+        if tokenize is None and use_engine_tokenizer:
+            tokenize = engine_tokenizer(http, engine.base_url, engine.model_name)
+            if tokenize is None:
+                notes.append("engine has no /tokenize: no simulated prediction")
+        block_size = engine.block_size
+        if tokenize is not None and block_size is None:
+            notes.append("engine block size unknown: no simulated prediction")
+            tokenize = None
+        arms = []
+        for arm in workload.arms:
+            reset = engine.reset_prefix_cache()
+            if not reset:
+                notes.append(f"{arm.name}: the engine's cache could not be reset")
+            cache = (
+                PrefixCacheModel(block_size=block_size, capacity_tokens=engine.kv_cache_tokens)
+                if tokenize is not None and block_size is not None
+                else None
+            )
+            tick = on_arm(arm.name, len(arm)) if on_arm is not None else _no_tick
+            sent = []
+            for i in range(len(arm)):
+                messages = arm.messages(i)
+                ids = tokenize[0](messages) if tokenize is not None else None
+                result = send_chat(
+                    http, engine.base_url, engine.model_name, messages, max_tokens=arm.max_tokens
+                )
+                arm.answered(i, result.answer)
+                if cache is not None and ids is not None and tokenize is not None:
+                    generated = tokenize[1](result.answer) if arm.max_tokens > 1 else []
+                    predicted = cache.admit(ids, generated).cached_tokens
+                    result = _with_prediction(result, predicted, len(ids), notes)
+                sent.append(result)
+                tick()
+            arms.append(ArmRun(arm.name, tuple(sent), reset))
+    return WorkloadRun(
+        workload.name, workload.description, tuple(arms), tuple(dict.fromkeys(notes))
+    )
+
+
+def _with_prediction(sent: Sent, predicted: int, tokenized: int, notes: list[str]) -> Sent:
+    if tokenized != sent.prompt_tokens:
+        notes.append(
+            f"tokenized prompt ({tokenized}) differs from the engine's count "
+            f"({sent.prompt_tokens}) on some requests"
+        )
+    return Sent(
+        sent.ttft_s,
+        sent.total_s,
+        sent.prompt_tokens,
+        sent.cached_tokens,
+        sent.answer,
+        predicted_cached=min(predicted, sent.prompt_tokens),
+    )

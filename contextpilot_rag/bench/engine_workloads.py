@@ -1,0 +1,362 @@
+"""Real-text workloads for the real-engine benchmark, built from the bundled MTRAG corpus.
+
+Each workload is a list of *arms*: the same requests turned into the chat messages
+one arm sends, in the order it sends them. ``unmodified`` arms are what a user's RAG
+pipeline sends without this library; ``contextpilot`` arms go through a
+:class:`~contextpilot_rag.ContextPilot`. Retrieval is BM25 over the 350 passages
+(:class:`~contextpilot_rag.retrievers.BM25Retriever`); a follow-up question is
+retrieved with the previous question of its session prepended (the simplest query
+rewrite: MTRAG's follow-ups are often not standalone).
+
+* **online** — several users, each asking the questions of one MTRAG conversation as
+  single-turn requests (no history), interleaved; unmodified: documents in retrieval
+  order; contextpilot: :meth:`ContextPilot.optimize` (reorder + order note).
+* **batch** — groups of questions over one shared document set (a user asking several
+  questions about the same documents); each question ranks the set its own way.
+  Unmodified: arrival order (groups interleaved), retrieval order per question;
+  contextpilot: :meth:`ContextPilot.optimize_batch` (its execution order).
+* **multi-turn** — MTRAG conversations, several at once (round robin), each turn
+  retrieving ``k`` passages, answers taken from MTRAG's reference answers.
+  ``unmodified`` is LangChain's conversational-RAG pattern (the retrieved documents in
+  the system message, then the chat history of questions and answers, then the
+  question); ``unmodified (history keeps documents)`` keeps every turn's documents in
+  its user message (the pilot with reorder, dedup and notes off); contextpilot
+  de-duplicates against the history and appends new documents after it.
+
+All arms of a workload share the system prompt, questions, answers and documents.
+Pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from ..blocks import ContextBlock
+from ..errors import ConfigError
+from ..experiment import baseline_config
+from ..pilot import ContextPilot, PilotConfig
+from ..prompt import Prompt
+from ..retrievers import BM25Retriever
+from ..tokenizers import Tokenizer
+from .corpus import Conversation, MtragCorpus, Turn, load_mtrag
+
+__all__ = [
+    "KEEPS_DOCUMENTS",
+    "SYSTEM",
+    "Arm",
+    "EngineRequest",
+    "EngineWorkload",
+    "FixedArm",
+    "batch_workload",
+    "multiturn_workload",
+    "online_workload",
+    "unmodified_messages",
+]
+
+Messages = Sequence[Mapping[str, str]]
+
+KEEPS_DOCUMENTS = "unmodified (history keeps documents)"
+
+SYSTEM = (
+    "You are a helpful assistant. Answer the user's question from the context documents. "
+    "If they do not contain the answer, say so."
+)
+"""The system prompt of every arm (the user's own; the pilot is given it)."""
+
+
+class Arm(Protocol):
+    """One way of sending a workload's requests, in send order. A request's messages
+    may depend on the answers to earlier ones (multi-turn): the runner calls
+    :meth:`messages` for request ``i``, sends it, then :meth:`answered` with the
+    engine's answer, before asking for request ``i + 1``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens to generate per request (1 when only time to first token matters)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def messages(self, i: int) -> Messages: ...
+
+    def answered(self, i: int, answer: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class FixedArm:
+    """An arm whose prompts do not depend on answers (single-turn, batch)."""
+
+    name: str
+    prompts: tuple[Messages, ...]
+    max_tokens: int = 1
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def messages(self, i: int) -> Messages:
+        return self.prompts[i]
+
+    def answered(self, i: int, answer: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class EngineWorkload:
+    name: str
+    description: str
+    arms: tuple[Arm, ...]
+    requests: tuple[EngineRequest, ...] = ()
+    """The requests in arrival order (what the arms send, before any reordering)."""
+
+    def arm(self, name: str) -> Arm:
+        return next(arm for arm in self.arms if arm.name == name)
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request of a workload: its session (``None``: none), the documents the
+    retriever returned for ``query`` (the question, with the session's previous
+    question prepended), the question and MTRAG's reference answer."""
+
+    session: str | None
+    blocks: tuple[ContextBlock, ...]
+    question: str
+    answer: str
+    query: str = ""
+
+
+def unmodified_messages(
+    blocks: Sequence[ContextBlock], question: str, history: Sequence[tuple[str, str]] = ()
+) -> list[dict[str, str]]:
+    """What a LangChain RAG chain sends: the documents (texts separated by blank lines)
+    in the system message, the chat history of (question, answer) pairs, the question."""
+    context = "\n\n".join(block.text for block in blocks)
+    system = f"{SYSTEM}\n\nContext:\n\n{context}"
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    for asked, answered in history:
+        messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def _blocks(corpus: MtragCorpus) -> list[ContextBlock]:
+    return [ContextBlock(p.text, id=p.id) for p in corpus.passages]
+
+
+def _retriever(corpus: MtragCorpus) -> BM25Retriever:
+    return BM25Retriever(_blocks(corpus))
+
+
+def _check(name: str, value: int, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _conversations(corpus: MtragCorpus, count: int, turns: int, seed: int) -> list[Conversation]:
+    eligible = [c for c in corpus.conversations if len(c.turns) >= turns]
+    if len(eligible) < count:
+        raise ConfigError(f"only {len(eligible)} MTRAG conversations have {turns} turns")
+    return random.Random(seed).sample(eligible, count)
+
+
+def _session_requests(
+    retriever: BM25Retriever, session: str, turns: Sequence[Turn], k: int
+) -> list[EngineRequest]:
+    requests, previous = [], ""
+    for turn in turns:
+        query = f"{previous} {turn.question}".strip()
+        blocks = tuple(retriever.retrieve(query, k=k))
+        requests.append(EngineRequest(session, blocks, turn.question, turn.answer, query))
+        previous = turn.question
+    return requests
+
+
+def _round_robin(sessions: Sequence[Sequence[EngineRequest]]) -> list[EngineRequest]:
+    order: list[EngineRequest] = []
+    for position in range(max(len(s) for s in sessions)):
+        order += [s[position] for s in sessions if position < len(s)]
+    return order
+
+
+def _pilot(tokenizer: Tokenizer | None, config: PilotConfig | None = None) -> ContextPilot:
+    return ContextPilot(config or PilotConfig(), tokenizer=tokenizer)
+
+
+def online_workload(
+    *,
+    topics: int = 2,
+    users_per_topic: int = 3,
+    questions: int = 4,
+    k: int = 4,
+    seed: int = 0,
+    corpus: MtragCorpus | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> EngineWorkload:
+    """``topics`` MTRAG conversations, each researched by ``users_per_topic`` users who
+    ask ``questions`` of its questions (a random subset, in a random order) as
+    single-turn requests; the users' sessions interleaved round robin."""
+    for name, value in (("topics", topics), ("users_per_topic", users_per_topic)):
+        _check(name, value, 1)
+    _check("questions", questions, 1)
+    _check("k", k, 1)
+    corpus = corpus or load_mtrag()
+    retriever = _retriever(corpus)
+    rng = random.Random(seed)
+    sessions = []
+    for conversation in _conversations(corpus, topics, questions, seed):
+        for user in range(users_per_topic):
+            asked = rng.sample(list(conversation.turns), questions)
+            session = f"{conversation.id}/{user}"
+            sessions.append(_session_requests(retriever, session, asked, k))
+    rng.shuffle(sessions)
+    requests = _round_robin(sessions)
+    pilot = _pilot(tokenizer)
+    ours = tuple(pilot.optimize(r.blocks, r.question, system=SYSTEM).messages for r in requests)
+    plain = tuple(unmodified_messages(r.blocks, r.question) for r in requests)
+    return EngineWorkload(
+        "online",
+        f"{topics} topics × {users_per_topic} users × {questions} questions (MTRAG), k={k}, "
+        "BM25, single-turn, interleaved",
+        (FixedArm("unmodified", plain), FixedArm("contextpilot", ours)),
+        tuple(requests),
+    )
+
+
+def batch_workload(
+    *,
+    groups: int = 5,
+    questions: int = 4,
+    k: int = 4,
+    seed: int = 0,
+    corpus: MtragCorpus | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> EngineWorkload:
+    """``groups`` document sets of ``k`` passages (the passages BM25 finds for all of a
+    conversation's first ``questions`` questions), each asked those questions, which
+    rank the set their own way; arrival order shuffled across groups."""
+    for name, value, low in (("groups", groups, 1), ("questions", questions, 1), ("k", k, 2)):
+        _check(name, value, low)
+    corpus = corpus or load_mtrag()
+    retriever = _retriever(corpus)
+    requests: list[EngineRequest] = []
+    for conversation in _conversations(corpus, groups, questions, seed):
+        asked = [turn.question for turn in conversation.turns[:questions]]
+        shared = retriever.retrieve(" ".join(asked), k=k)
+        local = BM25Retriever(shared)
+        for question in asked:
+            ranked = local.retrieve(question, k=k)
+            ranked += [b for b in shared if b.id not in {r.id for r in ranked}]
+            requests.append(EngineRequest(conversation.id, tuple(ranked), question, "", question))
+    random.Random(seed).shuffle(requests)
+    pilot = _pilot(tokenizer)
+    planned = pilot.optimize_batch([(r.blocks, r.question) for r in requests], system=SYSTEM)
+    plain = tuple(unmodified_messages(r.blocks, r.question) for r in requests)
+    return EngineWorkload(
+        "batch",
+        f"{groups} document sets × {questions} questions (MTRAG), k={k}, shuffled arrival",
+        (
+            FixedArm("unmodified", plain),
+            FixedArm("contextpilot", tuple(prompt.messages for prompt in planned)),
+        ),
+        tuple(requests),
+    )
+
+
+class _Unmodified:
+    """LangChain's conversational RAG: documents in the system message, then the
+    questions and answers so far (each session's own), then the question."""
+
+    def __init__(self, requests: Sequence[EngineRequest], max_tokens: int) -> None:
+        self.name = "unmodified"
+        self.max_tokens = max_tokens
+        self._requests = requests
+        self._history: dict[str | None, list[tuple[str, str]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def messages(self, i: int) -> Messages:
+        r = self._requests[i]
+        return unmodified_messages(r.blocks, r.question, self._history.get(r.session, ()))
+
+    def answered(self, i: int, answer: str) -> None:
+        r = self._requests[i]
+        self._history.setdefault(r.session, []).append((r.question, answer))
+
+
+class _Piloted:
+    """Each turn through a pilot (its config decides reorder, dedup and notes); the
+    engine's answer recorded on the turn."""
+
+    def __init__(
+        self, name: str, requests: Sequence[EngineRequest], pilot: ContextPilot, max_tokens: int
+    ) -> None:
+        self.name = name
+        self.max_tokens = max_tokens
+        self._requests = requests
+        self._pilot = pilot
+        self._prompts: dict[int, Prompt] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def messages(self, i: int) -> Messages:
+        r = self._requests[i]
+        prompt = self._pilot.optimize(
+            r.blocks, r.question, conversation_id=r.session, system=SYSTEM
+        )
+        self._prompts[i] = prompt
+        return prompt.messages
+
+    def answered(self, i: int, answer: str) -> None:
+        self._pilot.record_answer(self._prompts.pop(i), answer or " ")
+
+
+def multiturn_workload(
+    *,
+    conversations: int = 4,
+    turns: int = 8,
+    k: int = 3,
+    max_tokens: int = 32,
+    keep_documents_arm: bool = False,
+    seed: int = 0,
+    corpus: MtragCorpus | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> EngineWorkload:
+    """``conversations`` MTRAG conversations of their first ``turns`` turns, round robin;
+    each turn's answer is the engine's own (``max_tokens`` generated), recorded in the
+    history as a chat application does. ``keep_documents_arm`` adds the arm whose
+    history keeps every turn's documents (its prompts outgrow an 8k-token context
+    within a few turns at the default sizes)."""
+    for name, value in (("conversations", conversations), ("turns", turns), ("k", k)):
+        _check(name, value, 1)
+    _check("max_tokens", max_tokens, 1)
+    corpus = corpus or load_mtrag()
+    retriever = _retriever(corpus)
+    sessions = [
+        _session_requests(retriever, c.id, c.turns[:turns], k)
+        for c in _conversations(corpus, conversations, turns, seed)
+    ]
+    requests = _round_robin(sessions)
+    keeps = replace(baseline_config(), system_prompt=SYSTEM)
+    return EngineWorkload(
+        "multi-turn",
+        f"{conversations} MTRAG conversations × {turns} turns, k={k}, BM25, round robin, "
+        f"answers generated ({max_tokens} tokens)",
+        (
+            _Unmodified(requests, max_tokens),
+            *(
+                [_Piloted(KEEPS_DOCUMENTS, requests, _pilot(tokenizer, keeps), max_tokens)]
+                if keep_documents_arm
+                else []
+            ),
+            _Piloted("contextpilot", requests, _pilot(tokenizer), max_tokens),
+        ),
+        tuple(requests),
+    )

@@ -1,0 +1,611 @@
+"""The engine manager (contextpilot_rag.engines): process safety with a stand-in engine
+(a real HTTP server on loopback that spawns a child, as vLLM spawns its engine core),
+install detection on a fake engine home, the CLI, and — marked ``engine`` — the real
+vLLM CPU build when it is installed (``contextpilot-rag engine install``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contextpilot_rag.cli import main
+from contextpilot_rag.engines import (
+    MODELS,
+    EngineStartError,
+    InstalledEngine,
+    InstallEvent,
+    KVEventPorts,
+    LaunchSpec,
+    RunningEngine,
+    check_loopback,
+    default_vllm_dtype,
+    external_engine,
+    free_port,
+    install_engine,
+    installed_engine,
+    launch_engine,
+    start_engine,
+    vllm_launch_spec,
+)
+from contextpilot_rag.engines.cache_info import (
+    kv_cache_tokens_from_log,
+    kv_cache_tokens_from_metrics,
+)
+from contextpilot_rag.engines.home import EngineLayout, engine_home
+from contextpilot_rag.engines.processes import group_members, is_running, process_info
+from contextpilot_rag.engines.state import read_records
+from contextpilot_rag.errors import ConfigError
+
+STAND_IN = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    port, pids_file, child_mode, ready_after_s = sys.argv[1:5]
+    CHILD = {
+        "plain": "import time; time.sleep(600)",
+        "stubborn": "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(600)",
+    }[child_mode]
+    child = subprocess.Popen([sys.executable, "-c", CHILD])
+    ready_at = time.monotonic() + float(ready_after_s)
+    METRICS = 'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="1000"} 1.0\\n'
+
+
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self, status, body, kind="application/json"):
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.reply(200 if time.monotonic() >= ready_at else 503, "{}")
+            elif self.path == "/v1/models":
+                self.reply(200, json.dumps({"data": [{"id": "stand-in", "object": "model"}]}))
+            elif self.path == "/metrics":
+                self.reply(200, METRICS, "text/plain")
+            else:
+                self.reply(404, "{}")
+
+        def do_POST(self):
+            self.reply(200 if self.path == "/reset_prefix_cache" else 404, "{}")
+
+        def log_message(self, *args):
+            pass
+
+
+    server = ThreadingHTTPServer(("127.0.0.1", int(port)), Handler)
+    with open(pids_file + ".partial", "w") as out:
+        json.dump({"server": os.getpid(), "child": child.pid}, out)
+    os.replace(pids_file + ".partial", pids_file)
+    print("stand-in serving", flush=True)
+    server.serve_forever()
+    """
+)
+
+# Runs in a child interpreter: starts the stand-in, prints the watchdog's pid, then
+# waits to be killed. Its own exit hook is registered before the engines package is
+# imported, so it runs after the package's hook and reports what was still alive then.
+PARENT = textwrap.dedent(
+    """
+    import atexit, json, sys, time
+    from pathlib import Path
+
+    def alive(pid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat[stat.rindex(")") + 2] not in "ZX"
+
+    watched = []
+    atexit.register(lambda: print("ALIVE_AT_EXIT", [p for p in watched if alive(p)], flush=True))
+
+    from contextpilot_rag.engines import LaunchSpec, detach_engine, launch_engine
+
+    options = json.loads(sys.argv[1])
+    spec = LaunchSpec(
+        command=tuple(options["command"]), port=options["port"], model_name="stand-in",
+        kind="vllm", log_path=Path(options["log"]), startup_timeout_s=20, stop_grace_s=1,
+    )
+    engine = launch_engine(spec)
+    pids = json.loads(Path(options["pids"]).read_text())
+    watched.extend([engine.pid, pids["server"], pids["child"]])
+    if options.get("detach_to"):
+        detach_engine(engine, Path(options["detach_to"]))
+        print("READY", json.dumps(watched), flush=True)
+        sys.exit(0)
+    print("READY", json.dumps(watched), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+class StandIn:
+    """Builds launch specs for the stand-in engine in one temporary directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.script = directory / "stand_in.py"
+        self.script.write_text(STAND_IN)
+        self.pids_file = directory / "pids.json"
+        self.log = directory / "logs" / "stand-in.log"
+
+    def command(
+        self, port: int, child: str = "plain", ready_after_s: float = 0.5
+    ) -> tuple[str, ...]:
+        return (
+            sys.executable,
+            str(self.script),
+            str(port),
+            str(self.pids_file),
+            child,
+            str(ready_after_s),
+        )
+
+    def spec(self, **overrides: object) -> LaunchSpec:
+        port = free_port()
+        child = str(overrides.pop("child", "plain"))
+        ready = float(overrides.pop("ready_after_s", 0.5))  # type: ignore[arg-type]
+        options: dict[str, object] = {
+            "command": self.command(port, child, ready),
+            "port": port,
+            "model_name": "stand-in",
+            "kind": "vllm",
+            "log_path": self.log,
+            "startup_timeout_s": 20.0,
+            "stop_grace_s": 1.0,
+        }
+        options.update(overrides)
+        return LaunchSpec(**options)  # type: ignore[arg-type]
+
+    def pids(self) -> dict[str, int]:
+        return {name: int(pid) for name, pid in json.loads(self.pids_file.read_text()).items()}
+
+    def parent(self, detach_to: Path | None = None) -> tuple[subprocess.Popen[str], list[int]]:
+        """A child interpreter that starts the stand-in; its pid list once ready."""
+        port = free_port()
+        options = {
+            "command": self.command(port),
+            "port": port,
+            "log": str(self.log),
+            "pids": str(self.pids_file),
+            "detach_to": str(detach_to) if detach_to else None,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-c", PARENT, json.dumps(options)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("READY "):
+                return process, [int(pid) for pid in json.loads(line.split(" ", 1)[1])]
+        process.wait(timeout=10)
+        raise AssertionError(f"the parent never got ready (exit {process.returncode})")
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 6.0) -> list[int]:
+    """The pids still alive after ``timeout_s`` (an empty list when all are gone)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if is_running(pid)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [pid for pid in pids if is_running(pid)]
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> StandIn:
+    return StandIn(tmp_path)
+
+
+@pytest.fixture
+def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EngineLayout:
+    home = tmp_path / "engine-home"
+    monkeypatch.setenv("CONTEXTPILOT_ENGINE_HOME", str(home))
+    return EngineLayout(home)
+
+
+# --- process safety -------------------------------------------------------------------
+
+
+def test_start_waits_for_health_and_stop_ends_the_server_and_its_child(
+    stand_in: StandIn,
+) -> None:
+    engine = launch_engine(stand_in.spec(ready_after_s=1.0))
+    try:
+        assert engine.healthy()  # the stand-in answers 503 for its first second
+        pids = stand_in.pids()
+        assert is_running(pids["server"]) and is_running(pids["child"])
+        assert set(group_members(engine.pid)) == {engine.pid, pids["server"], pids["child"]}
+        assert engine.base_url == f"http://127.0.0.1:{engine.port}/v1"
+        assert engine.kv_cache_tokens == 32_000  # num_gpu_blocks × block_size from /metrics
+        assert engine.reset_prefix_cache() is True
+    finally:
+        engine.stop()
+    assert wait_until_gone([engine.pid, pids["server"], pids["child"]], timeout_s=1.0) == []
+    assert group_members(engine.pid) == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(
+    stand_in: StandIn,
+) -> None:
+    with launch_engine(stand_in.spec(child="stubborn")) as engine:
+        child = stand_in.pids()["child"]
+    assert wait_until_gone([child, engine.pid], timeout_s=1.0) == []
+
+
+def test_the_engine_dies_with_its_parent_on_sigkill(stand_in: StandIn) -> None:
+    parent, pids = stand_in.parent()
+    assert all(is_running(pid) for pid in pids)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=5)
+    assert wait_until_gone(pids, timeout_s=5.0) == []
+
+
+def test_ctrl_c_in_the_parent_stops_the_engine_before_the_parent_exits(
+    stand_in: StandIn,
+) -> None:
+    parent, pids = stand_in.parent()
+    parent.send_signal(signal.SIGINT)
+    output, _ = parent.communicate(timeout=20)
+    assert "KeyboardInterrupt" in output
+    assert "ALIVE_AT_EXIT []" in output  # the exit hook had stopped the group already
+    assert wait_until_gone(pids, timeout_s=1.0) == []
+
+
+def test_a_detached_engine_outlives_its_parent_until_engine_stop(
+    stand_in: StandIn, fake_home: EngineLayout
+) -> None:
+    parent, pids = stand_in.parent(detach_to=fake_home.run_dir)
+    assert parent.wait(timeout=10) == 0
+    [(path, record)] = read_records(fake_home.run_dir)
+    assert record is not None and record.pid == pids[0] and record.is_running()
+    time.sleep(0.5)  # the watchdog polls its parent every 0.1 s
+    assert all(is_running(pid) for pid in pids)
+    assert httpx.get(f"{record.base_url}/models", trust_env=False).status_code == 200
+    assert main(["engine", "stop", "--port", str(record.port)]) == 0
+    assert wait_until_gone(pids, timeout_s=1.0) == []
+    assert not path.exists()
+
+
+def test_engine_stop_never_signals_a_recycled_pid(fake_home: EngineLayout) -> None:
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        info = process_info(bystander.pid)
+        assert info is not None
+        record = {
+            "kind": "vllm",
+            "model_name": "m",
+            "port": 8030,
+            "base_url": "http://127.0.0.1:8030/v1",
+            "pid": bystander.pid,
+            "pgid": info.pgid,
+            "start_ticks": info.start_ticks - 1,  # the recorded engine started earlier
+            "command": ["python", "-m", "vllm"],
+            "log_path": "/dev/null",
+            "started_at": 0.0,
+        }
+        fake_home.run_dir.mkdir(parents=True)
+        state_file = fake_home.run_dir / "vllm-8030.json"
+        state_file.write_text(json.dumps(record))
+        assert main(["engine", "stop", "--all"]) == 0
+        time.sleep(0.2)
+        assert bystander.poll() is None and is_running(bystander.pid)
+        assert not state_file.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_an_engine_that_exits_during_startup_raises_with_its_log(stand_in: StandIn) -> None:
+    command = (sys.executable, "-c", "print('model file is corrupt'); raise SystemExit(3)")
+    spec = stand_in.spec(command=command)
+    with pytest.raises(EngineStartError, match="exited during start-up") as caught:
+        launch_engine(spec)
+    assert "model file is corrupt" in caught.value.log_tail
+
+
+def test_an_engine_that_never_gets_healthy_is_stopped_at_the_timeout(
+    stand_in: StandIn,
+) -> None:
+    with pytest.raises(EngineStartError, match=r"within 1\.5 s"):
+        launch_engine(stand_in.spec(ready_after_s=600, startup_timeout_s=1.5))
+    pids = stand_in.pids()
+    assert wait_until_gone([pids["server"], pids["child"]], timeout_s=1.0) == []
+
+
+def test_a_busy_port_is_refused_before_anything_starts(stand_in: StandIn) -> None:
+    with launch_engine(stand_in.spec()) as engine:
+        first = stand_in.pids()
+        spec = stand_in.spec()
+        busy = LaunchSpec(**{**spec.__dict__, "port": engine.port})
+        with pytest.raises(EngineStartError, match="already in use"):
+            launch_engine(busy)
+        assert stand_in.pids() == first  # no second stand-in was spawned
+
+
+def test_non_loopback_hosts_are_refused(fake_home: EngineLayout, stand_in: StandIn) -> None:
+    for host in ("0.0.0.0", "192.168.1.10", "::", "example.com", "127.0.0.1 "):
+        with pytest.raises(ConfigError, match="loopback"):
+            check_loopback(host)
+        with pytest.raises(ConfigError, match="loopback"):
+            stand_in.spec(host=host)
+        # refused before the (absent) install is even looked up
+        with pytest.raises(ConfigError, match="loopback"):
+            start_engine("vllm", host=host)
+    assert check_loopback("localhost") == "127.0.0.1"
+    with pytest.raises(ConfigError, match="--host"):
+        start_engine("vllm", extra_args=("--host=0.0.0.0",))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"block_size": 16}, "multiple of 32"),
+        ({"kv_cache_gib": 0}, "GiB"),
+        ({"max_model_len": 100_000}, "max_model_len"),
+        ({"port": 70_000}, "port"),
+        ({"extra_args": "--seed 0"}, "sequence of strings"),
+        ({"dtype": "float16"}, "dtype"),
+        ({"cpu_bind": "all"}, "cpu_bind"),
+    ],
+)
+def test_bad_start_arguments_are_config_errors(
+    fake_home: EngineLayout, arguments: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        start_engine("vllm", **arguments)  # type: ignore[arg-type]
+
+
+def test_gemma_runs_on_llama_server_only() -> None:
+    with pytest.raises(ConfigError, match="llama-server"):
+        start_engine("vllm", "gemma3")
+    assert main(["engine", "start", "--engine", "vllm", "--model", "gemma3"]) == 2
+
+
+# --- install detection ----------------------------------------------------------------
+
+FAKE_PYTHON = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/calls.log"
+if [ "$1" = "-c" ]; then echo 0.32.0; fi
+exit 0
+"""
+
+
+def make_fake_vllm_install(layout: EngineLayout, *, stamped: bool) -> Path:
+    """A vLLM venv whose python 'imports vllm' and logs every call; the model files."""
+    python = layout.vllm_python
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    spec = MODELS["smollm2"]
+    layout.models_dir.mkdir(parents=True)
+    spec.gguf_path(layout.models_dir).write_bytes(b"GGUF")
+    spec.hf_path(layout.models_dir).mkdir()
+    (spec.hf_path(layout.models_dir) / "config.json").write_text("{}")
+    if stamped:
+        stamp = {"kind": "vllm", "version": "0.32.0", "size_bytes": 1, "installed_at": "x"}
+        layout.stamp("vllm").write_text(json.dumps(stamp))
+    return python.parent / "calls.log"
+
+
+def test_a_complete_install_is_detected_and_not_redone(fake_home: EngineLayout) -> None:
+    calls = make_fake_vllm_install(fake_home, stamped=True)
+    events: list[InstallEvent] = []
+    installed = install_engine("vllm", progress=events.append)
+    assert [event.state for event in events if event.state != "start"] == ["skipped"] * 3
+    assert calls.read_text().splitlines() == ["-c import vllm; print(vllm.__version__)"]
+    assert installed == installed_engine("vllm")
+    assert installed.model_path == fake_home.models_dir / "smollm2-135m-instruct-hf"
+    assert installed.executable == fake_home.vllm_python
+
+
+def test_a_working_venv_without_stamp_is_adopted_without_pip(fake_home: EngineLayout) -> None:
+    calls = make_fake_vllm_install(fake_home, stamped=False)
+    assert installed_engine("vllm") is None
+    events: list[InstallEvent] = []
+    installed = install_engine("vllm", progress=events.append)
+    assert events[1] == InstallEvent("vLLM CPU venv", "adopted", events[1].elapsed_s)
+    assert "-m pip" not in calls.read_text()
+    assert installed.version == "0.32.0"
+    assert json.loads(fake_home.stamp("vllm").read_text())["adopted"] is True
+
+
+def test_an_install_missing_its_converted_model_is_not_complete(fake_home: EngineLayout) -> None:
+    make_fake_vllm_install(fake_home, stamped=True)
+    (MODELS["smollm2"].hf_path(fake_home.models_dir) / "config.json").unlink()
+    assert installed_engine("vllm") is None
+    assert installed_engine("llama-server") is None
+
+
+def test_the_engine_home_follows_the_environment(tmp_path: Path) -> None:
+    assert engine_home({"CONTEXTPILOT_ENGINE_HOME": str(tmp_path)}) == tmp_path
+    assert engine_home({"XDG_CACHE_HOME": "/c"}) == Path("/c/contextpilot-rag/engines")
+    assert engine_home({}) == Path.home() / ".cache" / "contextpilot-rag" / "engines"
+    assert EngineLayout(tmp_path).vllm_venv == tmp_path / "vllm" / "venv"
+
+
+# --- commands, flags, reports ---------------------------------------------------------
+
+
+def test_vllm_flags_keep_every_socket_on_loopback(fake_home: EngineLayout) -> None:
+    make_fake_vllm_install(fake_home, stamped=True)
+    installed = installed_engine("vllm")
+    assert isinstance(installed, InstalledEngine)
+    spec = vllm_launch_spec(installed, port=8030, kv_events=KVEventPorts(5557, 5558))
+    flags = list(spec.command)
+    assert flags[flags.index("--host") + 1] == "127.0.0.1"
+    assert flags[flags.index("--block-size") + 1] == "32"
+    assert {"--enable-prefix-caching", "--enable-prompt-tokens-details"} <= set(flags)
+    events = json.loads(flags[flags.index("--kv-events-config") + 1])
+    assert events["endpoint"] == "tcp://127.0.0.1:5557"  # vLLM connects; no wildcard bind
+    assert events["replay_endpoint"] == "tcp://127.0.0.1:5558"
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and spec.env["HF_HUB_OFFLINE"] == "1"
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"  # not one shared pinned core
+    assert flags[flags.index("--dtype") + 1] in ("bfloat16", "float32")
+    bf16 = vllm_launch_spec(installed, port=8030, dtype="bfloat16").command
+    assert bf16[bf16.index("--dtype") + 1] == "bfloat16"
+
+
+def test_vllm_computes_in_float32_unless_the_cpu_has_native_bf16() -> None:
+    assert default_vllm_dtype("flags : fpu sse avx2 fma") == "float32"
+    assert default_vllm_dtype("flags : avx2 avx512f avx512_bf16") == "bfloat16"
+    assert default_vllm_dtype("flags : avx2 amx_bf16 amx_tile") == "bfloat16"
+
+
+def test_kv_cache_capacity_is_read_from_metrics_or_log() -> None:
+    metrics = '# HELP x\nvllm:cache_config_info{block_size="32",num_gpu_blocks="2048"} 1.0\n'
+    assert kv_cache_tokens_from_metrics(metrics) == 65_536
+    assert kv_cache_tokens_from_metrics('vllm:cache_config_info{num_gpu_blocks="None"} 1') is None
+    log = "(EngineCore pid=1) INFO [kv_cache_utils.py:2328] CPU KV cache size: 43,690 tokens, "
+    assert kv_cache_tokens_from_log(log) == 43_690
+    assert kv_cache_tokens_from_log("nothing here") is None
+
+
+def test_an_external_engine_is_never_stopped_or_reset() -> None:
+    engine = external_engine("http://gpu-box:8000/", "llama-3")
+    assert engine.base_url == "http://gpu-box:8000/v1"
+    assert external_engine("https://h/v1", "m").base_url == "https://h/v1"
+    engine.stop()  # nothing to stop: the server is not ours
+    assert engine.reset_prefix_cache() is False
+    with pytest.raises(ConfigError):
+        external_engine("gpu-box:8000", "llama-3")
+
+
+def test_status_lists_installed_engines_and_stale_records(
+    fake_home: EngineLayout, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_fake_vllm_install(fake_home, stamped=True)
+    assert main(["engine", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "0.32.0" in out and "not installed" in out and "smollm2" in out
+
+
+def test_python_dash_m_runs_the_same_commands() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "contextpilot_rag.engines", "stop", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0 and "--all" in result.stdout
+
+
+# --- the real vLLM CPU build ----------------------------------------------------------
+
+VLLM = installed_engine("vllm")
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[RunningEngine]:
+    with start_engine("vllm", block_size=32, max_model_len=4096, startup_timeout_s=900) as engine:
+        yield engine
+
+
+def chat(engine: RunningEngine, prompt: str) -> dict[str, object]:
+    body = {
+        "model": engine.model_name,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    response = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
+    response.raise_for_status()
+    usage: dict[str, object] = response.json()["usage"]
+    return usage
+
+
+def cached_tokens(usage: dict[str, object]) -> int:
+    details = usage.get("prompt_tokens_details") or {}
+    assert isinstance(details, dict)
+    return int(details.get("cached_tokens") or 0)
+
+
+needs_vllm: Callable[[Callable[..., None]], Callable[..., None]] = pytest.mark.skipif(
+    VLLM is None, reason="vLLM not installed (run `contextpilot-rag engine install`)"
+)
+
+
+@pytest.mark.engine
+@needs_vllm
+def test_vllm_serves_the_model_and_reports_cached_tokens(vllm: RunningEngine) -> None:
+    models = httpx.get(f"{vllm.base_url}/models", timeout=10).json()
+    assert [item["id"] for item in models["data"]] == ["smollm2-135m-instruct"]
+    assert vllm.kv_cache_tokens is not None and vllm.kv_cache_tokens > 10_000
+    prompt = "Harbour report. " + " ".join(f"Ship {i} arrived at dawn." for i in range(60))
+    first = chat(vllm, prompt)
+    second = chat(vllm, prompt)
+    assert int(str(first["prompt_tokens"])) > 300
+    assert cached_tokens(second) >= 256 and cached_tokens(second) % 32 == 0
+    assert vllm.reset_prefix_cache() is True
+    chat(vllm, "Unrelated warm-up so the reset is applied.")
+    assert cached_tokens(chat(vllm, prompt)) < cached_tokens(second)
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` in the process tree, whatever its group."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [root]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return [pid for pid in found if is_running(pid)]
+
+
+@pytest.mark.engine
+@needs_vllm
+def test_vllm_stop_leaves_no_process_behind(vllm: RunningEngine) -> None:
+    tree = [vllm.pid, *descendants(vllm.pid)]
+    assert len(tree) >= 3  # watchdog, API server, engine core (and its workers)
+    assert set(vllm.pids()) >= set(tree)  # all in the engine's process group
+    vllm.stop()
+    assert wait_until_gone(tree, timeout_s=5.0) == []
+    assert group_members(vllm.pid) == []
+    # other engines may share the model path; the port is this engine's own
+    leftover = subprocess.run(
+        ["pgrep", "-f", "--", f"--port {vllm.port} "], capture_output=True, check=False
+    )
+    assert leftover.returncode == 1, leftover.stdout  # 1: nothing matched
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(
+    installed_engine("llama-server", "smollm2") is None,
+    reason="llama-server not installed (contextpilot-rag engine install --engine llama-server)",
+)
+def test_llama_server_serves_smollm2_and_stops_cleanly() -> None:
+    with start_engine("llama-server", "smollm2", max_model_len=2048, threads=1) as engine:
+        tree = [engine.pid, *descendants(engine.pid)]
+        assert engine.kv_cache_tokens == 2048 and engine.block_size == 1
+        assert "--swa-full" not in engine.flags  # SmolLM2 is full attention
+        prompt = "Harbour report. " + " ".join(f"Ship {i} arrived at dawn." for i in range(40))
+        chat(engine, prompt)
+        assert cached_tokens(chat(engine, prompt)) > 0 or engine.reset_prefix_cache() is False
+    assert wait_until_gone(tree, timeout_s=5.0) == []
