@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-sim clean
+.PHONY: demo test test-engine lint bench bench-sim bench-engine clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ bench-sim: $(STAMP)
 	$(BIN)/python benchmarks/ttca_warmup.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/slot_reuse.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/client_overhead.py --write docs/benchmarks.md
+	$(BIN)/python benchmarks/annotation_overhead.py --write docs/benchmarks.md
+
+# The real-engine suite: installs vLLM's CPU build + SmolLM2 on first use (minutes), then
+# online, batch, multi-turn and the LangChain path on it (docs/benchmarks.md, engine-suite).
+bench-engine: $(STAMP)
+	$(BIN)/python benchmarks/engine.py --write docs/benchmarks.md --plot docs/img/engine_suite.png
+
+# Tests against real engines (deselected by `make test`; each skips when its engine is absent).
+test-engine: $(STAMP)
+	MEM0_TELEMETRY=False $(BIN)/pytest -q -m engine
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
