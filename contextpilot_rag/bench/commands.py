@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -95,18 +94,18 @@ def _probed(engine: Any) -> Any:
     page reports (vLLM's ``vllm:cache_config_info``), where it has one."""
     import httpx
 
-    from ..engines.cache_info import kv_cache_tokens_from_metrics
+    from ..engines.cache_info import block_size_from_metrics, kv_cache_tokens_from_metrics
 
     root = engine.base_url.removesuffix("/v1")
     try:
         text = httpx.get(f"{root}/metrics", timeout=5.0).text
     except httpx.HTTPError:
         return engine
-    match = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', text)
-    if match is None:
+    block_size = block_size_from_metrics(text)
+    if block_size is None:
         return engine
     return replace(
-        engine, block_size=int(match[1]), kv_cache_tokens=kv_cache_tokens_from_metrics(text)
+        engine, block_size=block_size, kv_cache_tokens=kv_cache_tokens_from_metrics(text)
     )
 
 

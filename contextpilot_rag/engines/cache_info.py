@@ -10,23 +10,33 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["kv_cache_tokens_from_log", "kv_cache_tokens_from_metrics"]
+__all__ = ["block_size_from_metrics", "kv_cache_tokens_from_log", "kv_cache_tokens_from_metrics"]
 
 _INFO_METRIC = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _LOG_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
+def _cache_config(text: str) -> dict[str, str]:
+    match = _INFO_METRIC.search(text)
+    return dict(_LABEL.findall(match["labels"])) if match is not None else {}
+
+
+def block_size_from_metrics(text: str) -> int | None:
+    """The prefix-cache block size from a Prometheus ``/metrics`` page, or ``None``."""
+    block_size = _cache_config(text).get("block_size", "")
+    return int(block_size) if block_size.isdigit() else None
+
+
 def kv_cache_tokens_from_metrics(text: str) -> int | None:
     """``num_gpu_blocks × block_size`` from a Prometheus ``/metrics`` page, or ``None``."""
-    match = _INFO_METRIC.search(text)
-    if match is None:
+    blocks, block_size = (
+        _cache_config(text).get("num_gpu_blocks", ""),
+        block_size_from_metrics(text),
+    )
+    if not blocks.isdigit() or block_size is None:
         return None
-    labels = dict(_LABEL.findall(match["labels"]))
-    blocks, block_size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
-    if not (blocks.isdigit() and block_size.isdigit()):
-        return None
-    return int(blocks) * int(block_size)
+    return int(blocks) * block_size
 
 
 def kv_cache_tokens_from_log(text: str) -> int | None:
