@@ -9,9 +9,13 @@ from dataclasses import dataclass
 import pytest
 
 from contextpilot_rag.bench.corpus import load_mtrag
-from contextpilot_rag.bench.engine_suite import run_workload
+from contextpilot_rag.bench.engine_report import _family_rows
+from contextpilot_rag.bench.engine_suite import run_workload, simulate_family
 from contextpilot_rag.bench.engine_workloads import (
+    QA_HISTORY,
+    REORDER_ONLY,
     SYSTEM,
+    EngineWorkload,
     batch_workload,
     multiturn_workload,
     online_workload,
@@ -61,7 +65,7 @@ def test_workloads_are_deterministic_and_share_their_requests() -> None:
     other = online_workload(seed=4)
     assert other.arm("unmodified").messages(0) != first.arm("unmodified").messages(0)
     plain, ours = first.arm("unmodified"), first.arm("contextpilot")
-    assert len(plain) == len(ours) == 2 * 3 * 4
+    assert len(plain) == len(ours) == 2 * 4 * 4
     assert plain.messages(0)[0]["content"].startswith(SYSTEM)
     assert ours.messages(0)[0]["content"] == SYSTEM
 
@@ -76,6 +80,37 @@ def test_batch_arm_is_a_permutation_of_the_same_questions() -> None:
 
     asked = sorted(question(plain.messages(i)) for i in range(len(plain)))
     assert sorted(question(ours.messages(i)) for i in range(len(ours))) == asked
+
+
+def test_multiturn_arms_follow_their_application_patterns() -> None:
+    workload = multiturn_workload(conversations=1, turns=3, max_tokens=4)
+    assert workload.pairs == (("unmodified", "contextpilot"), (QA_HISTORY, REORDER_ONLY))
+    sent: dict[str, list[list[dict[str, str]]]] = {}
+    for arm in workload.arms:
+        for i in range(len(arm)):
+            sent.setdefault(arm.name, []).append([dict(m) for m in arm.messages(i)])
+            arm.answered(i, f"answer {i}")
+    texts = {b.id: b.text for r in workload.requests for b in r.blocks}
+    repeated = {
+        b.id for r in workload.requests[1:] for b in r.blocks if b in workload.requests[0].blocks
+    }
+    assert repeated, "the fixture conversation re-retrieves a document"
+    last = workload.requests[-1]
+
+    def count(messages: list[dict[str, str]], block_id: str) -> int:
+        return sum(m["content"].count(texts[block_id]) for m in messages)
+
+    # documents kept in the history: unmodified repeats them, the pilot sends each once
+    for block_id in repeated:
+        assert count(sent["unmodified"][-1], block_id) >= 2
+        assert count(sent["contextpilot"][-1], block_id) == 1
+    # Q&A history: only this turn's documents, in the system message, then the answers
+    for name in (QA_HISTORY, REORDER_ONLY):
+        messages = sent[name][-1]
+        assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * 2 + ["user"]
+        assert messages[2]["content"] == "answer 0" and messages[-1]["content"] == last.question
+        assert all(count(messages[:1], b.id) == 1 for b in last.blocks)
+    assert sent[QA_HISTORY][-1][1:] == sent[REORDER_ONLY][-1][1:]
 
 
 def test_bad_sizes_are_refused() -> None:
@@ -102,8 +137,12 @@ def test_suite_matches_the_engine_when_the_engine_is_the_model() -> None:
                 assert arm.reset
                 assert arm.predicted_computed == arm.computed_tokens, (workload.name, arm.name)
                 assert all(s.ttft_s <= s.total_s for s in arm.sent)
-            ours, plain = run.arm("contextpilot"), run.arm("unmodified")
-            assert ours.cached_tokens > plain.cached_tokens, workload.name
+            (plain_name, ours_name), *others = run.pairs
+            plain, ours = run.arm(plain_name), run.arm(ours_name)
+            assert ours.computed_tokens < plain.computed_tokens, workload.name
+            for plain_name, ours_name in others:
+                assert run.baseline_of(ours_name).name == plain_name
+                assert run.arm(ours_name).computed_tokens <= run.arm(plain_name).computed_tokens
     multiturn = run.arm("contextpilot")
     assert all(s.answer for s in multiturn.sent)  # generated answers were recorded
 
@@ -113,3 +152,26 @@ def test_suite_without_a_tokenizer_leaves_the_prediction_out() -> None:
         run = run_workload(_Target(server), online_workload(topics=1, users_per_topic=1))
     assert run.arms[0].predicted_computed is None
     assert any("tokenize" in note for note in run.notes)
+
+
+def test_family_first_seed_is_the_engine_runs_ratio() -> None:
+    # The family simulation and an engine run of the same seed agree (the loopback
+    # engine's cache is the simulated model): the table's "first seed" column is
+    # what the engine run measured.
+    encode = EngineTokenizer(default_tokenizer())
+
+    def build(seed: int) -> EngineWorkload:
+        return online_workload(topics=1, users_per_topic=3, questions=3, seed=seed)
+
+    family = simulate_family(
+        "online", build, [5, 6, 7], encode, block_size=16, capacity_tokens=None
+    )
+    assert family.seeds == (5, 6, 7) and len(family.reductions) == 3
+    assert len(set(family.reductions)) > 1  # the seeds are different workloads
+    with OpenAICompatibleServer(block_size=16) as server:
+        run = run_workload(_Target(server), build(5), tokenize=(encode, lambda answer: []))
+    plain, ours = run.arm("unmodified"), run.arm("contextpilot")
+    assert family.reductions[0] == pytest.approx(plain.computed_tokens / ours.computed_tokens)
+    assert family.hit_ratios[0] == pytest.approx(1 - ours.computed_tokens / ours.prompt_tokens)
+    rows = _family_rows([family])
+    assert rows[0][0] == "online" and rows[0][-1] == f"{family.reductions[0]:.2f}x"

@@ -39,12 +39,13 @@ def test_demo_rejects_a_workload_too_small_to_measure(capsys: pytest.CaptureFixt
 
 
 def test_real_engine_demo_runs_against_any_openai_compatible_endpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``demo --endpoint``: the LangChain chain (several users at once) and the
     multi-turn conversation, each unmodified and through the pilot, against a real
     loopback HTTP engine that reports cached tokens."""
     png = tmp_path / "demo.png"
+    monkeypatch.setenv("COLUMNS", "200")  # the table as a wide terminal shows it
     with OpenAICompatibleServer(block_size=16) as server:
         code = main(
             ["demo", "--endpoint", server.base_url, "--model", server.model, "--plot", str(png)]
@@ -53,8 +54,9 @@ def test_real_engine_demo_runs_against_any_openai_compatible_endpoint(
     out = capsys.readouterr().out
     assert code == 0
     assert "Scenario 1: 4 users at once" in out
-    assert "6-turn" in out and "speed-up" in out
-    assert sent == 2 * 12 + 2 * 6
+    assert "5-turn chat" in out and "speed-up" in out
+    assert "Q&A history" in out and "reorder only" in out
+    assert sent == 2 * 12 + 4 * 5
     assert png.stat().st_size > 10_000
 
 

@@ -29,7 +29,7 @@ from .engine_report import (
     run_suite,
     write_json,
 )
-from .engine_suite import ArmRun, EngineTarget, WorkloadRun, run_workload
+from .engine_suite import EngineTarget, WorkloadRun, run_workload
 from .engine_workloads import SYSTEM, multiturn_workload, online_workload
 
 __all__ = ["add_bench_parser", "add_engine_arguments", "engine_session", "run_bench", "run_demo"]
@@ -179,14 +179,15 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         )
         return 1
     users = online_workload(topics=2, users_per_topic=2, questions=3, k=4, seed=args.seed)
-    talk = multiturn_workload(conversations=1, turns=6, k=3, max_tokens=32, seed=args.seed)
-    talk = replace(talk, arms=tuple(a for a in talk.arms if "keeps" not in a.name))
+    talk = multiturn_workload(conversations=1, turns=5, k=3, max_tokens=32, seed=args.seed)
     console.print(
         "Corpus: 350 MTRAG passages (IBM, Apache-2.0), BM25. Scenario 1: 4 users at once, "
         "3 questions each, through a LangChain chain (ChatOpenAI) — plain, then with "
-        "ContextPilotRetriever and its callback handler. Scenario 2: one 6-turn MTRAG "
-        "conversation — LangChain's history pattern, then the pilot (history kept, "
-        "repeated documents de-duplicated).\n"
+        "ContextPilotRetriever and its callback handler. Scenario 2: one 5-turn MTRAG "
+        "conversation whose documents stay in the conversation — plain, then the pilot "
+        "(repeated documents de-duplicated); and the same conversation in LangChain's "
+        "history pattern (questions and answers only) — plain, then documents in the "
+        "pilot's order.\n"
     )
     with engine_session(args, console) as engine, rich_step_progress() as progress:
         on_arm = _progress_arm(progress)
@@ -209,8 +210,8 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         conversation = run_workload(engine, talk, on_arm=on_arm)
         facts = f"{getattr(engine, 'kind', 'external')} · {engine.model_name}"
     scenarios = [
-        ("4 users, LangChain", (plain, ours)),
-        ("6-turn chat", conversation.arms),
+        WorkloadRun("4 users, LangChain", "", (plain, ours)),
+        replace(conversation, name="5-turn chat"),
     ]
     console.print(_demo_table(scenarios, facts))
     path = Path(args.plot)
@@ -219,16 +220,17 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _demo_table(scenarios: list[tuple[str, tuple[ArmRun, ...]]], facts: str) -> Table:
+def _demo_table(scenarios: list[WorkloadRun], facts: str) -> Table:
     table = Table(title=f"contextpilot_rag on a real engine ({facts})")
     for column in ("scenario", "arm", "mean TTFT s", "p95 TTFT s", "cached", "computed"):
-        table.add_column(column, justify="left" if column in ("scenario", "arm") else "right")
+        named = column in ("scenario", "arm")
+        table.add_column(column, justify="left" if named else "right", no_wrap=named)
     table.add_column("speed-up", justify="right")
-    for name, arms in scenarios:
-        base = arms[0]
-        for arm in arms:
+    for run in scenarios:
+        for arm in run.arms:
+            base = run.baseline_of(arm.name)
             table.add_row(
-                name,
+                run.name,
                 arm.name,
                 f"{arm.mean_ttft_s:.2f}",
                 f"{arm.p95_ttft_s:.2f}",
@@ -239,6 +241,5 @@ def _demo_table(scenarios: list[tuple[str, tuple[ArmRun, ...]]], facts: str) -> 
     return table
 
 
-def _demo_plot(scenarios: list[tuple[str, tuple[ArmRun, ...]]], path: Path, facts: str) -> bool:
-    runs = [WorkloadRun(name, "", arms) for name, arms in scenarios]
-    return plot(SuiteResult({"model": facts, "kind": "demo"}, runs), path)
+def _demo_plot(scenarios: list[WorkloadRun], path: Path, facts: str) -> bool:
+    return plot(SuiteResult({"model": facts, "kind": "demo"}, list(scenarios)), path)

@@ -7,13 +7,26 @@ runs: the machine's speed drifts, a ratio of neighbours much less.
 
 from __future__ import annotations
 
+import functools
 import json
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine_suite import ArmRun, EngineTarget, Tick, WorkloadRun, run_workload
+import httpx
+
+from .engine_suite import (
+    ArmRun,
+    EngineTarget,
+    FamilyRun,
+    Tick,
+    WorkloadRun,
+    engine_tokenizer,
+    run_workload,
+    simulate_family,
+)
 from .engine_workloads import (
     SYSTEM,
     EngineWorkload,
@@ -41,16 +54,25 @@ a LangChain chain (plain and through the pilot with its callback handler)."""
 OnArm = Callable[[str, int], Tick]
 
 
+FAMILY_SEEDS = 12
+"""Seeds of each single-turn workload shape simulated beside the engine run."""
+
+
 @dataclass
 class SuiteResult:
     engine: dict[str, Any]
     runs: list[WorkloadRun] = field(default_factory=list)
+    families: list[FamilyRun] = field(default_factory=list)
 
     def run(self, name: str) -> WorkloadRun | None:
         return next((run for run in self.runs if run.name == name), None)
 
     def as_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "workloads": [run.as_json() for run in self.runs]}
+        return {
+            "engine": self.engine,
+            "workloads": [run.as_json() for run in self.runs],
+            "families": [family.as_json() for family in self.families],
+        }
 
 
 def _engine_facts(engine: EngineTarget) -> dict[str, Any]:
@@ -126,11 +148,14 @@ def run_suite(
     on_arm: OnArm | None = None,
     sizes: dict[str, dict[str, int]] | None = None,
     on_workload: Callable[[SuiteResult], None] | None = None,
+    family_seeds: int = FAMILY_SEEDS,
 ) -> SuiteResult:
     """Run ``workloads`` (names from :data:`SUITE_WORKLOADS`) on ``engine``.
     ``sizes`` overrides a workload's size arguments (e.g. ``{"online": {"k": 6}}``);
     ``on_workload`` is called with the results so far after each workload (to save
-    them as they come)."""
+    them as they come). The online and batch shapes are also simulated over
+    ``family_seeds`` seeds (``seed`` onwards) with the engine's tokenizer, where it
+    has one (:class:`FamilyRun`; 0 skips it)."""
     unknown = set(workloads) - set(SUITE_WORKLOADS)
     if unknown:
         from ..errors import ConfigError
@@ -157,7 +182,43 @@ def run_suite(
             result.runs.append(run_workload(engine, workload, on_arm=_labelled(progress, name)))
         if on_workload is not None:
             on_workload(result)
+    if family_seeds > 0:
+        result.families += _families(
+            engine,
+            [(name, builders[name], sizes.get(name, {})) for name in ("online", "batch")],
+            range(seed, seed + family_seeds),
+        )
     return result
+
+
+def _families(
+    engine: EngineTarget,
+    shapes: Sequence[tuple[str, Callable[..., EngineWorkload], dict[str, int]]],
+    seeds: Sequence[int],
+) -> list[FamilyRun]:
+    if engine.block_size is None:
+        return []
+    with httpx.Client(timeout=60.0) as http:
+        tokenize = engine_tokenizer(http, engine.base_url, engine.model_name)
+        if tokenize is None:
+            return []
+        return [
+            simulate_family(
+                name,
+                functools.partial(_seeded, build, size),
+                seeds,
+                tokenize[0],
+                block_size=engine.block_size,
+                capacity_tokens=engine.kv_cache_tokens,
+            )
+            for name, build, size in shapes
+        ]
+
+
+def _seeded(
+    build: Callable[..., EngineWorkload], size: dict[str, int], seed: int
+) -> EngineWorkload:
+    return build(seed=seed, **size)
 
 
 def _labelled(on_arm: OnArm, workload: str) -> OnArm:
@@ -202,7 +263,7 @@ def checks(result: SuiteResult) -> list[Check]:
         run = result.run(name)
         if run is None:
             continue
-        plain, ours = run.arm("unmodified"), run.arm("contextpilot")
+        plain, ours = (run.arm(arm) for arm in run.pairs[0])
         if measure == "mean TTFT":
             gain = _ratio(plain.mean_ttft_s, ours.mean_ttft_s)
         else:
@@ -227,6 +288,16 @@ def checks(result: SuiteResult) -> list[Check]:
                 speed / computed >= 0.8,
             )
         )
+        for plain_name, ours_name in run.pairs[1:]:
+            other = _ratio(run.arm(plain_name).mean_ttft_s, run.arm(ours_name).mean_ttft_s)
+            out.append(
+                Check(
+                    f"{name}: {ours_name} vs {plain_name} (mean TTFT; never slower)",
+                    ">= 1.0x",
+                    f"{other:.2f}x",
+                    other >= 1.0,
+                )
+            )
         for arm in run.arms:
             error = _sim_error(arm)
             out.append(
@@ -282,9 +353,9 @@ _COLUMNS = (
 
 
 def _rows(run: WorkloadRun) -> list[tuple[str, ...]]:
-    base = run.arms[0]
     rows: list[tuple[str, ...]] = []
     for arm in run.arms:
+        base = run.baseline_of(arm.name)
         predicted = arm.predicted_computed
         rows.append(
             (
@@ -315,6 +386,13 @@ def rich_tables(result: SuiteResult) -> list[Any]:
         for row in _rows(run):
             table.add_row(*row)
         tables.append(table)
+    if result.families:
+        family = Table(title="workload families (simulated, engine tokenizer)")
+        for column in _FAMILY_COLUMNS:
+            family.add_column(column)
+        for row in _family_rows(result.families):
+            family.add_row(*row)
+        tables.append(family)
     targets = Table(title="targets (issue 20)")
     for column in ("what", "target", "measured", "met"):
         targets.add_column(column)
@@ -323,6 +401,29 @@ def rich_tables(result: SuiteResult) -> list[Any]:
         targets.add_row(check.what, check.target, check.measured, met)
     tables.append(targets)
     return tables
+
+
+_FAMILY_COLUMNS = (
+    "workload",
+    "seeds",
+    "computed-token reduction min / median / max",
+    "predicted hit ratio min",
+    "first seed",
+)
+
+
+def _family_rows(families: Sequence[FamilyRun]) -> list[tuple[str, ...]]:
+    return [
+        (
+            family.name,
+            f"{family.seeds[0]}–{family.seeds[-1]}",
+            f"{min(family.reductions):.2f}x / {statistics.median(family.reductions):.2f}x / "
+            f"{max(family.reductions):.2f}x",
+            f"{min(family.hit_ratios):.0%}",
+            f"{family.reductions[0]:.2f}x",
+        )
+        for family in families
+    ]
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -339,12 +440,20 @@ def markdown(result: SuiteResult) -> str:
         f"(block size {engine['block_size']}, prefix cache {engine['kv_cache_tokens']} tokens)"
         + (f"; flags `{' '.join(engine['flags'])}`" if engine.get("flags") else "")
         + ". Requests one at a time, streamed; the engine's cache reset before each arm; "
-        "speed-up = mean TTFT of the first arm / this arm's.",
+        "speed-up = mean TTFT of the arm's unmodified counterpart (the first arm unless "
+        "the workload pairs them otherwise) / this arm's.",
     ]
     for run in result.runs:
         parts.append(f"**{run.name}** — {run.description}\n\n" + _md_table(_COLUMNS, _rows(run)))
         if run.notes:
             parts.append("Notes: " + "; ".join(run.notes))
+    if result.families:
+        parts.append(
+            "**Workload families** — the same shapes over more seeds, simulated with the "
+            "engine's tokenizer, block size and cache size (the engine run above is the "
+            "first seed; engine and simulator agree on computed tokens)\n\n"
+            + _md_table(_FAMILY_COLUMNS, _family_rows(result.families))
+        )
     rows = [
         (c.what, c.target, c.measured, "n/a" if c.met is None else ("yes" if c.met else "**no**"))
         for c in checks(result)

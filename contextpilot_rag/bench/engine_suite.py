@@ -35,11 +35,13 @@ from .engine_workloads import EngineWorkload, Messages
 __all__ = [
     "ArmRun",
     "EngineTarget",
+    "FamilyRun",
     "Sent",
     "WorkloadRun",
     "engine_tokenizer",
     "run_workload",
     "send_chat",
+    "simulate_family",
 ]
 
 Tokenize = Callable[[Messages], list[int]]
@@ -161,15 +163,26 @@ class WorkloadRun:
     description: str
     arms: tuple[ArmRun, ...]
     notes: tuple[str, ...] = field(default=())
+    pairs: tuple[tuple[str, str], ...] = (("unmodified", "contextpilot"),)
+    """(unmodified arm, optimized arm) pairs, as the workload named them."""
 
     def arm(self, name: str) -> ArmRun:
         return next(arm for arm in self.arms if arm.name == name)
+
+    def baseline_of(self, name: str) -> ArmRun:
+        """The unmodified arm ``name`` is compared with (the first arm when no pair
+        names it; an unmodified arm is its own)."""
+        for plain, ours in self.pairs:
+            if name in (plain, ours):
+                return self.arm(plain)
+        return self.arms[0]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "description": self.description,
             "arms": [arm.as_json() for arm in self.arms],
+            "pairs": [list(pair) for pair in self.pairs],
             "notes": list(self.notes),
         }
 
@@ -310,7 +323,11 @@ def run_workload(
                 tick()
             arms.append(ArmRun(arm.name, tuple(sent), reset))
     return WorkloadRun(
-        workload.name, workload.description, tuple(arms), tuple(dict.fromkeys(notes))
+        workload.name,
+        workload.description,
+        tuple(arms),
+        tuple(dict.fromkeys(notes)),
+        workload.pairs,
     )
 
 
@@ -328,3 +345,56 @@ def _with_prediction(sent: Sent, predicted: int, tokenized: int, notes: list[str
         sent.answer,
         predicted_cached=min(predicted, sent.prompt_tokens),
     )
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    """One workload shape over many seeds, in the simulated prefix cache only (at the
+    engine's block size and capacity, with its tokenizer): per seed, the unmodified
+    arm's computed prompt tokens over the optimized arm's, and the optimized arm's
+    predicted hit ratio. The engine run stands for one seed; this shows how far that
+    seed is from the family's worst."""
+
+    name: str
+    seeds: tuple[int, ...]
+    reductions: tuple[float, ...]
+    hit_ratios: tuple[float, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "seeds": list(self.seeds),
+            "reductions": list(self.reductions),
+            "hit_ratios": list(self.hit_ratios),
+        }
+
+
+def simulate_family(
+    name: str,
+    build: Callable[[int], EngineWorkload],
+    seeds: Sequence[int],
+    tokenize: Tokenize,
+    *,
+    block_size: int,
+    capacity_tokens: int | None,
+) -> FamilyRun:
+    """Run each seed's workload (``build(seed)``; arms whose prompts do not depend on
+    answers) through the simulated prefix cache, comparing its first pair of arms."""
+    reductions: list[float] = []
+    hits: list[float] = []
+    for seed in seeds:
+        workload = build(seed)
+        computed: list[int] = []
+        total = 0
+        for arm_name in workload.pairs[0]:
+            arm = workload.arm(arm_name)
+            cache = PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens)
+            total = computed_here = 0
+            for i in range(len(arm)):
+                ids = tokenize(arm.messages(i))
+                total += len(ids)
+                computed_here += len(ids) - cache.admit(ids, []).cached_tokens
+            computed.append(computed_here)
+        reductions.append(computed[0] / max(1, computed[1]))
+        hits.append(1 - computed[1] / max(1, total))
+    return FamilyRun(name, tuple(seeds), tuple(reductions), tuple(hits))

@@ -16,12 +16,15 @@ rewrite: MTRAG's follow-ups are often not standalone).
   Unmodified: arrival order (groups interleaved), retrieval order per question;
   contextpilot: :meth:`ContextPilot.optimize_batch` (its execution order).
 * **multi-turn** — MTRAG conversations, several at once (round robin), each turn
-  retrieving ``k`` passages, answers taken from MTRAG's reference answers.
-  ``unmodified`` is LangChain's conversational-RAG pattern (the retrieved documents in
-  the system message, then the chat history of questions and answers, then the
-  question); ``unmodified (history keeps documents)`` keeps every turn's documents in
-  its user message (the pilot with reorder, dedup and notes off); contextpilot
-  de-duplicates against the history and appends new documents after it.
+  retrieving ``k`` passages, each answer the engine's own. Two application patterns,
+  each with its own unmodified arm: ``unmodified`` keeps every turn's documents in the
+  conversation (its user message, as agents keep tool results and chat apps that put
+  the context in the question do; the pilot with reorder, dedup and notes off), and
+  ``contextpilot`` de-duplicates against that history and appends only new documents;
+  ``unmodified, Q&A history`` is LangChain's conversational-RAG pattern (this turn's
+  documents in the system message, then only the questions and answers so far), and
+  ``contextpilot, reorder only`` keeps that pattern with the documents in the pilot's
+  order (what ``ContextPilotRetriever`` returns to such a chain).
 
 All arms of a workload share the system prompt, questions, answers and documents.
 Pure functions of their arguments.
@@ -44,7 +47,8 @@ from ..tokenizers import Tokenizer
 from .corpus import Conversation, MtragCorpus, Turn, load_mtrag
 
 __all__ = [
-    "KEEPS_DOCUMENTS",
+    "QA_HISTORY",
+    "REORDER_ONLY",
     "SYSTEM",
     "Arm",
     "EngineRequest",
@@ -58,7 +62,8 @@ __all__ = [
 
 Messages = Sequence[Mapping[str, str]]
 
-KEEPS_DOCUMENTS = "unmodified (history keeps documents)"
+QA_HISTORY = "unmodified, Q&A history"
+REORDER_ONLY = "contextpilot, reorder only"
 
 SYSTEM = (
     "You are a helpful assistant. Answer the user's question from the context documents. "
@@ -113,6 +118,9 @@ class EngineWorkload:
     arms: tuple[Arm, ...]
     requests: tuple[EngineRequest, ...] = ()
     """The requests in arrival order (what the arms send, before any reordering)."""
+    pairs: tuple[tuple[str, str], ...] = (("unmodified", "contextpilot"),)
+    """(unmodified arm, optimized arm) compared with each other; the first pair is the
+    one the targets are stated on."""
 
     def arm(self, name: str) -> Arm:
         return next(arm for arm in self.arms if arm.name == name)
@@ -132,12 +140,17 @@ class EngineRequest:
 
 
 def unmodified_messages(
-    blocks: Sequence[ContextBlock], question: str, history: Sequence[tuple[str, str]] = ()
+    blocks: Sequence[ContextBlock],
+    question: str,
+    history: Sequence[tuple[str, str]] = (),
+    *,
+    note: str | None = None,
 ) -> list[dict[str, str]]:
     """What a LangChain RAG chain sends: the documents (texts separated by blank lines)
-    in the system message, the chat history of (question, answer) pairs, the question."""
+    in the system message (``note`` after them), the chat history of (question,
+    answer) pairs, the question."""
     context = "\n\n".join(block.text for block in blocks)
-    system = f"{SYSTEM}\n\nContext:\n\n{context}"
+    system = f"{SYSTEM}\n\nContext:\n\n{context}" + (f"\n\n{note}" if note else "")
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     for asked, answered in history:
         messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
@@ -191,7 +204,7 @@ def _pilot(tokenizer: Tokenizer | None, config: PilotConfig | None = None) -> Co
 def online_workload(
     *,
     topics: int = 2,
-    users_per_topic: int = 3,
+    users_per_topic: int = 4,
     questions: int = 4,
     k: int = 4,
     seed: int = 0,
@@ -270,12 +283,20 @@ def batch_workload(
 
 class _Unmodified:
     """LangChain's conversational RAG: documents in the system message, then the
-    questions and answers so far (each session's own), then the question."""
+    questions and answers so far (each session's own), then the question; with a
+    ``pilot``, the documents in its order (and its order note after them)."""
 
-    def __init__(self, requests: Sequence[EngineRequest], max_tokens: int) -> None:
-        self.name = "unmodified"
+    def __init__(
+        self,
+        name: str,
+        requests: Sequence[EngineRequest],
+        max_tokens: int,
+        pilot: ContextPilot | None = None,
+    ) -> None:
+        self.name = name
         self.max_tokens = max_tokens
         self._requests = requests
+        self._pilot = pilot
         self._history: dict[str | None, list[tuple[str, str]]] = {}
 
     def __len__(self) -> int:
@@ -283,7 +304,11 @@ class _Unmodified:
 
     def messages(self, i: int) -> Messages:
         r = self._requests[i]
-        return unmodified_messages(r.blocks, r.question, self._history.get(r.session, ()))
+        history = self._history.get(r.session, ())
+        if self._pilot is None:
+            return unmodified_messages(r.blocks, r.question, history)
+        prompt = self._pilot.optimize(r.blocks, r.question)
+        return unmodified_messages(prompt.blocks, r.question, history, note=prompt.order_note)
 
     def answered(self, i: int, answer: str) -> None:
         r = self._requests[i]
@@ -320,20 +345,18 @@ class _Piloted:
 
 def multiturn_workload(
     *,
-    conversations: int = 4,
-    turns: int = 8,
+    conversations: int = 6,
+    turns: int = 5,
     k: int = 3,
     max_tokens: int = 32,
-    keep_documents_arm: bool = False,
     seed: int = 0,
     corpus: MtragCorpus | None = None,
     tokenizer: Tokenizer | None = None,
 ) -> EngineWorkload:
     """``conversations`` MTRAG conversations of their first ``turns`` turns, round robin;
     each turn's answer is the engine's own (``max_tokens`` generated), recorded in the
-    history as a chat application does. ``keep_documents_arm`` adds the arm whose
-    history keeps every turn's documents (its prompts outgrow an 8k-token context
-    within a few turns at the default sizes)."""
+    history as a chat application does. The defaults keep the longest prompt (the
+    unmodified arm's, which repeats re-retrieved documents) within an 8k context."""
     for name, value in (("conversations", conversations), ("turns", turns), ("k", k)):
         _check(name, value, 1)
     _check("max_tokens", max_tokens, 1)
@@ -350,13 +373,11 @@ def multiturn_workload(
         f"{conversations} MTRAG conversations × {turns} turns, k={k}, BM25, round robin, "
         f"answers generated ({max_tokens} tokens)",
         (
-            _Unmodified(requests, max_tokens),
-            *(
-                [_Piloted(KEEPS_DOCUMENTS, requests, _pilot(tokenizer, keeps), max_tokens)]
-                if keep_documents_arm
-                else []
-            ),
+            _Piloted("unmodified", requests, _pilot(tokenizer, keeps), max_tokens),
             _Piloted("contextpilot", requests, _pilot(tokenizer), max_tokens),
+            _Unmodified(QA_HISTORY, requests, max_tokens),
+            _Unmodified(REORDER_ONLY, requests, max_tokens, _pilot(tokenizer)),
         ),
         tuple(requests),
+        pairs=(("unmodified", "contextpilot"), (QA_HISTORY, REORDER_ONLY)),
     )
