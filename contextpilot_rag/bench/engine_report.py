@@ -55,7 +55,7 @@ OnArm = Callable[[str, int], Tick]
 
 
 FAMILY_SEEDS = 12
-"""Seeds of each single-turn workload shape simulated beside the engine run."""
+"""Seeds of each workload shape simulated beside the engine run."""
 
 
 @dataclass
@@ -153,7 +153,7 @@ def run_suite(
     """Run ``workloads`` (names from :data:`SUITE_WORKLOADS`) on ``engine``.
     ``sizes`` overrides a workload's size arguments (e.g. ``{"online": {"k": 6}}``);
     ``on_workload`` is called with the results so far after each workload (to save
-    them as they come). The online and batch shapes are also simulated over
+    them as they come). The online, batch and multi-turn shapes are also simulated over
     ``family_seeds`` seeds (``seed`` onwards) with the engine's tokenizer, where it
     has one (:class:`FamilyRun`; 0 skips it)."""
     unknown = set(workloads) - set(SUITE_WORKLOADS)
@@ -185,7 +185,10 @@ def run_suite(
     if family_seeds > 0:
         result.families += _families(
             engine,
-            [(name, builders[name], sizes.get(name, {})) for name in ("online", "batch")],
+            [
+                (name, builders[name], sizes.get(name, {}))
+                for name in ("online", "batch", "multi-turn")
+            ],
             range(seed, seed + family_seeds),
         )
     return result
@@ -450,8 +453,9 @@ def markdown(result: SuiteResult) -> str:
     if result.families:
         parts.append(
             "**Workload families** — the same shapes over more seeds, simulated with the "
-            "engine's tokenizer, block size and cache size (the engine run above is the "
-            "first seed; engine and simulator agree on computed tokens)\n\n"
+            "engine's tokenizer, block size and cache size; the engine run above is the "
+            "first seed (multi-turn here takes MTRAG's reference answers as the history, "
+            "the engine run its own answers)\n\n"
             + _md_table(_FAMILY_COLUMNS, _family_rows(result.families))
         )
     rows = [

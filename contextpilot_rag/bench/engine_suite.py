@@ -378,8 +378,10 @@ def simulate_family(
     block_size: int,
     capacity_tokens: int | None,
 ) -> FamilyRun:
-    """Run each seed's workload (``build(seed)``; arms whose prompts do not depend on
-    answers) through the simulated prefix cache, comparing its first pair of arms."""
+    """Run each seed's workload (``build(seed)``) through the simulated prefix cache,
+    comparing its first pair of arms. An arm that generates answers (multi-turn) is
+    given MTRAG's reference answers as its history, and the cache holds prompts only:
+    the engine run's answers are its own."""
     reductions: list[float] = []
     hits: list[float] = []
     for seed in seeds:
@@ -394,6 +396,8 @@ def simulate_family(
                 ids = tokenize(arm.messages(i))
                 total += len(ids)
                 computed_here += len(ids) - cache.admit(ids, []).cached_tokens
+                if arm.max_tokens > 1:
+                    arm.answered(i, workload.requests[i].answer)
             computed.append(computed_here)
         reductions.append(computed[0] / max(1, computed[1]))
         hits.append(1 - computed[1] / max(1, total))

@@ -345,7 +345,7 @@ class _Piloted:
 
 def multiturn_workload(
     *,
-    conversations: int = 6,
+    conversations: int = 4,
     turns: int = 5,
     k: int = 3,
     max_tokens: int = 32,
