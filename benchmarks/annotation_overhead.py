@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.sections import markdown_table, provenance, write_section
+from lib.sections import markdown_table, provenance, write_or_print
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
 from contextpilot_rag.tokenizers import Tokenizer, default_tokenizer
@@ -311,11 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data, tokenizer = load(), default_tokenizer()
     results = run(data, seeds, scale, tokenizer)
     text = markdown(results, mean_document_tokens(data, tokenizer), argv, len(seeds)) + "\n"
-    if args.write:
-        write_section(args.write, SECTION, text)
-        print(f"wrote {args.write}", file=sys.stderr)
-    else:
-        print(text)
+    write_or_print(text, SECTION, args.write)
     return 0
 
 

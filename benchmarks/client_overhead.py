@@ -15,7 +15,6 @@ of their medians. Prompts: a system prompt, 36 documents of ~2k characters drawn
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -23,33 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+from lib.client_workload import STREAM, Messages, prompts
 from lib.sections import markdown_table, provenance, spread, write_section
 
 from contextpilot_rag.routing import RoutingClient
 
-DOCS = [f"[doc{i}]\n" + f"Document {i} text about a topic. " * 60 for i in range(200)]
 POLICIES = ("combined", "ranvier", "round-robin")
 ENDPOINTS = ("http://127.0.0.1:8000/v1", "http://127.0.0.2:8000/v1")
-STREAM = (
-    b'data: {"choices":[{"index":0,"delta":{"content":"ok"}}]}\n\n'
-    b'data: {"choices":[],"usage":{"prompt_tokens":18000,"completion_tokens":1,'
-    b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
-    b"data: [DONE]\n\n"
-)
-Messages = list[dict[str, str]]
-
-
-def prompts(count: int, seed: int = 0) -> list[Messages]:
-    rng = random.Random(seed)
-    system = {"role": "system", "content": "Answer from the documents. " * 20}
-    return [
-        [
-            system,
-            {"role": "user", "content": "\n\n".join(rng.sample(DOCS, 36))},
-            {"role": "user", "content": f"Question {i}?"},
-        ]
-        for i in range(count)
-    ]
 
 
 def engine() -> httpx.MockTransport:

@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     with engine_session(args, console) as engine, rich_step_progress() as progress:
         tick = progress("prefix cost", len(CACHED) * len(NEW))
         rows = measure(engine, CACHED, NEW, args.seed, tick)
-        facts = f"Engine `{getattr(engine, 'kind', 'external')}` serving `{engine.model_name}`" + (
-            f" (flags `{' '.join(engine.flags)}`)" if getattr(engine, "flags", None) else ""
-        )
+        flags = getattr(engine, "flags", None)
+        facts = f"Engine `{getattr(engine, 'kind', 'external')}` serving `{engine.model_name}`"
+        facts += f" (flags `{' '.join(flags)}`)" if flags else ""
     table = Table(title="TTFT with a cached prefix vs cold")
     for column in ("P", "N", "cached", "warm s", "cold s", "speed-up"):
         table.add_column(column, justify="right")

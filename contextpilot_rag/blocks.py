@@ -91,12 +91,18 @@ class ContextBlock:
     Equality and hashing use ``(id, text)``; metadata and score do not change identity.
     ``digest`` is :func:`content_id` of the text whatever the id: conversations keep it
     to tell a block they showed from a changed text under the same id.
+
+    ``shared`` marks a public block (a public corpus, a manual every tenant reads): in
+    a prompt with a ``tenant`` it may share a cached prefix with other tenants' prompts
+    (``docs/tenants.md``); without a tenant it changes nothing. Like ``score``, it does
+    not change identity.
     """
 
     text: str
     id: str = field(default=None)  # type: ignore[assignment]
     score: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    shared: bool = field(default=False, compare=False)
     label: str = field(init=False, repr=False, compare=False)
     """The position-independent label used in the rendered prompt and notes:
     :func:`block_label` of the id (unless another block of the same prompt has it, or
@@ -125,6 +131,8 @@ class ContextBlock:
             raise InvalidBlockError(f"ContextBlock.score must be a number, got {self.score!r}")
         if not isinstance(self.metadata, Mapping):
             raise InvalidBlockError("ContextBlock.metadata must be a mapping")
+        if not isinstance(self.shared, bool):
+            raise InvalidBlockError(f"ContextBlock.shared must be a bool, got {self.shared!r}")
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
         object.__setattr__(self, "label", block_label(self.id))
 
@@ -287,6 +295,11 @@ class BlockRegistry:
     (its popularity). ``render(block, label)`` renders a block under a label given
     by ``label_style`` (:func:`block_label`). Bounded to ``capacity`` ids, least
     recently used dropped first. Not thread-safe by itself.
+
+    Entries are keyed by block id, or by the ``keys`` a caller passes alongside the
+    blocks (one per block): the pilot keys a tenant's private blocks apart from other
+    tenants' (:func:`~contextpilot_rag.tenants.registry_key`), so the id checks and the
+    popularity counts of one key space never see another's.
     """
 
     def __init__(
@@ -312,21 +325,32 @@ class BlockRegistry:
         return len(self._entries)
 
     def popularity(self, block_id: str) -> int:
-        """How many committed requests carried ``block_id`` (while it stayed here)."""
+        """How many committed requests carried ``block_id`` (or the block of that
+        key) while it stayed here."""
         return self._requests_with.get(block_id, 0)
 
     def prepare(
-        self, blocks: Sequence[ContextBlock], max_tokens: int | None, max_chars: int | None = None
+        self,
+        blocks: Sequence[ContextBlock],
+        max_tokens: int | None,
+        max_chars: int | None = None,
+        keys: Sequence[str] | None = None,
     ) -> dict[str, RegisteredBlock]:
-        """Entries for the blocks not stored yet, computed without the caller's lock
-        (tokenizing a long block then holds up no other request); pass them to
-        :meth:`resolve`. Reading the store here needs no lock: a stale answer only
-        computes an entry that :meth:`resolve` then checks or ignores. Raises
-        :class:`OversizeBlockError`."""
+        """Entries for the blocks not stored yet, by key, computed without the caller's
+        lock (tokenizing a long block then holds up no other request); pass them to
+        :meth:`resolve` with the same ``keys``. Reading the store here needs no lock: a
+        stale answer only computes an entry that :meth:`resolve` then checks or ignores.
+        Raises :class:`OversizeBlockError`."""
         stored = self._entries
+        if keys is None:
+            return {
+                block.id: self._new_entry(block, max_tokens, max_chars)
+                for block in [block for block in blocks if block.id not in stored]
+            }
         return {
-            block.id: self._new_entry(block, max_tokens, max_chars)
-            for block in [block for block in blocks if block.id not in stored]
+            key: self._new_entry(block, max_tokens, max_chars)
+            for block, key in zip(blocks, keys, strict=True)
+            if key not in stored
         }
 
     def _new_entry(
@@ -357,16 +381,18 @@ class BlockRegistry:
         max_tokens: int | None,
         prepared: Mapping[str, RegisteredBlock] | None = None,
         max_chars: int | None = None,
+        keys: Sequence[str] | None = None,
     ) -> tuple[RegisteredBlock, ...]:
         """The entries of ``blocks`` (new ones computed, or taken from ``prepared``;
-        nothing stored). Raises :class:`BlockConflictError` or
-        :class:`OversizeBlockError`."""
+        nothing stored), looked up by ``keys`` (default: the block ids). Raises
+        :class:`BlockConflictError` or :class:`OversizeBlockError`."""
         resolved = []
         stored = self._entries
-        for block in blocks:
-            entry = stored.get(block.id)
+        ids = [block.id for block in blocks] if keys is None else keys
+        for block, key in zip(blocks, ids, strict=True):
+            entry = stored.get(key)
             if entry is None:  # stored entries passed the size checks when they were new
-                entry = (prepared or {}).get(block.id)
+                entry = (prepared or {}).get(key)
                 if entry is None or entry.text != block.text:
                     entry = self._new_entry(block, max_tokens, max_chars)
             elif entry.text is not block.text and entry.text != block.text:
@@ -377,11 +403,17 @@ class BlockRegistry:
             resolved.append(entry)
         return tuple(resolved)
 
-    def commit(self, blocks: Sequence[ContextBlock], entries: Sequence[RegisteredBlock]) -> None:
-        """Store (or refresh) the entries :meth:`resolve` returned for one request."""
+    def commit(
+        self,
+        blocks: Sequence[ContextBlock],
+        entries: Sequence[RegisteredBlock],
+        keys: Sequence[str] | None = None,
+    ) -> None:
+        """Store (or refresh) the entries :meth:`resolve` returned for one request,
+        under ``keys`` (default: the block ids)."""
         counts, stored = self._requests_with, self._entries
-        for block, entry in zip(blocks, entries, strict=True):
-            block_id = block.id
+        ids = [block.id for block in blocks] if keys is None else keys
+        for block_id, entry in zip(ids, entries, strict=True):
             if block_id in stored:
                 stored.move_to_end(block_id)  # same text: resolve() checked it
             else:

@@ -1,6 +1,7 @@
 """``contextpilot-rag``: the demo (on a real engine by default, ``--engine sim`` for the
 instant simulated run), the real-engine benchmark (``bench --suite engine``) and the
-engines the project runs (``engine install|start|stop|status``).
+engines the project runs (``engine install|start|stop|status``) and the
+OpenAI-compatible proxy (``serve``, docs/serve.md).
 
 The simulated benchmarks are scripts of a source checkout: ``python benchmarks/bench.py``
 (docs/benchmarks.md) and ``python benchmarks/route_sim.py`` (routing policies on a trace).
@@ -20,6 +21,7 @@ from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
 from .experiment import ExperimentResult, run_multiturn, run_online
+from .serve.cli import add_serve_parser, run_serve
 
 __all__ = ["main"]
 
@@ -51,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_bench_parser(commands)
     add_engine_parser(commands)
+    add_serve_parser(commands)
     return parser
 
 
@@ -110,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_engine_command(args, console)
     if args.command == "bench":
         return run_bench(args, console)
+    if args.command == "serve":
+        return run_serve(args, console)
     if args.engine == "sim" and not args.endpoint:
         return _demo(args, console)
     return run_demo(args, console)

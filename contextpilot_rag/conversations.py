@@ -7,11 +7,16 @@ some turn in the rendered history already carries is replaced by a location note
 dedup never looks at another conversation.
 
 Stores own the records and are bounded: at most ``max_conversations`` (least recently
-used dropped first) and none idle longer than ``ttl_s``.
+used dropped first) and none idle longer than ``ttl_s``. A store shared by several
+processes (:mod:`contextpilot_rag.stores`: SQLite, Redis) is also *versioned*
+(:class:`VersionedConversationStore`): every write gives the record a new version, and a
+turn is written only if the record is still at the version it was planned from
+(compare-and-set), so concurrent writers never lose or duplicate a turn.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -27,8 +32,11 @@ __all__ = [
     "ConversationStore",
     "DedupResult",
     "InMemoryConversationStore",
+    "StoredConversation",
     "Turn",
+    "VersionedConversationStore",
     "deduplicate",
+    "versioned",
 ]
 
 
@@ -170,10 +178,80 @@ class ConversationStore(Protocol):
     def __len__(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class StoredConversation:
+    """What a versioned store holds under one id, read at one instant: the record
+    and its ``version`` (0: none held), and, when none is held, whether the store
+    dropped one (``forgotten``, as :meth:`ConversationStore.forgotten` tells)."""
+
+    conversation: Conversation | None
+    version: int
+    forgotten: bool = False
+
+
+@runtime_checkable
+class VersionedConversationStore(ConversationStore, Protocol):
+    """A :class:`ConversationStore` whose writes can be made conditional, for
+    writers that do not share one lock (threads of several pilots, processes).
+
+    Every write stores the record under a new version, never reused for that id (a
+    deleted or dropped record does not give its version back); no record is version
+    0. ``put_if_version`` writes only when the record is still at
+    ``expected_version`` (0: only when none is held), atomically with that check,
+    and tells whether it wrote; ``put`` writes unconditionally."""
+
+    def get_versioned(self, conversation_id: str) -> StoredConversation: ...
+
+    def put_if_version(self, conversation: Conversation, expected_version: int) -> bool: ...
+
+
+class _UnversionedStore:
+    """A plain :class:`ConversationStore` seen as a versioned one: every write
+    succeeds. Right for a store only one pilot writes, under the pilot's lock."""
+
+    def __init__(self, store: ConversationStore) -> None:
+        self.store = store
+
+    def get(self, conversation_id: str) -> Conversation | None:
+        return self.store.get(conversation_id)
+
+    def put(self, conversation: Conversation) -> None:
+        self.store.put(conversation)
+
+    def delete(self, conversation_id: str) -> bool:
+        return self.store.delete(conversation_id)
+
+    def forgotten(self, conversation_id: str) -> bool:
+        return self.store.forgotten(conversation_id)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def get_versioned(self, conversation_id: str) -> StoredConversation:
+        conversation = self.store.get(conversation_id)
+        if conversation is not None:
+            return StoredConversation(conversation, 1)
+        return StoredConversation(None, 0, self.store.forgotten(conversation_id))
+
+    def put_if_version(self, conversation: Conversation, expected_version: int) -> bool:
+        self.store.put(conversation)
+        return True
+
+
+def versioned(store: ConversationStore) -> VersionedConversationStore:
+    """``store`` itself when it is versioned; else a view of it whose conditional
+    writes always succeed (a store written by one pilot only, as before versions)."""
+    if isinstance(store, VersionedConversationStore):
+        return store
+    return _UnversionedStore(store)
+
+
 class InMemoryConversationStore:
     """An LRU of conversations in this process, with an idle TTL. It remembers the
     ids of the last ``max_conversations`` conversations it dropped (by TTL or LRU),
-    so that :meth:`forgotten` can tell a lost history from a new conversation."""
+    so that :meth:`forgotten` can tell a lost history from a new conversation.
+    Versioned (:class:`VersionedConversationStore`): versions count this store's
+    writes."""
 
     def __init__(
         self,
@@ -190,26 +268,44 @@ class InMemoryConversationStore:
         self._ttl_s = ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._records: OrderedDict[str, tuple[float, Conversation]] = OrderedDict()
+        # id -> (last access, record, version), least recently used first
+        self._records: OrderedDict[str, tuple[float, Conversation, int]] = OrderedDict()
         self._dropped: OrderedDict[str, None] = OrderedDict()
+        self._versions = itertools.count(1)
 
     def get(self, conversation_id: str) -> Conversation | None:
+        return self.get_versioned(conversation_id).conversation
+
+    def get_versioned(self, conversation_id: str) -> StoredConversation:
         with self._lock:
             self._expire()
             entry = self._records.get(conversation_id)
             if entry is None:
-                return None
-            self._records[conversation_id] = (self._clock(), entry[1])
+                return StoredConversation(None, 0, conversation_id in self._dropped)
+            self._records[conversation_id] = (self._clock(), entry[1], entry[2])
             self._records.move_to_end(conversation_id)
-            return entry[1]
+            return StoredConversation(entry[1], entry[2])
 
     def put(self, conversation: Conversation) -> None:
         with self._lock:
-            self._records[conversation.conversation_id] = (self._clock(), conversation)
-            self._records.move_to_end(conversation.conversation_id)
-            self._dropped.pop(conversation.conversation_id, None)
-            while len(self._records) > self._max:
-                self._drop(self._records.popitem(last=False)[0])
+            self._write(conversation)
+
+    def put_if_version(self, conversation: Conversation, expected_version: int) -> bool:
+        with self._lock:
+            self._expire()
+            entry = self._records.get(conversation.conversation_id)
+            if (0 if entry is None else entry[2]) != expected_version:
+                return False
+            self._write(conversation)
+            return True
+
+    def _write(self, conversation: Conversation) -> None:
+        conversation_id = conversation.conversation_id
+        self._records[conversation_id] = (self._clock(), conversation, next(self._versions))
+        self._records.move_to_end(conversation_id)
+        self._dropped.pop(conversation_id, None)
+        while len(self._records) > self._max:
+            self._drop(self._records.popitem(last=False)[0])
 
     def delete(self, conversation_id: str) -> bool:
         with self._lock:
@@ -237,7 +333,7 @@ class InMemoryConversationStore:
             return
         deadline = self._clock() - self._ttl_s
         while self._records:
-            oldest_id, (stamp, _) = next(iter(self._records.items()))
+            oldest_id, (stamp, _, _) = next(iter(self._records.items()))
             if stamp >= deadline:
                 return
             del self._records[oldest_id]

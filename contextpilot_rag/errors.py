@@ -14,6 +14,7 @@ __all__ = [
     "BlockConflictError",
     "ConfigError",
     "ContextPilotError",
+    "ConversationConflictError",
     "ConversationExpiredError",
     "ConversationStateError",
     "DuplicateRequestError",
@@ -26,6 +27,9 @@ __all__ = [
     "NoReplicaAvailableError",
     "OversizeBlockError",
     "RoutingError",
+    "StoreError",
+    "StoreFormatError",
+    "StoreUnavailableError",
     "UnknownConversationError",
 ]
 
@@ -115,3 +119,28 @@ class EndpointError(ContextPilotError, RuntimeError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class StoreError(ContextPilotError, RuntimeError):
+    """A state store (a SQLite file, a Redis server) failed the call."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached now: refused, timed out, locked past its busy
+    timeout, or closed. Raised within the store's timeouts, never after a hang.
+
+    The call changed nothing in this process. Every write the store acknowledged
+    before is kept; only the write of the failed call itself can be lost, and one
+    whose reply was lost to a timeout may still have been applied (a turn then shows
+    in the history, awaiting its answer). Call again once the store is back."""
+
+
+class StoreFormatError(StoreError):
+    """A stored record (or the store's schema) is in a format this version of
+    contextpilot_rag cannot read: written by a newer version, or damaged."""
+
+
+class ConversationConflictError(ContextPilotError, RuntimeError):
+    """Other writers (processes, or pilots sharing the store) kept changing the
+    conversation while this call planned its turn, through every re-plan it was
+    allowed. Nothing was written; calling again is safe."""

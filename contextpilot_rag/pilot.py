@@ -6,6 +6,14 @@ prompt from the current state without changing it; *commit* then records the
 request in the block registry, the context index and the conversation. Every error
 is raised during planning, so a failed call leaves all state exactly as it was. One
 lock serialises the calls, so concurrent callers see a consistent index.
+
+The conversation is written first, and only if its record is still at the version the
+plan read (compare-and-set, :class:`~contextpilot_rag.conversations.VersionedConversationStore`):
+when another process (or another pilot on the same store) wrote the conversation in
+between, the plan is stale, nothing is committed, and the turn is planned again from
+the new record, up to :data:`STORE_ATTEMPTS` times with a short random back-off, then
+:class:`~contextpilot_rag.errors.ConversationConflictError`. So several processes on one
+store lose and duplicate no turn (``docs/stores.md``).
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import contextlib
 import functools
 import itertools
 import logging
+import random
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -43,12 +53,14 @@ from .blocks import (
 from .conversations import (
     Conversation,
     ConversationStore,
-    InMemoryConversationStore,
     Turn,
+    VersionedConversationStore,
     deduplicate,
+    versioned,
 )
 from .errors import (
     ConfigError,
+    ConversationConflictError,
     ConversationExpiredError,
     InvalidInputError,
     UnknownConversationError,
@@ -57,15 +69,31 @@ from .escaping import StructureGuard, template_lead_in
 from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
 from .ordering import RemainderOrder, reorder_for_prefix
 from .prompt import BlockBoundary, Prompt, PromptStats
+from .stores.url import resolve_store
+from .tenants import (
+    SaltDeriver,
+    TenantConfig,
+    TenantIndexes,
+    check_tenant,
+    conversation_key,
+    is_tenant_key,
+    public_system,
+    registry_key,
+    salts,
+    shared_key,
+)
 from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
 from .usage import parse_cache_usage
 
-__all__ = ["ContextPilot", "PilotConfig", "structure_guard_of"]
+__all__ = ["STORE_ATTEMPTS", "ContextPilot", "PilotConfig", "structure_guard_of"]
 
 logger = logging.getLogger(__name__)
 
 _SEGMENT_CACHE_SIZE = 65_536
 _CHARS_PER_TOKEN_BOUND = 16
+STORE_ATTEMPTS = 16  # plans of one call whose conversation write may conflict
+_BACK_OFF_S = 0.001  # first back-off after a conflict; doubles, at most _BACK_OFF_MAX_S
+_BACK_OFF_MAX_S = 0.05
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the context "
@@ -101,6 +129,9 @@ class PilotConfig:
     ``max_observed_prompts`` bounds the prompts whose statistics the pilot keeps (the
     most recent, by request id) so that :meth:`ContextPilot.observe` can take a request
     id instead of the :class:`Prompt`, as framework callbacks do; 0 keeps none.
+
+    ``tenants`` bounds and tunes the per-tenant state of requests made with a
+    ``tenant`` (:class:`~contextpilot_rag.tenants.TenantConfig`, ``docs/tenants.md``).
     """
 
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -121,6 +152,7 @@ class PilotConfig:
     on_history_lost: Literal["restart", "raise"] = "restart"
     max_observed_prompts: int = 4096
     label_style: LabelStyle = "short"
+    tenants: TenantConfig = field(default_factory=TenantConfig)
 
     def __post_init__(self) -> None:
         if self.remainder not in ("popularity", "retrieval"):
@@ -146,6 +178,8 @@ class PilotConfig:
         observed = self.max_observed_prompts
         if not isinstance(observed, int) or isinstance(observed, bool) or observed < 0:
             raise ConfigError("PilotConfig.max_observed_prompts must be an int >= 0")
+        if not isinstance(self.tenants, TenantConfig):
+            raise ConfigError("PilotConfig.tenants must be a TenantConfig")
 
     @property
     def block_char_limit(self) -> int | None:
@@ -164,6 +198,14 @@ class PilotConfig:
         )
 
 
+_BatchTuple = (
+    tuple[Sequence[ContextBlock], str]
+    | tuple[Sequence[ContextBlock], str, str | None]
+    | tuple[Sequence[ContextBlock], str, str | None, str | None]
+)
+"""A batch request as a tuple: blocks, query[, conversation_id[, tenant]]."""
+
+
 class _Layout(NamedTuple):
     """The pieces of one request's prompt, before rendering."""
 
@@ -180,6 +222,28 @@ class _Layout(NamedTuple):
     history_lost: bool = False
 
 
+class _Order(NamedTuple):
+    """A request's block order and what of it an earlier prompt already sent:
+    ``matched``, this turn's leading blocks in the cached prefix, and
+    ``reusable_tokens``, that prefix's tokens (the fixed prefix included);
+    ``cache_salt``: the salt the prompt goes with (``None``: none)."""
+
+    final: tuple[ContextBlock, ...]
+    matched: Sequence[str]
+    reusable_tokens: int
+    cache_salt: str | None
+
+
+class _Placement(NamedTuple):
+    """One index path a tenant's prompt enters: ``tenant``'s index, or the shared
+    index (``shared``)."""
+
+    tenant: str
+    shared: bool
+    path: tuple[str, ...]
+    tokens: tuple[int, ...]
+
+
 class _Plan(NamedTuple):
     """Everything ``optimize`` will commit, computed without side effects."""
 
@@ -189,13 +253,26 @@ class _Plan(NamedTuple):
     index_path: tuple[str, ...]
     index_tokens: tuple[int, ...]
     conversation: Conversation | None
+    stored_version: int = 0  # the conversation's version the plan was made from
+    keys: tuple[str, ...] | None = None  # the blocks' registry keys (None: their ids)
+    placements: tuple[_Placement, ...] | None = None  # a tenant's; None: the main index
 
 
 class ContextPilot:
     """Reorders, de-duplicates and annotates context blocks for prefix-cache reuse.
 
     Thread-safe. ``tokenizer`` is a :class:`Tokenizer`, a registry name, or ``None``
-    for the offline default. ``store`` holds conversations (in memory by default).
+    for the offline default. ``store`` holds conversations: ``None`` in this process's
+    memory (bounded by ``config.max_conversations`` and ``conversation_ttl_s``), a URL
+    (``"redis://HOST:PORT/DB"``, ``"sqlite:///PATH"``: :func:`~contextpilot_rag.stores.open_store`,
+    with the same bounds) or a :class:`~contextpilot_rag.conversations.ConversationStore`.
+    Pilots in several processes on one Redis or SQLite store behave as one pilot for
+    conversations; a bad URL is a :class:`~contextpilot_rag.errors.ConfigError` raised
+    before anything is created.
+
+    Requests may name a ``tenant``: each tenant then has its own context index,
+    conversations, popularity counts and engine cache salt, and only blocks marked
+    ``shared`` share prefixes across tenants (``docs/tenants.md``).
     """
 
     def __init__(
@@ -203,32 +280,45 @@ class ContextPilot:
         config: PilotConfig | None = None,
         *,
         tokenizer: Tokenizer | str | None = None,
-        store: ConversationStore | None = None,
+        store: ConversationStore | str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or PilotConfig()
         if isinstance(tokenizer, str):
             tokenizer = get_tokenizer(tokenizer)
         self.tokenizer: Tokenizer = tokenizer or default_tokenizer()
+        resolved = resolve_store(
+            store,
+            max_conversations=self.config.max_conversations,
+            ttl_s=self.config.conversation_ttl_s,
+            clock=clock,
+        )
+        self._store: VersionedConversationStore = versioned(resolved)
+        # A store given to the pilot (a URL or an object) may be shared: request ids then
+        # carry a random namespace, so turns written by two pilots never share an id.
+        self._request_prefix = "cp-" if store is None else f"cp-{secrets.token_hex(4)}-"
+        self._jitter = random.Random()
         self._guard = self.config.structure_guard()
         self._index = ContextIndex(self.config.index, clock=clock)
+        tenants = self.config.tenants
+        # Per tenant: its own index; the shared index holds the shared-block prefixes
+        # of unsalted tenant prompts, keyed by content (docs/tenants.md).
+        self._tenant_indexes = TenantIndexes(tenants.index, tenants.max_tenants, clock=clock)
+        self._shared_index = ContextIndex(self.config.index, clock=clock)
+        self._salts = SaltDeriver(tenants.salt_key)
+        self._warn_random_salt = store is not None and tenants.salt_key is None
         self._registry = BlockRegistry(
             self.tokenizer.count,
             capacity=self.config.block_registry_size,
             label_style=self.config.label_style,
             render=self._render_block,
         )
-        self._store: ConversationStore = store or InMemoryConversationStore(
-            max_conversations=self.config.max_conversations,
-            ttl_s=self.config.conversation_ttl_s,
-            clock=clock,
-        )
         self._lock = threading.RLock()
         self._request_numbers = itertools.count(1)
         self._segment_tokens: dict[str, int] = {}
         self._system_keys: dict[str, str] = {}
-        # request id -> stats of the most recent prompts, oldest first (for observe())
-        self._observed: OrderedDict[str, PromptStats] = OrderedDict()
+        # request id -> stats and tenant of the most recent prompts, oldest first
+        self._observed: OrderedDict[str, tuple[PromptStats, str | None]] = OrderedDict()
 
     # -- public API --------------------------------------------------------------------
 
@@ -239,6 +329,7 @@ class ContextPilot:
         *,
         conversation_id: str | None = None,
         system: str | None = None,
+        tenant: str | None = None,
     ) -> Prompt:
         """Build the prompt for one request: blocks reordered to reuse the longest
         cached prefix, blocks already in this conversation replaced by a location
@@ -246,23 +337,35 @@ class ContextPilot:
 
         Calls on one conversation are serialised: each sees the turns of the calls
         before it. Pass the returned prompt to :meth:`record_answer` to pair the
-        answer with this turn."""
+        answer with this turn.
+
+        ``tenant`` (a non-empty str of at most 256 characters) keeps the request's
+        state apart from every other tenant's: it matches only the tenant's own earlier
+        prompts (and the shared prefixes of blocks marked ``shared``), its conversation
+        is the tenant's (the same id under another tenant is another conversation), and
+        the prompt carries the tenant's :attr:`Prompt.cache_salt` (``docs/tenants.md``)."""
         unique = validate_blocks(blocks)
         _check_text("query", query)
         if conversation_id is not None:
-            _check_text("conversation_id", conversation_id, allow_empty=False)
+            _check_conversation_id(conversation_id, tenant)
+        if tenant is not None:
+            check_tenant(tenant)
         if system is not None:
             _check_text("system", system)
         limits = self.config.max_block_tokens, self.config.block_char_limit
-        prepared = self._registry.prepare(unique, *limits)  # tokenizing new blocks, unlocked
+        keys = None if tenant is None else tuple(registry_key(tenant, block) for block in unique)
+        prepared = self._registry.prepare(unique, *limits, keys)  # tokenizing, unlocked
+        plan_turn = functools.partial(
+            self._plan, unique, query, conversation_id, system, prepared, tenant, keys
+        )
         with self._lock:
-            plan = self._plan(unique, query, conversation_id, system, prepared)
-            self._commit(plan)
+            plan = self._stored(plan_turn)
+            self._record(plan)
             return plan.prompt
 
     def optimize_batch(
         self,
-        requests: Iterable[BatchRequest | tuple[Sequence[ContextBlock], str]],
+        requests: Iterable[BatchRequest | _BatchTuple],
         *,
         system: str | None = None,
         method: BatchMethod = "greedy",
@@ -272,32 +375,40 @@ class ContextPilot:
         """Plan a whole batch at once and return its prompts **in execution order**;
         each prompt's ``index`` is its request's position in ``requests``.
 
-        ``requests`` are ``(blocks, query)`` or ``(blocks, query, conversation_id)``
-        tuples (or :class:`~contextpilot_rag.batch.requests.BatchRequest`). Requests
-        without a conversation are planned together (``method``, ``schedule``: see
+        ``requests`` are ``(blocks, query)``, ``(blocks, query, conversation_id)`` or
+        ``(blocks, query, conversation_id, tenant)`` tuples (or
+        :class:`~contextpilot_rag.batch.requests.BatchRequest`). Requests without a
+        conversation or a tenant are planned together (``method``, ``schedule``: see
         :func:`contextpilot_rag.batch.plan_batch`) so that those sharing blocks share
         a prefix and run back to back; each carries an order note like online
         prompts. Requests of a conversation (one turn per conversation per batch)
-        are planned as :meth:`optimize` would, after the others. All prompts enter
+        and requests of a tenant are planned as :meth:`optimize` would (against the
+        state before the batch), after the others. All prompts enter
         the context index in execution order. Every error is raised before anything
         is stored. ``progress`` shows progress bars (stderr) for long builds."""
         batch = validate_batch(requests)
         for request in batch:
             check_encodable("query", request.query)
             if request.conversation_id is not None:
-                check_encodable("conversation_id", request.conversation_id)
+                _check_conversation_id(request.conversation_id, request.tenant)
         if system is not None:
             _check_text("system", system)
         with contextlib.ExitStack() as stack:
             bars = stack.enter_context(rich_progress()) if progress else no_progress
             with self._lock:
-                plans = self._plan_batch(batch, system, method, schedule, bars)
+                planned = self._plan_batch(batch, system, method, schedule, bars)
+                plans = [self._stored_batch_plan(plan, batch, system) for plan in planned]
                 for plan in plans:
-                    self._commit(plan)
+                    self._record(plan)
         return [plan.prompt for plan in plans]
 
     def record_answer(
-        self, prompt: Prompt | str, text: str, *, request_id: str | None = None
+        self,
+        prompt: Prompt | str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Record ``text`` as the answer to the turn ``prompt`` asked, so later turns
         carry it as history.
@@ -309,31 +420,50 @@ class ContextPilot:
         (:class:`~contextpilot_rag.errors.ConversationStateError`) when several
         await one. Raises :class:`~contextpilot_rag.errors.ConversationExpiredError`
         when the conversation's history was lost. The answer is stored escaped as it
-        will be shown (control tokens and structure-like lines neutralised)."""
+        will be shown (control tokens and structure-like lines neutralised).
+        ``tenant``: the conversation's tenant when ``prompt`` is a conversation id (a
+        :class:`Prompt` knows its own; another ``tenant`` with it is refused)."""
         conversation_id, request_id = _answer_target(prompt, request_id)
+        tenant = _tenant_of(prompt, tenant)
+        if not isinstance(prompt, Prompt):
+            _check_conversation_id(conversation_id, tenant)
         _check_text("text", text)
         answer = self._guard.escape(text)
         tokens = self.tokenizer.count(answer)
+        key = conversation_key(tenant, conversation_id)
         with self._lock:
-            conversation = self._store.get(conversation_id)
-            if conversation is None:
-                raise self._missing(conversation_id)
-            answered = conversation.with_answer(answer, tokens, request_id=request_id)
-            self._store.put(answered)
+            for attempt in range(STORE_ATTEMPTS):
+                stored = self._store.get_versioned(key)
+                conversation = stored.conversation
+                if conversation is None:
+                    raise self._missing(conversation_id, stored.forgotten, key)
+                if attempt and _holds_answer(conversation, request_id, answer):
+                    return  # an earlier try's write was applied (its reply was lost)
+                answered = conversation.with_answer(answer, tokens, request_id=request_id)
+                if request_id is None:  # the one turn awaiting its answer, pinned for retries
+                    request_id = conversation.awaiting_answer()[0].request_id
+                if self._store.put_if_version(answered, stored.version):
+                    return
+                self._back_off(attempt)
+            raise _conflict(conversation_id)
 
-    def conversation(self, conversation_id: str) -> Conversation:
-        """The stored record of a conversation."""
-        conversation = self._store.get(conversation_id)
+    def conversation(self, conversation_id: str, *, tenant: str | None = None) -> Conversation:
+        """The stored record of a conversation (of ``tenant``'s conversations)."""
+        key = self._conversation_key(conversation_id, tenant)
+        conversation = self._store.get(key)
         if conversation is None:
-            raise self._missing(conversation_id)
+            raise self._missing(conversation_id, None, key)
+        if key != conversation_id:
+            return replace(conversation, conversation_id=conversation_id)
         return conversation
 
-    def end_conversation(self, conversation_id: str) -> bool:
+    def end_conversation(self, conversation_id: str, *, tenant: str | None = None) -> bool:
         """Forget a conversation's history (its cached prefix ages out of the index),
         or acknowledge that its store lost it: the id then starts a new conversation
         without a loss being reported."""
+        key = self._conversation_key(conversation_id, tenant)
         with self._lock:
-            return self._store.delete(conversation_id)
+            return self._store.delete(key)
 
     def evict(self, request_ids: Iterable[str]) -> int:
         """The engine evicted these requests' cache: forget them in the index.
@@ -350,9 +480,28 @@ class ContextPilot:
                     f"{request_id!r}"
                 )
         with self._lock:
-            return self._index.evict([RequestId(request_id) for request_id in ids])
+            removed = self._index.evict([RequestId(request_id) for request_id in ids])
+            return removed + self._evict_tenants([RequestId(request_id) for request_id in ids])
 
-    def observe(self, prompt: Prompt | str, usage: object, *, tolerance: float = 0.1) -> int:
+    def _evict_tenants(self, ids: Sequence[RequestId]) -> int:
+        """Remove ``ids`` from the tenants' and the shared index; how many requests
+        were held there (one held in both counts once)."""
+        held: set[RequestId] = set()
+        for index in (self._shared_index, *self._tenant_indexes):
+            found = [request_id for request_id in ids if request_id in index]
+            if found:
+                index.evict(found)
+                held.update(found)
+        return len(held)
+
+    def observe(
+        self,
+        prompt: Prompt | str,
+        usage: object,
+        *,
+        tolerance: float = 0.1,
+        tenant: str | None = None,
+    ) -> int:
         """:meth:`observe_cache` fed by the usage report of the answer to ``prompt``, in
         any shape :func:`~contextpilot_rag.usage.parse_cache_usage` reads (OpenAI /
         vLLM / SGLang ``usage``, llama-server ``timings``, LangChain ``usage_metadata``,
@@ -361,11 +510,16 @@ class ContextPilot:
         ``request_id`` (one of the last ``PilotConfig.max_observed_prompts``). A
         report without cache information, or a request id the pilot does not
         remember, raises :class:`InvalidInputError` and changes nothing. Returns how
-        many requests were evicted."""
+        many requests were evicted. A request id of a tenant's prompt is known only
+        with that ``tenant``."""
         _check_observed(prompt, "observe")
         reported = parse_cache_usage(usage)
         return self.observe_cache(
-            prompt, reported.cached_tokens, reported.prompt_tokens, tolerance=tolerance
+            prompt,
+            reported.cached_tokens,
+            reported.prompt_tokens,
+            tolerance=tolerance,
+            tenant=tenant,
         )
 
     def observe_cache(
@@ -375,6 +529,7 @@ class ContextPilot:
         prompt_tokens: int,
         *,
         tolerance: float = 0.1,
+        tenant: str | None = None,
     ) -> int:
         """Feedback from the engine that answered ``prompt`` (the :class:`Prompt`, or
         its ``request_id`` as :meth:`observe` takes it): it served ``cached_tokens``
@@ -384,8 +539,11 @@ class ContextPilot:
         context blocks matched in the index, the earlier requests that share the
         prompt's path up to its first block the engine did not serve (and at least its
         first context block) are evicted: the engine no longer holds them. ``prompt``
-        itself stays (the engine has just cached it). Returns how many were evicted."""
+        itself stays (the engine has just cached it). Returns how many were evicted.
+        ``tenant``: the tenant of a prompt given by request id (see :meth:`observe`)."""
         _check_observed(prompt, "observe_cache")
+        if tenant is not None:
+            check_tenant(tenant)
         for name, value in (("cached_tokens", cached_tokens), ("prompt_tokens", prompt_tokens)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidInputError(f"observe_cache(): {name} must be an int, got {value!r}")
@@ -394,14 +552,15 @@ class ContextPilot:
                 "observe_cache() needs 0 <= cached_tokens <= prompt_tokens and prompt_tokens >= 1"
             )
         with self._lock:
-            request_id, stats = self._observed_prompt(prompt)
+            request_id, stats, tenant = self._observed_prompt(prompt, tenant)
             predicted = stats.reusable_tokens / max(1, stats.prompt_tokens)
             if stats.blocks_matched < 1 or cached_tokens / prompt_tokens >= predicted - tolerance:
                 return 0
-            if request_id not in self._index:
+            index = self._index_holding(request_id, tenant)
+            if index is None:
                 return 0
             served = cached_tokens / prompt_tokens * stats.prompt_tokens  # pilot tokens
-            tokens = self._index.request_tokens(request_id)
+            tokens = index.request_tokens(request_id)
             depth = 1  # the path up to its first block not served ...
             while depth < len(tokens) and sum(tokens[:depth]) <= served:
                 depth += 1
@@ -409,25 +568,53 @@ class ContextPilot:
             # history are not this pilot's prediction
             fixed = len(tokens) - 1 - (stats.blocks_total - stats.blocks_deduplicated)
             depth = max(depth, fixed + 1)
-            return self._index.evict(self._index.requests_sharing(request_id, depth))
+            return index.evict(index.requests_sharing(request_id, depth))
 
-    def _observed_prompt(self, prompt: Prompt | str) -> tuple[RequestId, PromptStats]:
-        """The request id and stats of a prompt given itself or by request id (lock
-        held); an id not among the remembered prompts is :class:`InvalidInputError`."""
+    def _observed_prompt(
+        self, prompt: Prompt | str, tenant: str | None
+    ) -> tuple[RequestId, PromptStats, str | None]:
+        """The request id, stats and tenant of a prompt given itself or by request id
+        (lock held); an id not among the remembered prompts of ``tenant`` is
+        :class:`InvalidInputError`."""
         if isinstance(prompt, Prompt):
-            return RequestId(prompt.request_id), prompt.stats
-        stats = self._observed.get(prompt)
-        if stats is None:
+            return RequestId(prompt.request_id), prompt.stats, _tenant_of(prompt, tenant)
+        held = self._observed.get(prompt)
+        if held is None or held[1] != tenant:  # another tenant's id: as unknown
             raise InvalidInputError(
                 f"no recent prompt has request id {prompt!r}: unknown, or older than the "
                 f"last PilotConfig.max_observed_prompts={self.config.max_observed_prompts} "
                 "prompts; pass the Prompt itself"
             )
-        return RequestId(prompt), stats
+        return RequestId(prompt), held[0], tenant
 
-    def index_stats(self) -> IndexStats:
+    def _index_holding(self, request_id: RequestId, tenant: str | None) -> ContextIndex | None:
+        """The index ``request_id`` of ``tenant`` is in (its tenant's, else the shared
+        one), or ``None``."""
+        if tenant is None:
+            return self._index if request_id in self._index else None
+        own = self._tenant_indexes.peek(tenant)
+        if own is not None and request_id in own:
+            return own
+        return self._shared_index if request_id in self._shared_index else None
+
+    def _conversation_key(self, conversation_id: str, tenant: str | None) -> str:
+        """The store key of ``tenant``'s conversation ``conversation_id``, checked."""
+        _check_conversation_id(conversation_id, tenant)
+        if tenant is not None:
+            check_tenant(tenant)
+        return conversation_key(tenant, conversation_id)
+
+    def index_stats(self, *, tenant: str | None = None) -> IndexStats:
+        """The context index's size: the index of requests without a tenant, or
+        ``tenant``'s own (all zeros when it holds none: no prompt yet, or dropped as the
+        least recently used of ``PilotConfig.tenants.max_tenants``)."""
+        if tenant is None:
+            with self._lock:
+                return self._index.stats()
+        check_tenant(tenant)
         with self._lock:
-            return self._index.stats()
+            index = self._tenant_indexes.peek(tenant)
+            return IndexStats(0, 0, 0, 0) if index is None else index.stats()
 
     # -- planning (no side effects) -----------------------------------------------------
 
@@ -438,31 +625,49 @@ class ContextPilot:
         conversation_id: str | None,
         system: str | None,
         prepared: Mapping[str, RegisteredBlock] | None = None,
+        tenant: str | None = None,
+        keys: tuple[str, ...] | None = None,
     ) -> _Plan:
+        """``keys``: the blocks' registry keys (a tenant's request; ``None``: their ids)."""
         entries = self._registry.resolve(
-            blocks, self.config.max_block_tokens, prepared, self.config.block_char_limit
+            blocks, self.config.max_block_tokens, prepared, self.config.block_char_limit, keys
         )
         rendered = {block.id: entry for block, entry in zip(blocks, entries, strict=True)}
         tokens_of = {block_id: entry.tokens for block_id, entry in rendered.items()}
-        conversation, history_lost = self._load_conversation(conversation_id, system)
+        conversation, history_lost, version = self._load_conversation(
+            conversation_id, system, tenant
+        )
         system_text = _pick_system(system, conversation, self.config.system_prompt)
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
-        match = self._match(kept, fixed_prefix, tokens_of)
-        matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
-        final = self._reorder(kept, matched, after_history=bool(visible))
+        if tenant is None:
+            match = self._match(kept, fixed_prefix, tokens_of)
+            matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
+            final = self._reorder(kept, matched, after_history=bool(visible))
+            order = _Order(final, matched, match.tokens, None)
+        else:
+            assert keys is not None
+            popularity = dict(zip((block.id for block in blocks), keys, strict=True))
+            order = self._tenant_order(
+                tenant,
+                kept,
+                fixed_prefix,
+                tokens_of,
+                popularity,
+                visible=bool(visible),
+                salted=self._salted(kept, conversation is not None, system_text),
+            )
+        final = order.final
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
         rendered = self._render_relabeled(rendered, final, relabeled)
-        order, location, note_tokens = self._notes(blocks, final, duplicated, rendered, relabeled)
-        request_id = f"cp-{next(self._request_numbers):09d}"
+        notes = self._notes(blocks, final, duplicated, rendered, relabeled)
+        request_id = self._new_request_id(tenant)
         layout = _Layout(
             blocks,
             final,
             duplicated,
-            order,
-            location,
-            note_tokens,
+            *notes,
             self._guard.escape(query),
             system_text,
             visible,
@@ -474,24 +679,159 @@ class ContextPilot:
             rendered,
             request_id,
             conversation_id,
-            matched,
-            reusable_tokens=match.tokens,
+            order.matched,
+            reusable_tokens=order.reusable_tokens,
             blocks_start_tokens=sum(fixed_tokens),
+            tenant=tenant,
+            cache_salt=order.cache_salt,
         )
         block_ids = tuple(block.id for block in final)
         block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         if conversation is not None:
             conversation = conversation.with_turn(_turn(prompt, final, block_tokens, query))
+        # The tail (notes and question) is indexed too: the engine caches it, and the
+        # next turn's history starts with it.
+        index_path = (*fixed_prefix, *block_ids, f"\x00tail:{request_id}")
+        index_tokens = (*fixed_tokens, *block_tokens, prompt.stats.tail_tokens)
+        placements = None
+        if tenant is not None:
+            placements = self._placements(
+                tenant, order, len(fixed_prefix), index_path, index_tokens, visible=bool(visible)
+            )
         return _Plan(
             prompt=prompt,
             blocks=blocks,
             entries=entries,
-            # The tail (notes and question) is indexed too: the engine caches it, and
-            # the next turn's history starts with it.
-            index_path=(*fixed_prefix, *block_ids, f"\x00tail:{request_id}"),
-            index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
+            index_path=index_path,
+            index_tokens=index_tokens,
             conversation=conversation,
+            stored_version=version,
+            keys=keys,
+            placements=placements,
         )
+
+    def _new_request_id(self, tenant: str | None) -> str:
+        """A fresh request id: numbered without a tenant; random with one, so that a
+        tenant's ids tell nothing of how many requests other tenants made."""
+        if tenant is None:
+            return f"{self._request_prefix}{next(self._request_numbers):09d}"
+        return f"{self._request_prefix}{secrets.token_hex(8)}"
+
+    # -- tenants (docs/tenants.md) ------------------------------------------------------
+
+    def _salted(self, kept: Sequence[ContextBlock], conversation: bool, system: str | None) -> bool:
+        """Whether a tenant's prompt goes with its tenant's salt
+        (:func:`~contextpilot_rag.tenants.salts`)."""
+        tenants = self.config.tenants
+        return salts(
+            tenants.cache_salt,
+            private_blocks=not all(block.shared for block in kept),
+            conversation=conversation,
+            public_system=public_system(
+                system, self.config.system_prompt, tenants.shared_system_prompts
+            ),
+        )
+
+    def _tenant_order(
+        self,
+        tenant: str,
+        kept: tuple[ContextBlock, ...],
+        fixed_prefix: tuple[str, ...],
+        tokens_of: Mapping[str, int],
+        registry_keys: Mapping[str, str],
+        *,
+        visible: bool,
+        salted: bool,
+    ) -> _Order:
+        """A tenant's block order and its cached match. After a conversation's history
+        only the tenant's own index can match. Otherwise the shared blocks come first,
+        ordered by the index of the prompt's cache namespace (the shared index when
+        unsalted, the tenant's when salted), then the private blocks, ordered by the
+        tenant's index after exactly that shared prefix."""
+        salt = self._salt_of(tenant) if salted else None
+        # the tenant's index is its prompts' cache namespace, unless its prompts are
+        # salted only sometimes (policy "private"): then not an unsalted prompt's
+        own_namespace = salted or self.config.tenants.cache_salt == "never"
+        own = self._tenant_indexes.peek(tenant) if own_namespace else None
+        if visible or not self.config.reorder:
+            index = own if own_namespace else self._shared_index
+            match = _search(index, kept if self.config.reorder else (), fixed_prefix, tokens_of)
+            matched = match.blocks[len(fixed_prefix) :]
+            final = self._reorder(kept, matched, after_history=visible)
+            return _Order(final, matched, match.tokens, salt)
+
+        def popularity(block_id: str) -> int:
+            return self._registry.popularity(registry_keys[block_id])
+
+        order = functools.partial(
+            reorder_for_prefix, remainder=self.config.remainder, popularity=popularity
+        )
+        shared = [block for block in kept if block.shared]
+        if salted:
+            by_shared = _search(own, shared, fixed_prefix, tokens_of)
+            shared_order = order(shared, by_shared.blocks[len(fixed_prefix) :])
+        else:
+            by_shared, shared_matched = self._match_shared(shared, fixed_prefix, tokens_of)
+            shared_order = order(shared, shared_matched)
+        head = (*fixed_prefix, *(block.id for block in shared_order))
+        private = [block for block in kept if not block.shared]
+        by_own = _search(own, private, head, tokens_of)
+        final = (*shared_order, *order(private, by_own.blocks[len(head) :]))
+        # the engine serves the longer of the two cached prefixes
+        best = by_own if by_own.tokens >= by_shared.tokens else by_shared
+        matched = tuple(block.id for block in final[: max(0, len(best.blocks) - len(fixed_prefix))])
+        return _Order(final, matched, best.tokens, salt)
+
+    def _match_shared(
+        self,
+        shared: Sequence[ContextBlock],
+        fixed_prefix: tuple[str, ...],
+        tokens_of: Mapping[str, int],
+    ) -> tuple[MatchResult, tuple[str, ...]]:
+        """The shared blocks' match in the shared index (keyed by content), and the
+        ids of the blocks it matched, in cached order."""
+        ids = {shared_key(block): block.id for block in shared}
+        tokens = {key: tokens_of[block_id] for key, block_id in ids.items()}
+        match = self._shared_index.search(list(ids), fixed_prefix=fixed_prefix, token_counts=tokens)
+        return match, tuple(ids[key] for key in match.blocks[len(fixed_prefix) :])
+
+    def _salt_of(self, tenant: str) -> str:
+        if self._warn_random_salt:
+            self._warn_random_salt = False
+            logger.warning(
+                "tenant cache salts come from a random key of this pilot: other processes "
+                "on the same store salt the same tenant differently (no shared engine "
+                "cache between them); set PilotConfig.tenants.salt_key"
+            )
+        return self._salts.salt(tenant)
+
+    def _placements(
+        self,
+        tenant: str,
+        order: _Order,
+        fixed_length: int,
+        path: tuple[str, ...],
+        tokens: tuple[int, ...],
+        *,
+        visible: bool,
+    ) -> tuple[_Placement, ...]:
+        """Where a tenant's prompt is indexed: in its tenant's index when salted (its
+        cache namespace) or when nothing is salted (policy ``"never"``); the leading
+        shared blocks of an unsalted prompt without history also in the shared index,
+        by content (with the tail when the prompt has no private block)."""
+        placements = []
+        if order.cache_salt is not None or self.config.tenants.cache_salt == "never":
+            placements.append(_Placement(tenant, False, path, tokens))
+        if order.cache_salt is None and not visible:
+            final = order.final
+            count = next((n for n, block in enumerate(final) if not block.shared), len(final))
+            end = fixed_length + count
+            shared_path = (*path[:fixed_length], *map(shared_key, final[:count]))
+            if count == len(final):
+                placements.append(_Placement(tenant, True, (*shared_path, path[-1]), tokens))
+            elif count:
+                placements.append(_Placement(tenant, True, shared_path, tokens[:end]))
+        return tuple(placements)
 
     def _plan_batch(
         self,
@@ -501,7 +841,9 @@ class ContextPilot:
         schedule: BatchSchedule,
         progress: BatchProgress,
     ) -> list[_Plan]:
-        unique = {block.id: block for request in batch for block in request.blocks}
+        # a tenant's blocks are resolved under the tenant's keys, in its own plan
+        untenanted = [request for request in batch if request.tenant is None]
+        unique = {block.id: block for request in untenanted for block in request.blocks}
         resolved = dict(
             zip(
                 unique,
@@ -513,8 +855,12 @@ class ContextPilot:
                 strict=True,
             )
         )  # each distinct block tokenized once for the whole batch
-        entries = [tuple(resolved[block.id] for block in request.blocks) for request in batch]
-        free = [index for index, request in enumerate(batch) if request.conversation_id is None]
+        free = [
+            index
+            for index, request in enumerate(batch)
+            if request.conversation_id is None and request.tenant is None
+        ]
+        entries = {i: tuple(resolved[block.id] for block in batch[i].blocks) for i in free}
         codes: dict[str, int] = {}
         requests = [[codes.setdefault(b.id, len(codes)) for b in batch[i].blocks] for i in free]
         plan = plan_batch(
@@ -548,13 +894,20 @@ class ContextPilot:
             )
             advance(1)
         for index, request in enumerate(batch):
-            if request.conversation_id is not None:
-                single = self._plan(
-                    tuple(request.blocks), request.query, request.conversation_id, system
-                )
-                plans.append(single._replace(prompt=replace(single.prompt, index=index)))
+            if request.conversation_id is not None or request.tenant is not None:
+                plans.append(self._plan_batch_turn(request, system, index))
                 advance(1)
         return plans
+
+    def _plan_batch_turn(self, request: BatchRequest, system: str | None, index: int) -> _Plan:
+        """A batch request of a conversation or a tenant, planned as :meth:`optimize`
+        would."""
+        blocks, tenant = tuple(request.blocks), request.tenant
+        keys = None if tenant is None else tuple(registry_key(tenant, block) for block in blocks)
+        single = self._plan(
+            blocks, request.query, request.conversation_id, system, None, tenant, keys
+        )
+        return single._replace(prompt=replace(single.prompt, index=index))
 
     def _plan_fixed_order(
         self,
@@ -573,7 +926,7 @@ class ContextPilot:
         relabeled = _relabeled(final, (), (), self._own_labels(registered))
         rendered = self._render_relabeled(registered, final, relabeled)
         order, location, note_tokens = self._notes(blocks, final, (), rendered, relabeled)
-        request_id = f"cp-{next(self._request_numbers):09d}"
+        request_id = f"{self._request_prefix}{next(self._request_numbers):09d}"
         fixed_prefix, fixed_tokens = fixed
         start_tokens = sum(fixed_tokens)
         block_ids = tuple(block.id for block in final)
@@ -609,16 +962,18 @@ class ContextPilot:
         )
 
     def _load_conversation(
-        self, conversation_id: str | None, system: str | None
-    ) -> tuple[Conversation | None, bool]:
-        """The conversation (a new record when none is stored) and whether its
-        history was lost: the store dropped it (TTL or LRU) since its last turn."""
+        self, conversation_id: str | None, system: str | None, tenant: str | None = None
+    ) -> tuple[Conversation | None, bool, int]:
+        """The conversation (a new record when none is stored, under ``tenant``'s key),
+        whether its history was lost (the store dropped it, by TTL or LRU, since its
+        last turn) and the version it was read at (0: none stored)."""
         if conversation_id is None:
-            return None, False
-        stored = self._store.get(conversation_id)
-        if stored is not None:
-            return stored, False
-        lost = self._store.forgotten(conversation_id)
+            return None, False, 0
+        key = conversation_key(tenant, conversation_id)
+        stored = self._store.get_versioned(key)
+        if stored.conversation is not None:
+            return stored.conversation, False, stored.version
+        lost = stored.forgotten
         if lost:
             if self.config.on_history_lost == "raise":
                 raise _expired(conversation_id)
@@ -628,10 +983,16 @@ class ContextPilot:
                 conversation_id,
             )
         system_text = _pick_system(system, None, self.config.system_prompt)
-        return Conversation(conversation_id, system_text), lost
+        return Conversation(key, system_text), lost, 0
 
-    def _missing(self, conversation_id: str) -> UnknownConversationError:
-        if self._store.forgotten(conversation_id):
+    def _missing(
+        self, conversation_id: str, forgotten: bool | None = None, key: str | None = None
+    ) -> UnknownConversationError:
+        """The error for a conversation its store does not hold (``key``: its store
+        key, when not ``conversation_id``)."""
+        if forgotten is None:
+            forgotten = self._store.forgotten(key or conversation_id)
+        if forgotten:
             return _expired(conversation_id)
         return UnknownConversationError(
             f"no live conversation {conversation_id!r} (never started, or ended)"
@@ -789,6 +1150,8 @@ class ContextPilot:
         *,
         reusable_tokens: int,
         blocks_start_tokens: int,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
     ) -> Prompt:
         """``blocks_start_tokens``: tokens before this turn's first block (system
         prompt, history, context header)."""
@@ -826,6 +1189,8 @@ class ContextPilot:
             location_note=layout.location_note,
             relabeled=MappingProxyType(layout.relabeled),
             history_lost=layout.history_lost,
+            tenant=tenant,
+            cache_salt=cache_salt,
         )
 
     def _render_user_message(
@@ -887,14 +1252,77 @@ class ContextPilot:
 
     # -- commit -----------------------------------------------------------------------
 
-    def _commit(self, plan: _Plan) -> None:
+    def _stored(self, plan_turn: Callable[[], _Plan], plan: _Plan | None = None) -> _Plan:
+        """``plan`` (else ``plan_turn()``) once its conversation's new record is
+        written: a plan whose conversation changed since it was read is made again
+        from the new record (lock held). Nothing else is changed here."""
+        conversation_id = None
+        for attempt in range(STORE_ATTEMPTS):
+            if plan is None:
+                plan = plan_turn()
+            if self._store_turn(plan):
+                return plan
+            conversation_id, plan = plan.prompt.conversation_id, None
+            self._back_off(attempt)
+        raise _conflict(conversation_id or "")
+
+    def _stored_batch_plan(
+        self, plan: _Plan, batch: Sequence[BatchRequest], system: str | None
+    ) -> _Plan:
+        if plan.conversation is None:
+            self._store_turn(plan)  # the index's checks only
+            return plan
+        index = plan.prompt.index
+        assert index is not None
+        return self._stored(
+            functools.partial(self._plan_batch_turn, batch[index], system, index), plan
+        )
+
+    def _store_turn(self, plan: _Plan) -> bool:
+        """Check that the plan can enter the index, then write its conversation's
+        record if that is still at the version the plan read. False: another writer
+        changed the conversation and nothing was written."""
+        request_id = plan.prompt.request_id
+        if plan.placements is None:
+            self._index.check_insert(plan.index_path, plan.index_tokens, RequestId(request_id))
+        else:
+            for place in plan.placements:
+                index = self._placement_index(place, create=False)
+                if index is not None:
+                    index.check_insert(place.path, place.tokens, RequestId(request_id))
+        conversation = plan.conversation
+        if conversation is None or self._store.put_if_version(conversation, plan.stored_version):
+            return True
+        # A write retried after a dropped connection may have been applied the first time.
+        stored = self._store.get(conversation.conversation_id)
+        return stored is not None and any(turn.request_id == request_id for turn in stored.turns)
+
+    def _back_off(self, attempt: int) -> None:
+        """After a conflict: writers that collided retry at random moments, so that
+        one of them wins the next round (the first retry is immediate)."""
+        if attempt:
+            limit = min(_BACK_OFF_MAX_S, _BACK_OFF_S * 2 ** (attempt - 1))
+            time.sleep(self._jitter.uniform(0, limit))
+
+    def _record(self, plan: _Plan) -> None:
+        """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
-        self._index.check_insert(plan.index_path, plan.index_tokens, request_id)
-        self._registry.commit(plan.blocks, plan.entries)
-        self._index.insert(plan.index_path, plan.index_tokens, request_id)
-        if plan.conversation is not None:
-            self._store.put(plan.conversation)
+        self._registry.commit(plan.blocks, plan.entries, plan.keys)
+        if plan.placements is None:
+            self._index.insert(plan.index_path, plan.index_tokens, request_id)
+        else:
+            for place in plan.placements:
+                index = self._placement_index(place, create=True)
+                assert index is not None
+                index.insert(place.path, place.tokens, request_id)
         self._remember(plan.prompt)
+
+    def _placement_index(self, place: _Placement, *, create: bool) -> ContextIndex | None:
+        if place.shared:
+            return self._shared_index
+        if create:
+            return self._tenant_indexes.get(place.tenant)
+        return self._tenant_indexes.peek(place.tenant)
 
     def _remember(self, prompt: Prompt) -> None:
         """Keep ``prompt``'s stats for :meth:`observe` by request id: the most recent
@@ -902,7 +1330,7 @@ class ContextPilot:
         capacity = self.config.max_observed_prompts
         if capacity:
             observed = self._observed
-            observed[prompt.request_id] = prompt.stats
+            observed[prompt.request_id] = (prompt.stats, prompt.tenant)
             if len(observed) > capacity:
                 observed.popitem(last=False)
 
@@ -929,12 +1357,64 @@ def _expired(conversation_id: str) -> ConversationExpiredError:
     )
 
 
+def _conflict(conversation_id: str) -> ConversationConflictError:
+    return ConversationConflictError(
+        f"conversation {conversation_id!r} changed under this call {STORE_ATTEMPTS} times "
+        "(other processes writing it); nothing was written: call again"
+    )
+
+
+def _holds_answer(conversation: Conversation, request_id: str | None, answer: str) -> bool:
+    """Whether turn ``request_id`` of ``conversation`` is answered with ``answer``."""
+    return request_id is not None and any(
+        turn.request_id == request_id and turn.answer == answer for turn in conversation.turns
+    )
+
+
 def _check_observed(prompt: object, method: str) -> None:
     if not isinstance(prompt, (Prompt, str)):
         raise InvalidInputError(
             f"{method}() takes the Prompt that was sent or its request id, "
             f"got {type(prompt).__name__}"
         )
+
+
+def _check_conversation_id(conversation_id: object, tenant: str | None) -> None:
+    """A conversation id is a non-empty str; without a tenant it may not have the
+    form of a tenant's store key (it would reach that tenant's conversation)."""
+    _check_text("conversation_id", conversation_id, allow_empty=False)
+    assert isinstance(conversation_id, str)
+    if tenant is None and is_tenant_key(conversation_id):
+        raise InvalidInputError(
+            "conversation_id starts with the reserved prefix of tenants' conversations "
+            f"({conversation_id[:9]!r}); pass tenant= to continue a tenant's conversation"
+        )
+
+
+def _tenant_of(prompt: Prompt | str, tenant: str | None) -> str | None:
+    """The tenant of a call about ``prompt``: the :class:`Prompt`'s own (``tenant``,
+    if given, must be the same), else ``tenant`` (checked)."""
+    if tenant is not None:
+        check_tenant(tenant)
+    if isinstance(prompt, Prompt):
+        if tenant is not None and tenant != prompt.tenant:
+            raise InvalidInputError("the prompt was built for another tenant than tenant=")
+        return prompt.tenant
+    return tenant
+
+
+def _search(
+    index: ContextIndex | None,
+    blocks: Sequence[ContextBlock],
+    fixed_prefix: tuple[str, ...],
+    tokens_of: Mapping[str, int],
+) -> MatchResult:
+    """``index``'s best match for ``blocks`` after ``fixed_prefix`` (none without an
+    index: a tenant with no prompt yet)."""
+    if index is None:
+        return MatchResult((), 0)
+    wanted = [block.id for block in blocks]
+    return index.search(wanted, fixed_prefix=fixed_prefix, token_counts=tokens_of)
 
 
 def _check_text(name: str, value: object, *, allow_empty: bool = True) -> None:

@@ -53,7 +53,14 @@ class Prompt:
     history included, would share one, or ``PilotConfig.label_style="id"`` shows the
     id) to that label; :attr:`labels` has every block's. ``history_lost`` is true when
     the conversation's store had dropped it (expired or evicted) and this turn
-    starts it again without its history."""
+    starts it again without its history.
+
+    ``tenant`` is the tenant the prompt was built for (``None``: none), and
+    ``cache_salt`` the salt an engine with a salted prefix cache (vLLM's top-level
+    ``cache_salt``) must get with it, so that no other tenant's request can reuse, or
+    time, its cached prefix (``None``: send none; ``docs/tenants.md`` says when a tenant's
+    prompt goes unsalted). :meth:`request_extras` has the fields to add to the
+    request body."""
 
     messages: tuple[Mapping[str, str], ...]
     blocks: tuple[ContextBlock, ...]
@@ -68,6 +75,16 @@ class Prompt:
     location_note: str | None = None
     relabeled: Mapping[str, str] = field(default_factory=dict)
     history_lost: bool = False
+    tenant: str | None = None
+    cache_salt: str | None = field(default=None, repr=False)
+
+    def request_extras(self) -> dict[str, str]:
+        """Top-level fields to add to the OpenAI request body that sends this prompt:
+        ``{"cache_salt": ...}`` for a salted prompt, else nothing. Send them only to
+        engines that take ``cache_salt`` (vLLM); others may refuse unknown fields."""
+        if self.cache_salt is None:
+            return {}
+        return {"cache_salt": self.cache_salt}
 
     @property
     def labels(self) -> dict[str, str]:

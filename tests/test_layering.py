@@ -35,6 +35,7 @@ PURE_MODULES = (
     "contextpilot_rag.conversations",
     "contextpilot_rag.annotations",
     "contextpilot_rag.prompt",
+    "contextpilot_rag.request_field",
     "contextpilot_rag.usage",
     "contextpilot_rag.batch",
     "contextpilot_rag.batch.progress",

@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from datetime import date
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "markdown_table",
     "provenance",
     "spread",
+    "write_or_print",
     "write_section",
 ]
 
@@ -105,3 +107,13 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> lis
     lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
+
+
+def write_or_print(text: str, name: str, path: Path | None) -> None:
+    """Write ``text`` as the section ``name`` of ``path`` (saying so on stderr), or,
+    without a path, print it."""
+    if path:
+        write_section(path, name, text)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(text)

@@ -12,23 +12,26 @@ from ..errors import (
     EmptyContextError,
     InvalidInputError,
 )
+from ..tenants import check_tenant
 
 __all__ = ["BatchRequest", "validate_batch"]
 
 
 class BatchRequest(NamedTuple):
     """One request of a batch: its blocks (retrieval order), the question, and
-    optionally the conversation it belongs to."""
+    optionally the conversation and the tenant it belongs to."""
 
     blocks: Sequence[ContextBlock]
     query: str
     conversation_id: str | None = None
+    tenant: str | None = None
 
 
 def validate_batch(requests: object) -> list[BatchRequest]:
     """The requests as :class:`BatchRequest` with validated, de-repeated blocks.
     Raises :class:`EmptyContextError` (empty batch, a request without blocks),
-    :class:`InvalidInputError` (wrong shapes or types, a conversation twice),
+    :class:`InvalidInputError` (wrong shapes or types, a bad tenant, a tenant's
+    conversation twice),
     :class:`BlockConflictError` (one id, two texts anywhere in the batch) or
     :class:`DuplicateRequestError` (the same request twice)."""
     if not is_list_like(requests):
@@ -39,8 +42,8 @@ def validate_batch(requests: object) -> list[BatchRequest]:
     if not batch:
         raise EmptyContextError("empty batch: pass at least one (blocks, query) request")
     texts: dict[str, tuple[str, int]] = {}
-    seen_requests: dict[tuple[tuple[str, ...], str, str | None], int] = {}
-    conversations: dict[str, int] = {}
+    seen_requests: dict[tuple[tuple[str, ...], str, str | None, str | None], int] = {}
+    conversations: dict[tuple[str | None, str], int] = {}
     for position, request in enumerate(batch):
         for block in request.blocks:
             known = texts.setdefault(block.id, (block.text, position))
@@ -49,7 +52,8 @@ def validate_batch(requests: object) -> list[BatchRequest]:
                     f"block id {block.id!r} has different texts in requests {known[1]} "
                     f"and {position}"
                 )
-        key = (tuple(block.id for block in request.blocks), request.query, request.conversation_id)
+        ids = tuple(block.id for block in request.blocks)
+        key = (ids, request.query, request.conversation_id, request.tenant)
         first = seen_requests.setdefault(key, position)
         if first != position:
             raise DuplicateRequestError(
@@ -57,7 +61,8 @@ def validate_batch(requests: object) -> list[BatchRequest]:
                 "conversation); send it once and reuse the prompt"
             )
         if request.conversation_id is not None:
-            earlier = conversations.setdefault(request.conversation_id, position)
+            conversation = (request.tenant, request.conversation_id)
+            earlier = conversations.setdefault(conversation, position)
             if earlier != position:
                 raise InvalidInputError(
                     f"conversation {request.conversation_id!r} appears in requests {earlier} "
@@ -70,15 +75,17 @@ def validate_batch(requests: object) -> list[BatchRequest]:
 def _request(position: int, request: object) -> BatchRequest:
     if isinstance(request, BatchRequest):
         parts: tuple[object, ...] = tuple(request)
-    elif isinstance(request, (tuple, list)) and len(request) in (2, 3):
+    elif isinstance(request, (tuple, list)) and len(request) in (2, 3, 4):
         parts = tuple(request)
     else:
         raise InvalidInputError(
-            f"requests[{position}] must be a (blocks, query) or (blocks, query, "
-            f"conversation_id) tuple, got {type(request).__name__}"
+            f"requests[{position}] must be a (blocks, query), (blocks, query, "
+            f"conversation_id) or (blocks, query, conversation_id, tenant) tuple, "
+            f"got {type(request).__name__}"
         )
     blocks, query = parts[0], parts[1]
-    conversation_id = parts[2] if len(parts) == 3 else None
+    conversation_id = parts[2] if len(parts) >= 3 else None
+    tenant = parts[3] if len(parts) == 4 else None
     try:
         unique = validate_blocks(blocks)
     except (EmptyContextError, InvalidInputError, BlockConflictError) as exc:
@@ -89,4 +96,6 @@ def _request(position: int, request: object) -> BatchRequest:
         not isinstance(conversation_id, str) or not conversation_id
     ):
         raise InvalidInputError(f"requests[{position}]: conversation_id must be a non-empty str")
-    return BatchRequest(unique, query, conversation_id)
+    if tenant is not None:
+        tenant = check_tenant(tenant, f"requests[{position}].tenant")
+    return BatchRequest(unique, query, conversation_id, tenant)

@@ -59,12 +59,14 @@ class PrefixLocations(RouteTableBase[_Holders]):
     """Bounded LRU map: boundary block hash → {replica_id: blocks} of replicas sent it.
 
     The invariants of :class:`~.route_table.RouteTableBase` hold (``capacity`` keys,
-    ``ttl_s``, prompt bounds); an entry's stamp is when its prefix was last sent
-    anywhere, and a stale entry's replicas are dropped when it is recorded again."""
+    ``ttl_s``, prompt bounds, peer entries as hints of lower trust); an entry's stamp
+    is when its prefix was last sent anywhere, and a stale entry's replicas are dropped
+    when it is recorded again. A peer entry is consulted only where no live local entry
+    is held, so a prefix this router sent (or saw disproved) follows its own record."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 600.0) -> None:
-        super().__init__(capacity, ttl_s)
-        (self._entries,) = self._ranks
+        super().__init__(capacity, ttl_s, ranks=2)
+        self._peer, self._entries = self._ranks
 
     def cached_blocks(
         self, request: RouteRequest, now: float, replicas: int | None = None
@@ -75,12 +77,17 @@ class PrefixLocations(RouteTableBase[_Holders]):
         has a match."""
         hashes = request.block_hashes
         lookup, oldest = self._entries.get, now - self.ttl_s
+        peer = self._peer.get if self._peer else None
         found: dict[str, int] = {}
         setdefault = found.setdefault
         for b in reversed(request.boundaries):  # validated: ascending, in 1..len(hashes)
             entry = lookup(hashes[b - 1])
             if entry is None or entry.stamp < oldest:
-                continue
+                if peer is None:
+                    continue
+                entry = peer(hashes[b - 1])
+                if entry is None or entry.stamp < oldest:
+                    continue
             for replica_id in entry.replicas:
                 setdefault(replica_id, b)
             if replicas is not None and len(found) >= replicas:
@@ -124,10 +131,34 @@ class PrefixLocations(RouteTableBase[_Holders]):
         self.record(hashes, recorded, replica_id, now)
 
     def forget(self, key: int, replica_id: str) -> None:
-        """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
+        """The engine disproved ``replica_id`` holding the prefix ending at ``key``
+        (a peer's claim included)."""
         entry = self._entries.get(key)
         if entry is not None:
             entry.replicas.pop(replica_id, None)
+        if self._peer:
+            hint = self._peer.get(key)
+            if hint is not None and hint.replicas.pop(replica_id, None) is not None:
+                del self._peer[key]
+
+    def knows(self, key: int, now: float) -> bool:
+        oldest = now - self.ttl_s
+        entry = self._entries.get(key)
+        if entry is not None and entry.stamp >= oldest:
+            return True
+        hint = self._peer.get(key)
+        return hint is not None and hint.stamp >= oldest
+
+    def learn_peer(
+        self, key: int, replica_id: str, blocks: int, learned_s: float, now: float
+    ) -> bool:
+        entry = self._entries.get(key)
+        if entry is not None and entry.stamp >= now - self.ttl_s:
+            return False
+        self._peer[key] = _Holders(learned_s, {replica_id: blocks})
+        self._peer.move_to_end(key)
+        self._evict()
+        return True
 
     def _release(self, key: int, replica_id: str) -> None:
         self.forget(key, replica_id)

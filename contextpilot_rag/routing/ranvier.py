@@ -161,6 +161,24 @@ class RouteTable(RouteTableBase[_Entry]):
             self._peer.move_to_end(key)
         self._evict()
 
+    def knows(self, key: int, now: float) -> bool:
+        for store in (self._local, self._peer):
+            entry = store.get(key)
+            if entry is not None and now - entry[2] <= self.ttl_s:
+                return True
+        return False
+
+    def learn_peer(
+        self, key: int, replica_id: str, blocks: int, learned_s: float, now: float
+    ) -> bool:
+        local = self._local.get(key)
+        if local is not None:
+            if now - local[2] <= self.ttl_s:
+                return False
+            del self._local[key]  # expired: the peer's newer route may take its place
+        self.put(key, Route(replica_id, blocks, learned_s, "peer"))
+        return True
+
     def import_routes(self, routes: Iterable[tuple[int, Route]]) -> int:
         """Merge routes received from a peer router, as ``peer`` trust; returns how many
         were accepted (local routes for the same prefix win)."""

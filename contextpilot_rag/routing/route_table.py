@@ -12,7 +12,11 @@ Invariants of :class:`RouteTableBase`:
   used key of the lowest non-empty rank is evicted first;
 - an entry older than ``ttl_s`` is never used;
 - a replica limited to ``k`` prompts (:meth:`RouteTableBase.limit_prompts`) keeps its
-  routes only under keys recorded for one of its ``k`` latest prompts.
+  routes only under keys recorded for one of its ``k`` latest prompts;
+- a **peer** entry (a route another router learned, :meth:`RouteTableBase.learn_peer`,
+  shared through a :class:`~.route_store.RouteStore`) is a hint with lower trust than
+  what this router saw itself: it is used only for a prefix this router holds no live
+  local entry for, never replaces a local entry, and is evicted first (rank 0).
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ class RouteTableBase(ABC, Generic[Entry]):
     @abstractmethod
     def forget(self, key: int, replica_id: str) -> object:
         """The engine disproved ``replica_id`` holding the prefix ending at ``key``."""
+
+    @abstractmethod
+    def knows(self, key: int, now: float) -> bool:
+        """Whether a live entry (local or peer) is held for ``key``."""
+
+    @abstractmethod
+    def learn_peer(
+        self, key: int, replica_id: str, blocks: int, learned_s: float, now: float
+    ) -> bool:
+        """Take another router's route (the prefix of ``blocks`` blocks ending at
+        ``key`` went to ``replica_id`` at ``learned_s`` on this table's clock, which
+        reads ``now``) as a peer entry; ``False`` when a live local entry for ``key``
+        overrides it."""
 
     def correct(self, outcome: Outcome) -> None:
         """Forget the prefixes the engine showed ``outcome``'s replica does not hold:

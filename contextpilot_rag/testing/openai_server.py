@@ -15,12 +15,17 @@ A chat prompt is tokenized as :class:`~contextpilot_rag.sim.replay.EngineTokeniz
 does it: ``<|role|>\\n{content}\\n`` per message, each message encoded on its own (text
 parts of a list content are joined with ``"\\n"``, as vLLM does). A completions prompt
 is encoded as it is. Only prompt tokens are admitted to the cache, not the reply.
+
+A top-level ``cache_salt`` (a non-empty string of at most 1,024 characters, as vLLM
+takes it; anything else is HTTP 400) is mixed into the first block's hash, as vLLM does:
+a salted prompt shares no cached block with a prompt of another salt or of none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import re
@@ -32,11 +37,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, ClassVar, Literal, Protocol, cast
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..lifecycle import Startable
 from ..sim.prefix_cache import CacheResult, PrefixCacheModel
 from ..tokenizers import Tokenizer, default_tokenizer
 
@@ -51,6 +56,7 @@ OWNED_BY = "contextpilot-test"
 """The ``owned_by`` field of the served model in ``GET /v1/models``."""
 
 _BLOCK_HEADER = re.compile(r"^\[[^\[\]\s]+\]$", re.MULTILINE)
+_MAX_SALT_CHARS = 1024  # vLLM's limit
 _WORD_START = re.compile(r"(?<=\S)(?=\s)")
 _JSON = dict[str, Any]
 
@@ -91,6 +97,7 @@ class _Options:
     stream: bool
     include_usage: bool
     max_tokens: int | None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,28 @@ def _parse_options(body: _JSON) -> _Options:
     if stream_options is not None and not isinstance(stream_options, dict):
         raise _RequestError("'stream_options' must be an object or null")
     include_usage = _optional_bool((stream_options or {}).get("include_usage"), "include_usage")
-    return _Options(model, stream, include_usage, _max_tokens(body))
+    return _Options(model, stream, include_usage, _max_tokens(body), _cache_salt(body))
+
+
+def _cache_salt(body: _JSON) -> str | None:
+    if "cache_salt" not in body or body["cache_salt"] is None:
+        return None
+    salt = body["cache_salt"]
+    if not isinstance(salt, str) or not salt or len(salt) > _MAX_SALT_CHARS:
+        raise _RequestError(
+            f"'cache_salt' must be a non-empty string of at most {_MAX_SALT_CHARS} characters"
+        )
+    return salt
+
+
+def _salted(tokens: list[int], salt: str | None) -> list[int]:
+    """``tokens`` with the salt mixed into the first one (a negative id, which no
+    tokenizer makes): every chained block hash of the prompt then depends on the salt,
+    as vLLM's extra key on the first block makes them."""
+    if salt is None or not tokens:
+        return tokens
+    mixed = hashlib.blake2b(f"{salt}\x00{tokens[0]}".encode(), digest_size=8).digest()
+    return [-1 - int.from_bytes(mixed, "big") // 2, *tokens[1:]]
 
 
 def _optional_bool(value: object, name: str) -> bool:
@@ -285,6 +313,7 @@ class _Engine:
         tokens = [
             token for segment in request.segments for token in self._tokenizer.encode(segment)
         ]
+        tokens = _salted(tokens, request.options.cache_salt)
         with self._lock:
             self._requests.append(body)
             cached = self.cache.admit(tokens)
@@ -595,7 +624,7 @@ class _HTTPServer6(_HTTPServer):
     address_family = socket.AF_INET6
 
 
-class OpenAICompatibleServer:
+class OpenAICompatibleServer(Startable):
     """An OpenAI-compatible server on loopback for tests and examples.
 
     ``reply(messages)`` makes the answer text (default: :func:`default_reply`); for
@@ -703,17 +732,6 @@ class OpenAICompatibleServer:
             httpd.close_connections()
             httpd.server_close()
             thread.join()
-
-    def __enter__(self) -> OpenAICompatibleServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _running(self) -> _HTTPServer:
         httpd = self._httpd

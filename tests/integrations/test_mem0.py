@@ -496,7 +496,10 @@ def test_a_blank_memory_is_kept_last_and_not_sent(memory: RecordingMemory) -> No
     assert last[ANNOTATION_KEY]["status"] == "skipped"
     assert last[ANNOTATION_KEY]["label"] is None
     assert {r[ANNOTATION_KEY]["status"] for r in response["results"][:-1]} == {"sent"}
-    assert len(format_memories(response).split("\n\n")) == len(MEMORIES) + 2
+    # every memory but the blank one, then the end (no order note: a first search keeps
+    # the retriever's order)
+    assert response[ANNOTATION_KEY]["order_note"] is None
+    assert len(format_memories(response).split("\n\n")) == len(MEMORIES) + 1
 
 
 def test_a_pre_2x_list_response_is_a_typed_error(tmp_path: Path, recorder: Recorder) -> None:

@@ -39,6 +39,13 @@ keys never appear in results, errors, logs or metrics: the URL shows as
 :meth:`RoutingClient.solve` retries until ``verify`` accepts an answer, excluding each
 ``(endpoint, model)`` already tried, and reports the time to a correct answer.
 
+Shared state: with ``store=`` (``redis://…``, ``sqlite:///…`` or a
+:class:`~contextpilot_rag.routing.route_store.RouteStore`) clients in several processes
+share learned routes (another process's route is a hint of lower trust than the
+client's own) and replica load; a request's unknown prefixes are looked up once before
+its decision, everything else is published in the background, and with the store down
+the client routes on its own state (:mod:`~contextpilot_rag.routing.shared_routes`).
+
 The parts, each a module: ``config`` (:class:`ClientConfig`), ``endpoints`` (endpoints,
 credentials, per-replica runtime), ``sse`` (reading answers), ``holding`` (held requests),
 ``dispatch`` (routing and feedback, the one owner of the fleet's live state), ``resume``

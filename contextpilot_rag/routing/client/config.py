@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ...errors import ConfigError
 from ..prompt_keys import ChatTemplate, chat_template
+from ..route_store import check_store_argument
 
 if TYPE_CHECKING:
     import httpx
 
     from ..metrics import RoutingMetrics
+    from ..route_store import RouteStore
     from ..types import CacheFeedback, Policy
 
 __all__ = ["ClientConfig", "ClientOptions"]
@@ -38,6 +40,13 @@ class ClientConfig:
     loaded. ``pilot``: who learns each answer's cache hit (the
     :class:`~contextpilot_rag.ContextPilot` that built the Prompts sent).
 
+    ``store``: routing state shared with routers in other processes (learned routes
+    and replica load): ``None`` (this client's own, the default), a store URL
+    (``redis://HOST:PORT/DB``, ``sqlite:///PATH``: checked here, opened by the
+    client) or a :class:`~contextpilot_rag.routing.route_store.RouteStore` (used as
+    given, left open by :meth:`RoutingClient.close`). See
+    :mod:`~contextpilot_rag.routing.shared_routes` and ``docs/stores.md``.
+
     Time bounds: ``timeout_s`` bounds each attempt's every wait for progress (to
     connect, for the first stream event, between two events; keep-alives do not
     count); ``deadline_s`` (``None``: unbounded) a whole call by wall time. A failing
@@ -60,6 +69,7 @@ class ClientConfig:
     learn_rates: bool = True
     metrics: bool | RoutingMetrics = False
     pilot: CacheFeedback | None = None
+    store: str | RouteStore | None = None
     transport: httpx.BaseTransport | None = None
     async_transport: httpx.AsyncBaseTransport | None = None
 
@@ -79,6 +89,7 @@ class ClientConfig:
         if self.block_tokens < 1 or self.chars_per_token <= 0:
             raise ConfigError("block_tokens must be >= 1 and chars_per_token > 0")
         chat_template(self.chat_template)  # an unknown name is a ConfigError now
+        check_store_argument(self.store)  # a bad URL is a ConfigError before anything opens
 
     @property
     def template(self) -> ChatTemplate | None:
@@ -104,3 +115,4 @@ class ClientOptions(TypedDict, total=False):
     chat_template: str | ChatTemplate | None
     learn_rates: bool
     pilot: CacheFeedback | None
+    store: str | RouteStore | None

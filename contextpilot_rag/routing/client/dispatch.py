@@ -22,6 +22,9 @@ from ...errors import InvalidDecisionError, InvalidInputError, RoutingError
 from ...prompt import Prompt
 from ..metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
 from ..prompt_keys import ChatTemplate, PromptInput, PromptKeys, PromptText, serialise
+from ..route_store import Load, RouteStore
+from ..route_table import RouteTableBase
+from ..shared_routes import SharedRoutes
 from ..types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from .config import ClientConfig
 from .endpoints import Credentials, Replica
@@ -96,6 +99,7 @@ class Dispatcher:
         policy: Policy,
         config: ClientConfig,
         metrics: RoutingMetrics | None,
+        store: RouteStore | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
@@ -111,12 +115,28 @@ class Dispatcher:
         if memory is not None:
             for replica in replicas:
                 memory.limit_prompts(replica.replica_id, replica.endpoint.max_cached_prompts)
+        # routes shared with other processes go into (and come from) a route table
+        self._table = memory if isinstance(memory, RouteTableBase) else None
+        self.shared = None if store is None else SharedRoutes(store, self._local_load)
+
+    def _local_load(self) -> dict[str, Load]:
+        """This client's own load per replica (what it reports to other routers)."""
+        with self.lock:
+            return {r.replica_id: (r.in_flight, r.queued_tokens) for r in self.replicas.values()}
+
+    def _states(self, now: float) -> tuple[ReplicaState, ...]:
+        """Every replica's state (lock held), other routers' load included."""
+        replicas = self.replicas.values()
+        remote = self.shared.remote_load() if self.shared is not None else None
+        if not remote:
+            return tuple(r.state(now) for r in replicas)
+        return tuple(r.state(now, remote.get(r.replica_id, (0, 0))) for r in replicas)
 
     def states(self) -> list[ReplicaState]:
         """The fleet as the policy sees it now (counters, health)."""
         now = time.monotonic()
         with self.lock:
-            return [r.state(now) for r in self.replicas.values()]
+            return list(self._states(now))
 
     def metrics_state(self) -> tuple[list[ReplicaState], int | None]:
         with self.lock:
@@ -147,7 +167,11 @@ class Dispatcher:
             arrival_s=now,
             may_hold=True,
         )
+        table = self._table
+        found = self.shared.probe(request, table, now) if self.shared is not None else None
         with self.lock:
+            if found and table is not None:  # other routers' routes, as peer entries
+                SharedRoutes.adopt(found, table, now)
             decision, replica = self._offer(request, now)
             if replica is None:
                 return self.held.hold(new_waiter(request), decision)
@@ -181,7 +205,7 @@ class Dispatcher:
     def _offer(self, request: RouteRequest, now: float) -> tuple[Decision, Replica | None]:
         """The policy's decision for ``request`` (lock held); a dispatch books its
         replica's counters, a hold (``None``) books nothing."""
-        states = tuple(r.state(now) for r in self.replicas.values())
+        states = self._states(now)
         if not any(state.healthy for state in states):  # every breaker open: try anyway
             states = tuple(replace(state, healthy=True) for state in states)
         decision = self.policy.choose(request, _View(now, states))
@@ -197,6 +221,8 @@ class Dispatcher:
             )
         replica.in_flight += 1
         replica.queued_tokens += request.prompt_tokens
+        if self.shared is not None:
+            self.shared.learned(request, decision.replica_id)
         return decision, replica
 
     def _release_held(self) -> None:
@@ -248,6 +274,8 @@ class Dispatcher:
             if plan.queued:
                 plan.queued = False
                 plan.replica.queued_tokens -= plan.request.prompt_tokens
+                if self.shared is not None:
+                    self.shared.load_changed()
                 if self.held:
                     self._release_held()
 
@@ -295,6 +323,8 @@ class Dispatcher:
         plan.closed = True
         self.first_token(plan)
         plan.replica.in_flight -= 1
+        if self.shared is not None:
+            self.shared.load_changed()
 
     def _settle(self, plan: Plan, error: str | None, cancelled: bool, now: float) -> None:
         """The breaker after an attempt: closed by an answer, tripped by a failure (for

@@ -181,15 +181,17 @@ class Replica:
         if generated >= _MIN_RATE_TOKENS // 8 and decode_s > 0:
             self.decode_rate += _RATE_ALPHA * (generated / decode_s - self.decode_rate)
 
-    def state(self, now: float) -> ReplicaState:
+    def state(self, now: float, others: tuple[int, int] = (0, 0)) -> ReplicaState:
+        """The replica as the policy sees it; ``others``: the in-flight requests and
+        queued tokens other routers report on it (shared state)."""
         e = self.endpoint
         return ReplicaState(
             replica_id=self.replica_id,
             model=self.model,
             region=e.region,
             rtt_s=self.rtt_s,
-            in_flight=self.in_flight,
-            queued_tokens=self.queued_tokens,
+            in_flight=self.in_flight + others[0],
+            queued_tokens=self.queued_tokens + others[1],
             prefill_tokens_per_s=self.prefill_rate,
             decode_tokens_per_s=self.decode_rate,
             healthy=now >= self.open_until,

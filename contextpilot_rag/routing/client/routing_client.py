@@ -15,6 +15,8 @@ import httpx
 from ..metrics import RoutingMetrics
 from ..prompt_keys import PromptInput
 from ..registry import make_policy
+from ..route_store import resolve_route_store
+from ..shared_routes import SharedRoutes
 from ..types import Policy, ReplicaState
 from . import aio, sync
 from .attempts import CallSpec
@@ -55,6 +57,14 @@ class RoutingClient:
     time from the call; past it the call raises :class:`RoutingError` and the endpoint's
     breaker is left alone (the caller's budget ran out, not the endpoint). In
     :meth:`solve` it bounds each answer. ``max_backoff_s`` also caps ``Retry-After``.
+
+    Shared state: with ``store`` (a ``redis://`` or ``sqlite:///`` URL, or a
+    :class:`~contextpilot_rag.routing.route_store.RouteStore`), clients in several
+    processes route as one: each one's learned routes reach the others (as hints of
+    lower trust than their own) and each sees the others' load. A decision waits on
+    the store only when the request's prefixes are unknown to this client (one
+    look-up); everything else is published in the background. With the store down the
+    client routes on its own state and logs it once (:mod:`~..shared_routes`).
     Thread-safe; one client serves sync and async callers."""
 
     def __init__(
@@ -74,7 +84,9 @@ class RoutingClient:
         if config.metrics:
             metrics = config.metrics
             self.metrics = metrics if isinstance(metrics, RoutingMetrics) else RoutingMetrics()
-        self._dispatcher = Dispatcher(replicas, self.policy, config, self.metrics)
+        self._owned_store = isinstance(config.store, str)
+        store = resolve_route_store(config.store)
+        self._dispatcher = Dispatcher(replicas, self.policy, config, self.metrics, store)
         self._http = httpx.Client(
             timeout=httpx.Timeout(config.timeout_s), transport=config.transport
         )
@@ -84,8 +96,15 @@ class RoutingClient:
 
     @property
     def replicas(self) -> list[ReplicaState]:
-        """The fleet as the policy sees it now (counters, health)."""
+        """The fleet as the policy sees it now (counters, health; with a ``store``,
+        other routers' load included)."""
         return self._dispatcher.states()
+
+    @property
+    def shared(self) -> SharedRoutes | None:
+        """The link to the shared routing state (``None`` without a ``store``): its
+        ``degraded`` flag, ``flush()`` to publish now."""
+        return self._dispatcher.shared
 
     def chat(self, prompt: PromptInput, **params: Any) -> ChatResult:
         """Route and answer a chat request (a Prompt, OpenAI messages, or a string sent
@@ -158,13 +177,24 @@ class RoutingClient:
         return sync.probe(self._dispatcher, self._http)
 
     def close(self) -> None:
-        """Close the HTTP connections (the async client is closed by :meth:`aclose`)."""
+        """Close the HTTP connections (the async client is closed by :meth:`aclose`)
+        and the link to the shared routing state (publishing what is queued)."""
         self._http.close()
+        self._close_shared()
 
     async def aclose(self) -> None:
-        """Close the HTTP connections, the running event loop's included."""
+        """Close the HTTP connections, the running event loop's included, and the
+        link to the shared routing state."""
         self._http.close()
         await self._async_http.aclose()
+        self._close_shared()
+
+    def _close_shared(self) -> None:
+        shared = self._dispatcher.shared
+        if shared is not None:
+            shared.close()
+            if self._owned_store:
+                shared.store.close()
 
     def __enter__(self) -> RoutingClient:
         return self

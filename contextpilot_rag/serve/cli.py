@@ -1,0 +1,100 @@
+"""``contextpilot-rag serve``: the arguments and the command. Importing this module
+imports neither starlette nor uvicorn (the main CLI imports it for its help)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+from typing import Any
+
+from rich.console import Console
+
+from ..errors import ConfigError
+from ..routing.registry import POLICY_NAMES
+from .config import API_KEY_ENV, SALT_KEY_ENV, ServeConfig
+
+__all__ = ["add_serve_parser", "config_from_args", "run_serve"]
+
+
+def add_serve_parser(commands: Any) -> None:
+    """Add ``serve`` to a subparsers object."""
+    parser = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible proxy in front of a fleet (documents in the "
+        "'contextpilot' request field; see docs/serve.md)",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /metrics and "
+        "/health, routing over the fleet; requests carrying the 'contextpilot' field are "
+        "reordered, de-duplicated and annotated first (docs/serve.md).",
+    )
+    add = parser.add_argument
+    add(
+        "--endpoint",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="an engine's OpenAI base URL, e.g. http://10.0.0.1:8000/v1 (repeat for a fleet)",
+    )
+    add("--model", required=True, help="the model the fleet serves")
+    add(
+        "--policy",
+        choices=POLICY_NAMES,
+        default="combined",
+        metavar="NAME",
+        help=f"routing policy: {', '.join(POLICY_NAMES)} (default combined)",
+    )
+    add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, default=8040, help="port (default 8040)")
+    add("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
+    add(
+        "--api-key",
+        help=f"bearer token clients must send (default: ${API_KEY_ENV}; none: no auth). "
+        "Prefer the environment variable: arguments are visible in ps",
+    )
+    add("--store", metavar="URL", help="shared state: redis://HOST:PORT/DB or sqlite:///PATH")
+    add(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="per-attempt progress bound towards an engine (default 120)",
+    )
+    add(
+        "--cache-salt",
+        choices=("private", "always", "never"),
+        default="private",
+        help="when a tenant's prompt carries its tenant's cache_salt (vLLM): private "
+        "(default: unless all its documents are shared), always, or never (engines "
+        f"without cache_salt). The salts derive from ${SALT_KEY_ENV} (a random key per "
+        "run when unset: set it for several proxies on one fleet); see docs/tenants.md",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The :class:`ServeConfig` of parsed ``serve`` arguments (the API key from
+    :data:`~.config.API_KEY_ENV` unless given)."""
+    return ServeConfig(
+        endpoints=tuple(args.endpoint),
+        model=args.model,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        store=args.store,
+        timeout_s=args.timeout_s,
+        cache_salt=args.cache_salt,
+        # one key for all workers of this run; several proxies need the variable
+        salt_key=os.environ.get(SALT_KEY_ENV) or secrets.token_hex(32),
+    )
+
+
+def run_serve(args: argparse.Namespace, console: Console) -> int:
+    """Run ``serve``; 2 for a configuration error."""
+    from .server import serve
+
+    try:
+        serve(config_from_args(args))
+    except ConfigError as exc:
+        console.print(str(exc), style="red", markup=False, highlight=False)
+        return 2
+    return 0

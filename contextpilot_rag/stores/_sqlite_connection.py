@@ -1,0 +1,61 @@
+"""The SQLite connections the SQLite stores share: opened in autocommit mode (every
+write is an explicit ``BEGIN IMMEDIATE`` transaction), usable from any thread (each
+store guards its connections with its own locks), SQLite's errors as the typed ones."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailableError
+
+__all__ = ["connect", "store_errors", "transaction"]
+
+
+def connect(path: Path, *, store: str, timeout_s: float) -> sqlite3.Connection:
+    """A connection to ``path`` that waits ``timeout_s`` for a lock (set SQLite's
+    ``busy_timeout`` to match); ``store`` names the store in errors."""
+    try:
+        db = sqlite3.connect(
+            path,
+            timeout=timeout_s,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE
+            check_same_thread=False,  # guarded by the store's locks
+        )
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot open {store}: {exc}") from exc
+    return db
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction: it holds the file's write lock from its start, so what it
+    reads stays true until it commits."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def store_errors(store: str, busy_timeout_s: float) -> Iterator[None]:
+    """SQLite's errors as the store's typed ones; ``store`` names it."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        message = str(exc).lower()
+        if "locked" in message or "busy" in message:
+            raise StoreUnavailableError(
+                f"{store} stayed locked by another process for "
+                f"busy_timeout_s={busy_timeout_s}: {exc}"
+            ) from exc
+        raise StoreError(f"{store}: {exc}") from exc
+    except sqlite3.ProgrammingError as exc:  # a closed connection
+        raise StoreUnavailableError(f"{store}: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise StoreFormatError(f"{store}: {exc}") from exc

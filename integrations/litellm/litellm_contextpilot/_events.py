@@ -1,0 +1,135 @@
+"""What a LiteLLM call carries, read defensively: the metadata this package stamps on a
+request and finds again in its logging callbacks, the deployment that served it, its
+timing, its usage and its answer.
+
+LiteLLM hands a ``CustomLogger`` the call's ``kwargs`` (its logging object's details):
+``litellm_params.metadata`` (or ``litellm_metadata``) is the request's metadata as it
+was routed, ``litellm_params.model_info.id`` the deployment, ``api_call_start_time``
+when the HTTP call started and ``completion_start_time`` when its first token arrived
+(the end, for a call that was not streamed). Everything is optional here: a field
+LiteLLM does not send reads as ``None``, never as an error in a callback.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from contextpilot_rag.errors import InvalidInputError
+from contextpilot_rag.usage import CacheUsage, parse_cache_usage
+
+__all__ = [
+    "PILOT_KEY",
+    "ROUTES_KEY",
+    "answer_text",
+    "cache_usage",
+    "call_seconds",
+    "completion_tokens",
+    "deployment_id",
+    "logged_metadata",
+    "request_metadata",
+]
+
+PILOT_KEY = "contextpilot"
+"""Metadata the hook stamps: ``{"request_id", "conversation_id", "tenant"}``."""
+
+ROUTES_KEY = "contextpilot_routes"
+"""Metadata the strategy stamps: the ids of its routing decisions for the request,
+oldest first (a retry adds one)."""
+
+_METADATA_FIELDS = ("metadata", "litellm_metadata")
+
+
+def request_metadata(request_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request's metadata dict, to read and stamp (created when absent): the
+    ``metadata`` LiteLLM routes with, or ``litellm_metadata`` where only that exists."""
+    for name in _METADATA_FIELDS:
+        found = request_kwargs.get(name)
+        if isinstance(found, dict):
+            return found
+    created: dict[str, Any] = {}
+    request_kwargs["metadata"] = created
+    return created
+
+
+def logged_metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A logged call's metadata (both of LiteLLM's metadata fields, ``metadata`` winning)."""
+    params = kwargs.get("litellm_params")
+    if not isinstance(params, Mapping):
+        return {}
+    merged: dict[str, Any] = {}
+    for name in reversed(_METADATA_FIELDS):
+        found = params.get(name)
+        if isinstance(found, Mapping):
+            merged.update(found)
+    return merged
+
+
+def deployment_id(kwargs: Mapping[str, Any]) -> str | None:
+    """The id of the deployment that served a logged call."""
+    params = kwargs.get("litellm_params")
+    candidates = [params.get("model_info") if isinstance(params, Mapping) else None]
+    candidates.append(logged_metadata(kwargs).get("model_info"))
+    for info in candidates:
+        if isinstance(info, Mapping) and info.get("id") is not None:
+            return str(info["id"])
+    found = kwargs.get("model_id")
+    return str(found) if found is not None else None
+
+
+def call_seconds(
+    kwargs: Mapping[str, Any], start_time: object, end_time: object
+) -> tuple[float, float] | None:
+    """``(ttft_s, e2e_s)`` of a logged call from LiteLLM's timing: from the start of
+    the HTTP call (else the call's start) to its first token (else its end), and to
+    its end. ``None`` when the times are missing or out of order."""
+    started = _seconds(kwargs.get("api_call_start_time")) or _seconds(start_time)
+    ended = _seconds(kwargs.get("end_time")) or _seconds(end_time)
+    first = _seconds(kwargs.get("completion_start_time")) or ended
+    if started is None or ended is None or first is None:
+        return None
+    ttft, e2e = first - started, ended - started
+    if ttft < 0 or e2e < ttft:
+        return None
+    return ttft, e2e
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def cache_usage(response: object) -> CacheUsage | None:
+    """The cached and total prompt tokens an answer reports; ``None`` when it says
+    nothing about the cache (never read as 0 cached)."""
+    if response is None:
+        return None
+    try:
+        return parse_cache_usage(response)
+    except InvalidInputError:
+        return None
+
+
+def completion_tokens(response: object) -> int:
+    usage = _get(response, "usage")
+    count = _get(usage, "completion_tokens")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def answer_text(response: object) -> str | None:
+    """The text of the first choice of a chat answer (a streamed one, assembled)."""
+    choices = _get(response, "choices")
+    if not isinstance(choices, (list, tuple)) or not choices:
+        return None
+    content = _get(_get(choices[0], "message"), "content")
+    return content if isinstance(content, str) else None
+
+
+def _get(node: object, name: str) -> Any:
+    if isinstance(node, Mapping):
+        return node.get(name)
+    return getattr(node, name, None)

@@ -1,0 +1,166 @@
+"""The pilot as a LiteLLM hook: a request that carries its documents in the
+``contextpilot`` field (:mod:`._field`) is sent with the pilot's prompt — documents
+reordered to reuse the prefix an earlier prompt left in the engine's cache, repeats of
+the conversation replaced by location notes, notes restoring the retriever's ranking —
+instead of its own messages. A request without the field passes untouched.
+
+On the LiteLLM proxy the hook runs as ``async_pre_call_hook`` (before the request is
+routed, so the routing strategy sees the final prompt); with the Python SDK, pass the
+request's keyword arguments through :meth:`ContextPilotHook.apply` before
+``router.acompletion(**kwargs)``. Either way, with the hook among LiteLLM's callbacks,
+the answer is recorded as the conversation's turn when the call succeeds, and the
+engine's cache report corrects the pilot's index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from contextpilot_rag import ConfigError, ContextPilot, Prompt
+
+from ._callbacks import add_callback, remove_callback
+from ._events import PILOT_KEY, answer_text, cache_usage, logged_metadata, request_metadata
+from ._field import pop_field, read_pilot_request
+
+__all__ = ["ContextPilotHook"]
+
+logger = logging.getLogger(__name__)
+
+
+class ContextPilotHook(CustomLogger):
+    """Applies a :class:`~contextpilot_rag.ContextPilot` (``pilot``, default
+    ``ContextPilot(store=store)``) to requests that carry documents in the
+    ``contextpilot`` field, and records their answers.
+
+    A request's tenant is the field's ``tenant``, else ``tenant``: the pilot keeps
+    each tenant's index, conversations and de-duplication apart (``docs/tenants.md``).
+    ``send_cache_salt``: add the prompt's ``cache_salt`` to the request
+    (``extra_body``), for engines with a salted prefix cache (vLLM); others may refuse
+    the unknown field. At most ``max_pending`` prompts await their answer (the oldest
+    is forgotten first: its answer is then not recorded).
+    """
+
+    def __init__(
+        self,
+        pilot: ContextPilot | None = None,
+        *,
+        store: Any = None,
+        tenant: str | None = None,
+        send_cache_salt: bool = False,
+        max_pending: int = 10_000,
+    ) -> None:
+        super().__init__()
+        self.callback_id = uuid.uuid4().hex  # see ._callbacks
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ConfigError(f"max_pending must be an integer >= 1, got {max_pending!r}")
+        if pilot is not None and store is not None:
+            raise ConfigError("give the pilot its store yourself: pilot= or store=, not both")
+        self.pilot = pilot if pilot is not None else ContextPilot(store=store)
+        self.tenant = tenant
+        self.send_cache_salt = send_cache_salt
+        self._max_pending = max_pending
+        self._pending: OrderedDict[str, Prompt] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def attach(self) -> ContextPilotHook:
+        """Join LiteLLM's callbacks (``litellm.callbacks``), to hear of the answers."""
+        add_callback(self)
+        return self
+
+    def detach(self) -> None:
+        """Leave LiteLLM's callbacks."""
+        remove_callback(self)
+
+    # -- the request ---------------------------------------------------------------------
+
+    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite a request's keyword arguments in place (and return them): with the
+        ``contextpilot`` field, ``messages`` become the pilot's prompt and the field is
+        removed; without it, nothing changes. Raises
+        :class:`~contextpilot_rag.errors.InvalidInputError` for a malformed field (the
+        request is refused; nothing is recorded)."""
+        field = pop_field(data)
+        if field is None:
+            return data
+        request = read_pilot_request(field, data.get("messages"))
+        tenant = request.tenant or self.tenant
+        prompt = self.pilot.optimize(
+            list(request.documents),
+            request.query,
+            conversation_id=request.conversation_id,
+            system=request.system,
+            tenant=tenant,
+        )
+        data["messages"] = [dict(message) for message in prompt.messages]
+        extras = prompt.request_extras() if self.send_cache_salt else {}
+        if extras:
+            data["extra_body"] = {**(data.get("extra_body") or {}), **extras}
+        request_metadata(data)[PILOT_KEY] = {
+            "request_id": prompt.request_id,
+            "conversation_id": request.conversation_id,
+            "tenant": tenant,
+            "boundaries": [[b.message_index, b.char_end] for b in prompt.boundaries],
+        }
+        with self._lock:
+            self._pending[prompt.request_id] = prompt
+            while len(self._pending) > self._max_pending:
+                self._pending.popitem(last=False)
+        return data
+
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
+    ) -> dict[str, Any]:
+        """The proxy's hook: :meth:`apply`, off the event loop (tokenizing new
+        documents takes a while)."""
+        return await asyncio.to_thread(self.apply, data)
+
+    # -- the answer ----------------------------------------------------------------------
+
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self.record(kwargs, response_obj)
+
+    def log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self.record(kwargs, response_obj)
+
+    def record(self, kwargs: Mapping[str, Any], response: object) -> bool:
+        """After a successful call: its answer becomes the conversation's turn (paired
+        with the exact prompt sent) and its cache report goes to the pilot. Returns
+        whether the call was one of this hook's; never raises into LiteLLM."""
+        stamped = logged_metadata(kwargs).get(PILOT_KEY) if isinstance(kwargs, Mapping) else None
+        request_id = stamped.get("request_id") if isinstance(stamped, Mapping) else None
+        with self._lock:
+            prompt = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if prompt is None:
+            return False
+        try:
+            self._answered(self.pilot, prompt, response)
+        except Exception:
+            logger.exception("ContextPilotHook: recording the answer to %s failed", request_id)
+        return True
+
+    @staticmethod
+    def _answered(pilot: ContextPilot, prompt: Prompt, response: object) -> None:
+        text = answer_text(response)
+        if prompt.conversation_id is not None and text is not None:
+            pilot.record_answer(prompt, text)
+        usage = cache_usage(response)
+        if usage is not None and usage.prompt_tokens > 0:
+            pilot.observe_cache(prompt, usage.cached_tokens, usage.prompt_tokens)
+
+    @property
+    def pending(self) -> int:
+        """Prompts sent whose answer has not been recorded."""
+        with self._lock:
+            return len(self._pending)

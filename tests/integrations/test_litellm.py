@@ -1,0 +1,471 @@
+"""litellm_contextpilot with a real ``litellm.Router`` over loopback OpenAI-compatible
+engines (each with its own prefix cache), fully offline: ``openai/<model>`` deployments
+with the engines' ``api_base``, LiteLLM's bundled model-cost map, no telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # read by litellm at import time
+os.environ["MEM0_TELEMETRY"] = "False"
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "integrations" / "litellm") not in sys.path:  # until the package is installed
+    sys.path.insert(0, str(ROOT / "integrations" / "litellm"))
+
+import pytest  # noqa: E402
+
+litellm = pytest.importorskip(
+    "litellm",
+    reason="litellm is not installed (pip install -e 'integrations/litellm[litellm]')",
+)
+
+from litellm.router import Router  # noqa: E402
+from litellm_contextpilot import (  # noqa: E402
+    ContextPilotHook,
+    ContextPilotRoutingStrategy,
+    FleetConfig,
+)
+from litellm_contextpilot._keys import RouteKeys  # noqa: E402
+
+from contextpilot_rag.errors import ConfigError, InvalidInputError  # noqa: E402
+from contextpilot_rag.routing.route_store import MemoryRouteStore  # noqa: E402
+from contextpilot_rag.testing import OpenAICompatibleServer  # noqa: E402
+
+MODEL = "rag-model"
+NAMES = ("a", "b", "c")
+DOCUMENTS = [
+    {"id": f"doc{i}", "text": f"Document {i} explains topic {i} in detail. " * 30} for i in range(9)
+]
+
+
+def reply_of(name: str) -> str:
+    return f"answer from server {name}"
+
+
+Run = Callable[[Coroutine[Any, Any, Any]], Any]
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    """Runs coroutines on one event loop for the whole module: LiteLLM's logging worker
+    (which delivers the success and failure callbacks) stays bound to the loop it first
+    ran on, as in an application, which has one."""
+    loop = asyncio.new_event_loop()
+    yield loop.run_until_complete
+    loop.close()
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[OpenAICompatibleServer]]:
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                OpenAICompatibleServer(model=MODEL, reply=lambda _m, n=name: reply_of(n))
+            )
+            for name in NAMES
+        ]
+
+
+def router_over(servers: list[OpenAICompatibleServer], **options: Any) -> Router:
+    model_list = [
+        {
+            "model_name": MODEL,
+            "litellm_params": {
+                "model": f"openai/{MODEL}",
+                "api_base": server.base_url,
+                "api_key": "loopback",
+            },
+        }
+        for server in servers
+    ]
+    return Router(model_list=model_list, num_retries=0, **options)
+
+
+class Routed(NamedTuple):
+    """A router over the fleet with the strategy and the hook attached."""
+
+    fleet: list[OpenAICompatibleServer]
+    router: Router
+    strategy: ContextPilotRoutingStrategy
+    hook: ContextPilotHook
+
+
+@pytest.fixture
+def policy(request: pytest.FixtureRequest) -> str:
+    """The strategy's policy: ``combined`` unless a test asks for another."""
+    return str(getattr(request, "param", "combined"))
+
+
+@pytest.fixture
+def routed(fleet: list[OpenAICompatibleServer], policy: str) -> Iterator[Routed]:
+    router = router_over(fleet)
+    strategy = ContextPilotRoutingStrategy(policy).attach(router)
+    hook = ContextPilotHook().attach()
+    try:
+        yield Routed(fleet, router, strategy, hook)
+    finally:
+        strategy.detach()
+        hook.detach()
+
+
+def question(conversation: str, turn: int, documents: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Question {turn} of {conversation}?"}],
+        "contextpilot": {"documents": documents, "conversation_id": conversation},
+    }
+
+
+async def ask(router: Router, data: dict[str, Any], *, stream: bool) -> str:
+    """The answer's text, streamed or not."""
+    if not stream:
+        response = await router.acompletion(**data)
+        return str(response.choices[0].message.content)
+    chunks = await router.acompletion(**data, stream=True, stream_options={"include_usage": True})
+    parts = [chunk.choices[0].delta.content or "" async for chunk in chunks if chunk.choices]
+    return "".join(parts)
+
+
+async def settled(
+    strategy: ContextPilotRoutingStrategy, hook: ContextPilotHook | None = None
+) -> None:
+    """Wait until LiteLLM has reported the end of every call (callbacks run after the
+    answer is returned)."""
+    deadline = time.monotonic() + 10
+    while strategy.open_routes or (hook is not None and hook.pending):
+        assert time.monotonic() < deadline, "LiteLLM never reported a call's end"
+        await asyncio.sleep(0.02)
+
+
+def served(fleet: list[OpenAICompatibleServer]) -> list[int]:
+    return [len(server.requests) for server in fleet]
+
+
+def test_later_turns_go_to_the_replica_holding_the_conversations_prefix(
+    run: Run, routed: Routed
+) -> None:
+    fleet, router, strategy, hook = routed
+    conversations = ("alpha", "beta", "gamma")
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        # first turns at once: the load spreads them over the three replicas
+        first = [
+            hook.apply(question(c, 1, DOCUMENTS[3 * i : 3 * i + 3]))
+            for i, c in enumerate(conversations)
+        ]
+        answers = await asyncio.gather(*(ask(router, d, stream=False) for d in first))
+        await settled(strategy, hook)
+        later = []  # then one at a time on an idle fleet, streamed or not
+        for i, c in enumerate(conversations):
+            data = hook.apply(question(c, 2, DOCUMENTS[3 * i + 1 : 3 * i + 4]))
+            later.append(await ask(router, data, stream=i % 2 == 0))
+            await settled(strategy, hook)
+        return list(answers), later
+
+    first, later = run(scenario())
+    assert sorted(first) == sorted(reply_of(name) for name in NAMES)  # spread by load
+    assert later == first  # each conversation back on its own replica, not fleet order
+    for server in fleet:
+        second_turn = server.requests[-1]["messages"]
+        assert [m["role"] for m in second_turn] == ["system", "user", "assistant", "user"]
+    assert strategy.open_routes == 0
+
+
+def chat(system: str, text: str) -> dict[str, Any]:
+    """A plain request (no documents field): a long system prompt and a question."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    return {"model": MODEL, "messages": messages}
+
+
+def test_a_cached_prefix_reported_by_the_engine_is_where_the_next_request_goes(
+    run: Run, routed: Routed
+) -> None:
+    fleet, router, strategy, hook = routed
+    shared = "\n\n".join(d["text"] for d in DOCUMENTS[:4])
+    other = "\n\n".join(d["text"] for d in DOCUMENTS[4:8])
+
+    async def scenario() -> list[str]:
+        # two long prefixes at once: they land on different replicas
+        loads = [chat(text, "First?") for text in (other, shared)]
+        first = await asyncio.gather(*(ask(router, d, stream=True) for d in loads))
+        await settled(strategy, hook)
+        return [*first, await ask(router, chat(shared, "Next?"), stream=False)]
+
+    other_answer, shared_answer, repeat_answer = run(scenario())
+    assert other_answer != shared_answer
+    assert repeat_answer == shared_answer
+    holder = next(s for s in fleet if reply_of(NAMES[fleet.index(s)]) == shared_answer)
+    assert holder.cache.cached_tokens_total > 0  # the engine served the prefix from cache
+
+
+def test_the_hook_rewrites_requests_with_documents_and_records_their_answers(
+    run: Run, routed: Routed
+) -> None:
+    fleet, router, strategy, hook = routed
+
+    async def scenario() -> None:
+        for turn, documents in enumerate((DOCUMENTS[:3], DOCUMENTS[1:4]), start=1):
+            data = hook.apply(question("chat-1", turn, documents))
+            await ask(router, data, stream=turn == 2)
+            await settled(strategy, hook)
+
+    run(scenario())
+    sent = [r["messages"] for server in fleet for r in server.requests]
+    assert len(sent) == 2
+    second = max(sent, key=len)
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] in {reply_of(name) for name in NAMES}  # the recorded answer
+    last = second[-1]["content"]
+    assert "[doc3]" in last and "[doc1]" not in last  # doc1, doc2 sent before: notes only
+    assert "Question 2 of chat-1?" in last
+    assert all("contextpilot" not in r for server in fleet for r in server.requests)
+
+
+def test_requests_without_the_field_pass_untouched() -> None:
+    hook = ContextPilotHook()
+    data = {"model": MODEL, "messages": [{"role": "user", "content": "Hello?"}], "metadata": {}}
+    before = copy.deepcopy(data)
+    assert hook.apply(data) is data
+    assert data == before
+    assert hook.pending == 0
+
+
+def test_the_proxy_pre_call_hook_applies_the_pilot_and_removes_the_field(run: Run) -> None:
+    hook = ContextPilotHook()
+    data = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "What is topic 1?"},
+        ],
+        "extra_body": {"contextpilot": {"documents": ["plain text document", DOCUMENTS[1]]}},
+    }
+    rewritten = run(hook.async_pre_call_hook(None, None, data, "acompletion"))
+    assert "extra_body" not in rewritten and "contextpilot" not in rewritten
+    messages = rewritten["messages"]
+    assert messages[0] == {"role": "system", "content": "Answer briefly."}
+    assert "[doc1]" in messages[-1]["content"] and "plain text document" in messages[-1]["content"]
+    stamped = rewritten["metadata"]["contextpilot"]
+    assert stamped["request_id"] and stamped["boundaries"]
+
+
+@pytest.mark.parametrize(
+    ("field", "messages", "message"),
+    [
+        ({"documents": []}, None, "non-empty list"),
+        ({"documents": ["x"], "conversation": "c"}, None, "unknown keys"),
+        ({"documents": [{"text": "x", "rank": 1}]}, None, "unknown keys"),
+        ({"documents": ["x"]}, [{"role": "assistant", "content": "hi"}], "user's question"),
+        (
+            {"documents": ["x"]},
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ],
+            "conversation_id",
+        ),
+    ],
+)
+def test_a_malformed_field_is_refused_before_the_pilot_changes(
+    field: dict[str, Any], messages: list[dict[str, str]] | None, message: str
+) -> None:
+    hook = ContextPilotHook()
+    data = {"model": MODEL, "messages": messages or [{"role": "user", "content": "Q?"}]}
+    data["contextpilot"] = field
+    with pytest.raises(InvalidInputError, match=message):
+        hook.apply(data)
+    assert hook.pending == 0 and hook.pilot.index_stats().requests == 0
+
+
+def test_tenants_share_neither_history_nor_routes_and_carry_their_salt() -> None:
+    hook = ContextPilotHook(send_cache_salt=True)
+    asked = []
+    for tenant in ("acme", "globex", "acme"):
+        data = question("same-id", 1, DOCUMENTS[:2])
+        data["contextpilot"]["tenant"] = tenant
+        asked.append(hook.apply(data))
+    acme, globex, acme_again = asked
+    assert acme["messages"] == globex["messages"]  # no dedup against the other tenant
+    assert acme_again["messages"] != acme["messages"]  # but against its own turn
+    salts = [data["extra_body"]["cache_salt"] for data in asked]
+    assert salts[0] == salts[2] != salts[1]
+    keys = RouteKeys()
+    text = keys.text(acme["messages"], None)
+    hashes = [
+        set(
+            keys.request(
+                text,
+                request_id="r",
+                expected_output_tokens=8,
+                session=None,
+                tenant=tenant,
+                arrival_s=0.0,
+            ).block_hashes
+        )
+        for tenant in ("acme", "globex", None)
+    ]
+    assert not hashes[0] & hashes[1] and not hashes[0] & hashes[2]
+
+
+def test_strategies_on_one_store_route_as_one(
+    run: Run, fleet: list[OpenAICompatibleServer]
+) -> None:
+    store = MemoryRouteStore()
+    first = ContextPilotRoutingStrategy("combined", store=store).attach(router_over(fleet))
+    # another process: its own router, the deployments listed the other way round
+    second_router = router_over(fleet[::-1])
+    second = ContextPilotRoutingStrategy("combined", store=store).attach(second_router)
+    shared = "\n\n".join(d["text"] for d in DOCUMENTS[:4])
+    other = "\n\n".join(d["text"] for d in DOCUMENTS[4:8])
+
+    async def scenario() -> tuple[list[str], str]:
+        loads = [chat(text, "First?") for text in (other, shared)]
+        answers = await asyncio.gather(*(ask(first.router, d, stream=False) for d in loads))
+        await settled(first)
+        assert first.shared is not None and first.shared.flush()
+        return list(answers), await ask(second_router, chat(shared, "Next?"), stream=True)
+
+    try:
+        (_, holder), repeat = run(scenario())
+    finally:
+        first.close()
+        second.close()
+    assert repeat == holder != reply_of(NAMES[-1])  # not the second router's first choice
+
+
+def test_a_failed_deployment_is_released_and_avoided(
+    run: Run,
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    dead = OpenAICompatibleServer(model=MODEL).start()
+    dead_url = dead.base_url
+    dead.stop()
+    router = Router(
+        model_list=[
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": f"openai/{MODEL}",
+                    "api_base": url,
+                    "api_key": "loopback",
+                },
+            }
+            for url in (dead_url, fleet[0].base_url)
+        ],
+        num_retries=0,
+    )
+    strategy = ContextPilotRoutingStrategy(
+        "combined", fleet=FleetConfig(backoff_s=60.0, max_backoff_s=60.0)
+    )
+    strategy.attach(router)
+    data = {"model": MODEL, "messages": [{"role": "user", "content": "Hello?"}]}
+
+    async def scenario() -> list[str]:
+        answers = []
+        for _ in range(2):
+            try:
+                answers.append(await ask(router, dict(data), stream=False))
+            except Exception as exc:  # the dead deployment, first in fleet order
+                answers.append(type(exc).__name__)
+            await settled(strategy)
+        return answers
+
+    try:
+        first, second = run(scenario())
+    finally:
+        strategy.detach()
+    assert first != reply_of("a")  # the dead one failed ...
+    assert second == reply_of("a")  # ... and its breaker sent the next call elsewhere
+    assert strategy.open_routes == 0
+
+
+def test_the_sync_router_path_routes_and_learns(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    router = router_over(fleet)
+    strategy = ContextPilotRoutingStrategy("ranvier").attach(router)
+    try:
+        response = router.completion(
+            model=MODEL, messages=[{"role": "user", "content": "Hello " * 100}]
+        )
+        assert response.choices[0].message.content in {reply_of(name) for name in NAMES}
+        deadline = time.monotonic() + 10
+        while strategy.open_routes:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        strategy.detach()
+    assert sum(served(fleet)) == 1
+
+
+def test_on_the_proxy_the_strategy_attaches_itself_before_the_first_routing(
+    run: Run,
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    router = router_over(fleet)
+    strategy = ContextPilotRoutingStrategy("combined", router_source=lambda: router)
+    try:
+        data = {"model": MODEL, "messages": [{"role": "user", "content": "Hi?"}]}
+        run(strategy.async_pre_call_hook(None, None, data, "acompletion"))
+        assert strategy.router is router and strategy in litellm.callbacks
+        run(router.acompletion(**data))
+        assert sum(served(fleet)) == 1
+    finally:
+        strategy.detach()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_call_whose_end_is_never_reported_is_released_after_the_route_ttl() -> None:
+    deployments = [
+        {
+            "model_name": MODEL,
+            "litellm_params": {"model": f"openai/{MODEL}"},
+            "model_info": {"id": n},
+        }
+        for n in NAMES
+    ]
+    router = SimpleNamespace(
+        register_plugin=lambda plugin: None,
+        registry=lambda: SimpleNamespace(deployments=lambda model: deployments),
+    )
+    clock = FakeClock()
+    strategy = ContextPilotRoutingStrategy(
+        "combined", fleet=FleetConfig(route_ttl_s=60.0), clock=clock
+    ).attach(router)
+    try:
+        request = {"messages": [{"role": "user", "content": "Hello " * 200}]}
+        strategy.get_available_deployment(MODEL, request["messages"], request_kwargs=request)
+        assert strategy.open_routes == 1
+        clock.now += 61.0
+        strategy.get_available_deployment(MODEL, request["messages"], request_kwargs={})
+        assert strategy.open_routes == 1  # the first released, the second open
+        assert len(request["metadata"]["contextpilot_routes"]) == 1
+    finally:
+        strategy.detach()
+
+
+def test_a_policy_is_chosen_by_its_registry_name_with_its_options() -> None:
+    strategy = ContextPilotRoutingStrategy("combined", policy_options={"hold_wait_s": None})
+    assert strategy.policy.name == "combined"
+    with pytest.raises(ConfigError, match="unknown routing policy"):
+        ContextPilotRoutingStrategy("fastest")
+    with pytest.raises(ConfigError, match="by name only"):
+        ContextPilotRoutingStrategy(strategy.policy, policy_options={"hold_wait_s": None})
