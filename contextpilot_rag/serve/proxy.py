@@ -21,7 +21,6 @@ unanswered, so the next turn shows the question without an answer.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -271,8 +270,5 @@ def _client_config(
         "pilot": pilot,
     }
     if config.store is not None:
-        if "store" in {field.name for field in dataclasses.fields(ClientConfig)}:
-            options["store"] = config.store
-        else:
-            logger.warning("routes and replica load stay per worker: RoutingClient takes no store")
+        options["store"] = config.store
     return ClientConfig(**options)
