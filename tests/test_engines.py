@@ -101,8 +101,12 @@ STAND_IN = textwrap.dedent(
 # imported, so it runs after the package's hook and reports what was still alive then.
 PARENT = textwrap.dedent(
     """
-    import atexit, json, sys, time
+    import atexit, json, signal, sys, time
     from pathlib import Path
+
+    # Ctrl-C must raise here even when the test process passed SIGINT down as ignored
+    # (an interpreter keeps an inherited SIG_IGN; some earlier test leaves it so).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def alive(pid):
         try:
