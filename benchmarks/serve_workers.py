@@ -13,8 +13,9 @@ rates learned from the answers); the front is round-robin in the load generator:
 request ``i`` goes to worker ``i mod N``, so a conversation's next turn lands on the
 next worker. Setups: 1 worker; 4 workers without ``--store`` (each keeps its own
 conversations, context index, routes and load); 4 workers with ``--store`` on a
-loopback Redis (conversations, routes and replica load shared; each worker's context
-index stays its own).
+loopback Redis (conversations, context index — through the store's index log —, routes
+and replica load shared); the same with ``--no-shared-index`` (each worker's context
+index stays its own: what sharing the index adds).
 
 Workload (fixed seed): ``multiturn_workload`` of ``contextpilot_rag.bench`` —
 ``--sessions`` conversations of ``--turns`` turns, k = 6 documents per turn (40 % of
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shutil
 import socket
 import statistics
 import subprocess
@@ -56,6 +56,7 @@ from typing import Any
 import httpx
 from lib.client_workload import STREAM
 from lib.client_workload import prompts as overhead_prompts
+from lib.loopback_redis import loopback_redis
 from lib.sections import markdown_table, provenance, spread, write_or_print
 
 from contextpilot_rag.bench.workloads import Workload, WorkloadRequest, multiturn_workload
@@ -78,12 +79,14 @@ class Setup:
     name: str
     workers: int
     shared: bool
+    share_index: bool = True
 
 
 SETUPS = (
     Setup("1 worker", 1, False),
     Setup("4 workers, no store", 4, False),
     Setup("4 workers, Redis store", 4, True),
+    Setup("4 workers, Redis store, own indexes", 4, True, share_index=False),
 )
 
 
@@ -100,34 +103,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-@contextmanager
-def loopback_redis(directory: Path) -> Iterator[str]:
-    """A non-persistent redis-server on a free loopback port, for this run only."""
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not on PATH: install it, or pass --redis-url")
-    port = free_port()
-    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory)]
-    command += ["--save", "", "--appendonly", "no"]
-    with open(directory / "redis.log", "ab") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        wait_for(lambda: _answers_ping(port), "redis-server")
-        yield url
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def flush_redis(url: str) -> None:
@@ -147,7 +122,12 @@ def wait_for(ready: Any, what: str, timeout_s: float = 60.0) -> None:
 
 @contextmanager
 def workers(
-    count: int, engines: Sequence[str], store: str | None, logs: Path, policy: str = "combined"
+    count: int,
+    engines: Sequence[str],
+    store: str | None,
+    logs: Path,
+    policy: str = "combined",
+    share_index: bool = True,
 ) -> Iterator[list[str]]:
     """``count`` ``contextpilot-rag serve`` processes: their base URLs."""
     started: list[tuple[subprocess.Popen[bytes], str]] = []
@@ -160,6 +140,8 @@ def workers(
                 command += ["--endpoint", engine]
             if store is not None:
                 command += ["--store", store]
+            if not share_index:
+                command += ["--no-shared-index"]
             with open(logs / f"worker-{number}.log", "ab") as log:
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
             started.append((process, f"http://127.0.0.1:{port}"))
@@ -255,7 +237,7 @@ def run_setup(
     flush_redis(redis_url)
     urls = [engine.base_url for engine in engines]
     store = redis_url if setup.shared else None
-    with workers(setup.workers, urls, store, logs, policy) as front:
+    with workers(setup.workers, urls, store, logs, policy, setup.share_index) as front:
         failures, seconds = play(workload, front, concurrency)
     cached = sum(engine.cache.cached_tokens_total for engine in engines)
     prompt = sum(engine.cache.prompt_tokens_total for engine in engines)
@@ -355,7 +337,7 @@ def hit_rows(policy: str, played: Results) -> tuple[list[list[str]], str]:
         setup.name: statistics.median(p.hit_ratio for p in played[policy, setup.name])
         for setup in SETUPS
     }
-    single, alone, shared = (ratio[setup.name] for setup in SETUPS)
+    single, alone, shared, own_indexes = (ratio[setup.name] for setup in SETUPS)
     rows = []
     for setup in SETUPS:
         results = played[policy, setup.name]
@@ -372,7 +354,8 @@ def hit_rows(policy: str, played: Results) -> tuple[list[list[str]], str]:
     met = bool(single) and shared >= single * (1 - TARGET)
     verdict = (
         f"`{policy}`: {'met' if met else 'not met'} ({100 * shared:.1f} % with the store vs "
-        f"{100 * single:.1f} % for one worker; {100 * alone:.1f} % without the store)"
+        f"{100 * single:.1f} % for one worker; {100 * alone:.1f} % without the store, "
+        f"{100 * own_indexes:.1f} % with the store but each worker's own context index)"
     )
     return rows, verdict
 

@@ -320,6 +320,8 @@ class BlockRegistry:
         self._capacity = capacity
         self._entries: OrderedDict[str, RegisteredBlock] = OrderedDict()
         self._requests_with: dict[str, int] = {}
+        # keys counted for other pilots' requests (count_carried), least recent first
+        self._carried: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -328,6 +330,21 @@ class BlockRegistry:
         """How many committed requests carried ``block_id`` (or the block of that
         key) while it stayed here."""
         return self._requests_with.get(block_id, 0)
+
+    def count_carried(self, keys: Iterable[str]) -> None:
+        """Count a request another pilot committed (replayed from a shared store's
+        index log) in the popularity of ``keys``. A key without an entry here is
+        counted too; at most ``capacity`` such keys are remembered, the least recently
+        counted forgotten first (with its count, unless it has an entry by then)."""
+        counts, carried, stored = self._requests_with, self._carried, self._entries
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+            carried[key] = None
+            carried.move_to_end(key)
+        while len(carried) > self._capacity:
+            dropped, _ = carried.popitem(last=False)
+            if dropped not in stored:
+                counts.pop(dropped, None)
 
     def prepare(
         self,

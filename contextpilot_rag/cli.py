@@ -1,7 +1,8 @@
 """``contextpilot-rag``: the demo (on a real engine by default, ``--engine sim`` for the
 instant simulated run), the real-engine benchmark (``bench --suite engine``) and the
 engines the project runs (``engine install|start|stop|status``) and the
-OpenAI-compatible proxy (``serve``, docs/serve.md).
+OpenAI-compatible proxy (``serve``, docs/serve.md) and the answer-quality check of the
+pilot's arms on an endpoint (``eval``, docs/eval.md).
 
 The simulated benchmarks are scripts of a source checkout: ``python benchmarks/bench.py``
 (docs/benchmarks.md) and ``python benchmarks/route_sim.py`` (routing policies on a trace).
@@ -20,6 +21,7 @@ from rich.table import Table
 from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
+from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .serve.cli import add_serve_parser, run_serve
 
@@ -54,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_parser(commands)
     add_engine_parser(commands)
     add_serve_parser(commands)
+    add_eval_parser(commands)
     return parser
 
 
@@ -106,7 +109,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``contextpilot-rag`` command."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(arguments)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if args.command == "engine":
@@ -115,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench(args, console)
     if args.command == "serve":
         return run_serve(args, console)
+    if args.command == "eval":
+        return run_eval_command(args, console, arguments)
     if args.engine == "sim" and not args.endpoint:
         return _demo(args, console)
     return run_demo(args, console)

@@ -67,8 +67,10 @@ from .errors import (
 )
 from .escaping import StructureGuard, template_lead_in
 from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
+from .index_sync import IndexLogConfig, IndexLogStats, IndexRecord, IndexSync, LoggedPlacement
 from .ordering import RemainderOrder, reorder_for_prefix
 from .prompt import BlockBoundary, Prompt, PromptStats
+from .stores.index_log import index_log_of
 from .stores.url import resolve_store
 from .tenants import (
     SaltDeriver,
@@ -132,6 +134,10 @@ class PilotConfig:
 
     ``tenants`` bounds and tunes the per-tenant state of requests made with a
     ``tenant`` (:class:`~contextpilot_rag.tenants.TenantConfig`, ``docs/tenants.md``).
+
+    ``index_log``: whether and how pilots on one shared store share their context
+    index and popularity counts (:class:`~contextpilot_rag.index_sync.IndexLogConfig`,
+    ``docs/stores.md``); the in-memory default has no log.
     """
 
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -153,6 +159,7 @@ class PilotConfig:
     max_observed_prompts: int = 4096
     label_style: LabelStyle = "short"
     tenants: TenantConfig = field(default_factory=TenantConfig)
+    index_log: IndexLogConfig = field(default_factory=IndexLogConfig)
 
     def __post_init__(self) -> None:
         if self.remainder not in ("popularity", "retrieval"):
@@ -180,6 +187,8 @@ class PilotConfig:
             raise ConfigError("PilotConfig.max_observed_prompts must be an int >= 0")
         if not isinstance(self.tenants, TenantConfig):
             raise ConfigError("PilotConfig.tenants must be a TenantConfig")
+        if not isinstance(self.index_log, IndexLogConfig):
+            raise ConfigError("PilotConfig.index_log must be an IndexLogConfig")
 
     @property
     def block_char_limit(self) -> int | None:
@@ -268,7 +277,9 @@ class ContextPilot:
     with the same bounds) or a :class:`~contextpilot_rag.conversations.ConversationStore`.
     Pilots in several processes on one Redis or SQLite store behave as one pilot for
     conversations; a bad URL is a :class:`~contextpilot_rag.errors.ConfigError` raised
-    before anything is created.
+    before anything is created. On a Redis or SQLite store they also share their
+    context index through the store's index log (``PilotConfig.index_log``): each
+    replays the others' requests before planning, so they order documents alike.
 
     Requests may name a ``tenant``: each tenant then has its own context index,
     conversations, popularity counts and engine cache salt, and only blocks marked
@@ -319,6 +330,7 @@ class ContextPilot:
         self._system_keys: dict[str, str] = {}
         # request id -> stats and tenant of the most recent prompts, oldest first
         self._observed: OrderedDict[str, tuple[PromptStats, str | None]] = OrderedDict()
+        self._index_sync = _index_sync(resolved, self.config.index_log)
 
     # -- public API --------------------------------------------------------------------
 
@@ -358,10 +370,15 @@ class ContextPilot:
         plan_turn = functools.partial(
             self._plan, unique, query, conversation_id, system, prepared, tenant, keys
         )
+        replay = self._index_sync.pending() if self._index_sync is not None else ()
         with self._lock:
+            if replay:
+                self._replay(replay)
             plan = self._stored(plan_turn)
             self._record(plan)
-            return plan.prompt
+        if self._index_sync is not None:
+            self._index_sync.publish([_index_record(plan)])
+        return plan.prompt
 
     def optimize_batch(
         self,
@@ -395,11 +412,16 @@ class ContextPilot:
             _check_text("system", system)
         with contextlib.ExitStack() as stack:
             bars = stack.enter_context(rich_progress()) if progress else no_progress
+            replay = self._index_sync.pending() if self._index_sync is not None else ()
             with self._lock:
+                if replay:
+                    self._replay(replay)
                 planned = self._plan_batch(batch, system, method, schedule, bars)
                 plans = [self._stored_batch_plan(plan, batch, system) for plan in planned]
                 for plan in plans:
                     self._record(plan)
+        if self._index_sync is not None:
+            self._index_sync.publish([_index_record(plan) for plan in plans])
         return [plan.prompt for plan in plans]
 
     def record_answer(
@@ -420,7 +442,10 @@ class ContextPilot:
         (:class:`~contextpilot_rag.errors.ConversationStateError`) when several
         await one. Raises :class:`~contextpilot_rag.errors.ConversationExpiredError`
         when the conversation's history was lost. The answer is stored escaped as it
-        will be shown (control tokens and structure-like lines neutralised).
+        will be shown (control tokens and structure-like lines neutralised). Recording
+        the same text for the same turn again changes nothing, so a call that failed
+        with :class:`~contextpilot_rag.errors.StoreUnavailableError` can be retried
+        (its write may have been applied); another text for an answered turn is refused.
         ``tenant``: the conversation's tenant when ``prompt`` is a conversation id (a
         :class:`Prompt` knows its own; another ``tenant`` with it is refused)."""
         conversation_id, request_id = _answer_target(prompt, request_id)
@@ -437,7 +462,7 @@ class ContextPilot:
                 conversation = stored.conversation
                 if conversation is None:
                     raise self._missing(conversation_id, stored.forgotten, key)
-                if attempt and _holds_answer(conversation, request_id, answer):
+                if _holds_answer(conversation, request_id, answer):
                     return  # an earlier try's write was applied (its reply was lost)
                 answered = conversation.with_answer(answer, tokens, request_id=request_id)
                 if request_id is None:  # the one turn awaiting its answer, pinned for retries
@@ -603,6 +628,28 @@ class ContextPilot:
         if tenant is not None:
             check_tenant(tenant)
         return conversation_key(tenant, conversation_id)
+
+    def index_log_stats(self) -> IndexLogStats | None:
+        """What this pilot shared through its store's index log (``None``: no log, as
+        with the in-memory default or ``PilotConfig.index_log.enabled=False``)."""
+        return None if self._index_sync is None else self._index_sync.stats()
+
+    def _replay(self, records: Sequence[IndexRecord]) -> None:
+        """Index other pilots' requests from the store's index log as if this pilot
+        had sent them (lock held); one already indexed here is skipped."""
+        for record in records:
+            request_id = RequestId(record.request_id)
+            for place in record.placements:
+                if place.kind == "main":
+                    index = self._index
+                elif place.kind == "shared":
+                    index = self._shared_index
+                else:
+                    assert record.tenant is not None  # decode_record checks it
+                    index = self._tenant_indexes.get(record.tenant)
+                if request_id not in index:
+                    index.insert(place.path, place.tokens, request_id)
+            self._registry.count_carried(record.counted)
 
     def index_stats(self, *, tenant: str | None = None) -> IndexStats:
         """The context index's size: the index of requests without a tenant, or
@@ -1362,6 +1409,29 @@ def _conflict(conversation_id: str) -> ConversationConflictError:
         f"conversation {conversation_id!r} changed under this call {STORE_ATTEMPTS} times "
         "(other processes writing it); nothing was written: call again"
     )
+
+
+def _index_sync(store: ConversationStore, config: IndexLogConfig) -> IndexSync | None:
+    """The sharing of the context index through ``store``'s index log, if it has one
+    and sharing is enabled (``docs/stores.md``)."""
+    if not config.enabled:
+        return None
+    log = index_log_of(store, config.max_entries)
+    return None if log is None else IndexSync(log, config)
+
+
+def _index_record(plan: _Plan) -> IndexRecord:
+    """What ``plan`` put into the indexes, for the store's index log."""
+    placements: tuple[LoggedPlacement, ...]
+    if plan.placements is None:
+        placements = (LoggedPlacement("main", plan.index_path, plan.index_tokens),)
+    else:
+        placements = tuple(
+            LoggedPlacement("shared" if place.shared else "tenant", place.path, place.tokens)
+            for place in plan.placements
+        )
+    counted = plan.keys if plan.keys is not None else tuple(block.id for block in plan.blocks)
+    return IndexRecord(plan.prompt.request_id, plan.prompt.tenant, placements, counted)
 
 
 def _holds_answer(conversation: Conversation, request_id: str | None, answer: str) -> bool:

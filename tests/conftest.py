@@ -5,19 +5,14 @@ where ``redis-server`` is not installed)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, Prompt, Tokenizer, render_block
+from contextpilot_rag.testing import RedisServer, find_redis_server
 from contextpilot_rag.tokenizers import default_tokenizer
 
 # The benchmark scripts and their shared `lib` package are not installed: tests of them
@@ -79,77 +74,8 @@ def check_prompt() -> Callable[[Prompt, Sequence[ContextBlock]], None]:
     return assert_prompt_accounts_for_blocks
 
 
-class RedisServer:
-    """A real ``redis-server`` on a free loopback port, with its files in ``directory``.
-    ``persistent``: every write is appended to the AOF and fsynced before Redis
-    answers (``appendfsync always``), so a killed server restarts with every write it
-    acknowledged; otherwise nothing is saved."""
-
-    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
-        self.directory = directory
-        self.persistent = persistent
-        self.port = _free_port()
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def start(self) -> None:
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"]
-        command = [
-            "redis-server",
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.directory),
-            "--save", "",
-            *(persistence if self.persistent else ["--appendonly", "no"]),
-        ]  # fmt: skip
-        with open(self.directory / "redis.log", "ab") as log:  # the server keeps its own copy
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while self.command(b"PING") != b"+PONG":
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start: see {self.directory}/redis.log")
-            time.sleep(0.02)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown save, as a crash."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait(10)
-        self._process = None
-
-    def pause(self) -> None:
-        """SIGSTOP: the server holds its connections and answers nothing (a hang)."""
-        assert self._process is not None
-        os.kill(self._process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self._process is not None
-        os.kill(self._process.pid, signal.SIGCONT)
-
-    def flush(self) -> None:
-        assert self.command(b"FLUSHALL") == b"+OK"
-
-    def command(self, name: bytes) -> bytes | None:
-        """The first reply line of a one-word command, or None when unreachable."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
-                conn.sendall(name + b"\r\n")
-                return conn.recv(64).split(b"\r\n")[0]
-        except OSError:
-            return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _need_redis() -> None:
-    if shutil.which("redis-server") is None:
+    if find_redis_server() is None:
         pytest.skip(
             "redis-server is not on PATH: the Redis store tests run a real server "
             "(`apt-get install redis-server`; `make test` installs it where apt can)"
@@ -182,6 +108,6 @@ def persistent_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path, persistent=True)
     server.start()
     yield server
-    if server._process is not None and server._process.poll() is None:
+    if server.running():
         server.resume()
     server.kill()

@@ -4,10 +4,13 @@ sections, and use only the package's public names."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import bench
+import soak
 from lib.sections import begin_marker, end_marker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,6 +28,55 @@ def test_quick_bench_writes_its_generated_section(tmp_path: Path) -> None:
     assert "hit ratio" in text.lower() and "latency" in text.lower()
     assert "### Batch mode" in text and "#### 75 requests" in text
     assert "2 runs)" in text  # timings show their spread over the runs
+
+
+SMALL_SOAK = ["--calls", "600", "--windows", "6", "--warmup", "0.5", "--active", "10"]
+SMALL_SOAK += ["--max-conversations", "40"]  # full within the warm-up: ~6 turns each
+
+
+def _run_small_soak(tmp_path: Path, *stores_and_url: str) -> tuple[str, list[dict[str, Any]]]:
+    report, raw = tmp_path / "bench.md", tmp_path / "soak.json"
+    report.write_text("# Benchmarks\n\nprose kept\n", encoding="utf-8")
+    argv = [*SMALL_SOAK, *stores_and_url, "--write", str(report), "--json", str(raw)]
+    assert soak.main([*argv, "--plot", str(tmp_path / "img" / "soak.png")]) == 0
+    assert (tmp_path / "img" / "soak.png").stat().st_size > 0
+    return report.read_text(encoding="utf-8"), json.loads(raw.read_text(encoding="utf-8"))
+
+
+def _check_soak_windows(result: dict[str, Any]) -> None:
+    windows, bounds = result["windows"], result["bounds"]
+    assert [w["calls"] for w in windows] == [100, 200, 300, 400, 500, 600]
+    assert result["warmup_calls"] == 300
+    for window in windows:
+        assert 0 < window["p50_ms"] <= window["p99_ms"]
+        assert 0 < window["conversations"] <= bounds["max_conversations"]
+        assert 0 < window["max_tenant_tokens"] <= bounds["tenant_capacity_tokens"]
+        assert window["rss_mb"] > 0 and window["history_lost"] == 0
+    assert windows[-1]["conversations"] == bounds["max_conversations"] == 40
+
+
+def test_small_soak_on_memory_writes_its_section_plot_and_windows(tmp_path: Path) -> None:
+    text, results = _run_small_soak(tmp_path, "--stores", "memory")
+    assert text.startswith("# Benchmarks\n\nprose kept\n")
+    assert begin_marker("soak") in text and text.rstrip().endswith(end_marker("soak"))
+    assert "- runs: 1;" in text and "![p99 latency and RSS over the soak](img/soak.png)" in text
+    assert "| memory: p99, last window / first after warm-up | ≤ 1.5× |" in text
+    assert "Redis overhead" not in text
+    assert [r["store"] for r in results] == ["memory"]
+    _check_soak_windows(results[0])
+    assert results[0]["windows"][0]["server_mb"] is None
+
+
+def test_small_soak_on_redis_reports_the_overhead_over_memory(
+    tmp_path: Path, redis_url: str
+) -> None:
+    text, results = _run_small_soak(tmp_path, "--stores", "memory,redis", "--redis-url", redis_url)
+    assert "| redis: conversations and tenant indexes within their bounds |" in text
+    assert "| Redis overhead: median optimize after warm-up, Redis minus memory | ≤ 1 ms |" in text
+    assert [r["store"] for r in results] == ["memory", "redis"]
+    for result in results:
+        _check_soak_windows(result)
+    assert all(w["server_mb"] > 0 for w in results[1]["windows"])
 
 
 def _python_files() -> list[Path]:

@@ -22,6 +22,7 @@ from contextpilot_rag.routing import (
     Endpoint,
     EndpointError,
     RanvierPolicy,
+    RouteRequest,
     RoutingClient,
     RoutingError,
 )
@@ -487,6 +488,25 @@ def test_route_keys_match_exactly_on_shared_prefixes() -> None:
     assert a.block_hashes[0] == b.block_hashes[0] == c.block_hashes[0]
     fillers = set(a.block_hashes[1:]) - {a.block_hashes[x - 1] for x in a.boundaries}
     assert not fillers & set(b.block_hashes)  # only boundaries can match
+
+
+def test_route_keys_stay_the_same_while_the_token_estimate_is_refined() -> None:
+    keys = PromptKeys()
+    text = serialise(messages("Question one?"))
+    before = keys.request(text, request_id="a")
+    for _ in range(20):  # an engine whose tokens are longer than the first estimate
+        keys.observe_tokens(len(text.text), len(text.text) // 5)
+    after = keys.request(text, request_id="b")
+    assert keys.chars_per_token > 4.5
+    assert after.block_hashes[0] == before.block_hashes[0]  # the hash fallbacks' key
+
+    def boundary_keys(request: RouteRequest) -> set[int]:
+        return {request.block_hashes[b - 1] for b in request.boundaries}
+
+    # the system prompt's and the documents' ends keep their keys (a key holds the
+    # boundary's character position above its CRC), now at other block counts
+    kept = boundary_keys(before) & boundary_keys(after)
+    assert {key >> 32 for key in kept} >= set(text.boundaries[:2])
 
 
 def test_known_chat_templates_render_as_the_engine_does() -> None:

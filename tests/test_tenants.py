@@ -4,6 +4,7 @@ what is marked shared."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -24,7 +25,9 @@ from contextpilot_rag.errors import (
     InvalidInputError,
     UnknownConversationError,
 )
-from contextpilot_rag.routing import RoutingClient
+from contextpilot_rag.routing import Endpoint, RoutingClient
+from contextpilot_rag.routing.metrics import DECISION_LOGGER
+from contextpilot_rag.routing.prompt_keys import PromptKeys, serialise
 from contextpilot_rag.serve import BackgroundServer, ServeConfig
 from contextpilot_rag.tenants import SaltDeriver, SaltPolicy, TenantConfig, conversation_key
 from contextpilot_rag.testing import OpenAICompatibleServer
@@ -583,6 +586,140 @@ def test_the_routing_client_sends_the_salt_as_a_parameter(
     assert engine.requests[0]["cache_salt"] == prompt.cache_salt
 
 
+# -- the routing client: the salt reaches the engine, routes are per salt -----------
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[OpenAICompatibleServer]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(OpenAICompatibleServer(model=MODEL)) for _ in range(3)]
+
+
+def urls(fleet: list[OpenAICompatibleServer]) -> list[str]:
+    return [server.base_url for server in fleet]
+
+
+def test_the_routing_client_sends_a_salted_prompts_salt_by_itself(
+    engine: OpenAICompatibleServer,
+) -> None:
+    pilot = pilot_of()
+    salted = pilot.optimize([doc("acme", 1)], "q", tenant="acme")
+    unsalted = [
+        pilot.optimize([doc("acme", 1)], "q"),  # no tenant
+        pilot.optimize([public(1)], "q", tenant="acme"),  # a public prompt
+    ]
+    with RoutingClient([engine.base_url], model=MODEL) as client:
+        client.chat(salted)
+        client.complete(salted)
+        for prompt in unsalted:
+            client.chat(prompt)
+        client.chat("plain text")
+    bodies = engine.requests
+    assert [body.get("cache_salt") for body in bodies[:2]] == [salted.cache_salt] * 2
+    assert all("cache_salt" not in body for body in bodies[2:])
+
+
+def test_the_cache_salt_parameter_overrides_the_prompts(engine: OpenAICompatibleServer) -> None:
+    prompt = pilot_of().optimize([doc("acme", 1)], "q", tenant="acme")
+    with RoutingClient([engine.base_url], model=MODEL) as client:
+        client.chat(prompt, cache_salt="chosen-by-the-caller")
+        client.chat(prompt, cache_salt=None)
+        client.chat("plain text", cache_salt="for-plain-text")
+        with pytest.raises(InvalidInputError, match="cache_salt"):
+            client.chat(prompt, cache_salt="")
+    assert [body.get("cache_salt") for body in engine.requests] == [
+        "chosen-by-the-caller",
+        None,
+        "for-plain-text",
+    ]
+
+
+def test_send_cache_salt_keeps_the_field_from_servers_that_refuse_it(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    prompt = pilot_of().optimize([doc("acme", 1)], "q", tenant="acme")
+    strict, vllm, default = fleet
+    endpoints = [
+        Endpoint(strict.base_url, send_cache_salt=False),
+        Endpoint(vllm.base_url, send_cache_salt=True),
+        Endpoint(default.base_url),
+    ]
+    for send in (True, False):
+        with RoutingClient(
+            endpoints, model=MODEL, policy="round-robin", send_cache_salt=send
+        ) as client:
+            for _ in fleet:
+                client.chat(prompt)
+    sent = [[body.get("cache_salt") for body in server.requests] for server in fleet]
+    assert sent == [[None, None], [prompt.cache_salt] * 2, [prompt.cache_salt, None]]
+    with pytest.raises(ConfigError, match="send_cache_salt"):
+        Endpoint(strict.base_url, send_cache_salt="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="send_cache_salt"):
+        RoutingClient(endpoints, model=MODEL, send_cache_salt=None)  # type: ignore[arg-type]
+
+
+def test_another_tenants_request_follows_no_route_of_the_first_tenant(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    pilot = pilot_of()
+    blocks = [doc("acme", n) for n in range(4)]  # globex sends the very same texts
+    with RoutingClient(urls(fleet), model=MODEL) as client:
+        acme = client.chat(pilot.optimize(blocks, "q1", tenant="acme"))
+        acme_again = client.chat(pilot.optimize(blocks, "q2", tenant="acme"))
+        globex = client.chat(pilot.optimize(blocks, "q1", tenant="globex"))
+        globex_again = client.chat(pilot.optimize(blocks, "q2", tenant="globex"))
+    # a tenant follows its own route to its own cache ...
+    assert acme_again.endpoint == acme.endpoint
+    assert acme_again.decision.predicted_cached_tokens > 0 and (acme_again.cached_tokens or 0) > 0
+    # ... another one neither hits that cache nor is routed by it (its own route only)
+    assert globex.cached_tokens == 0 and globex.decision.predicted_cached_tokens == 0
+    assert globex_again.endpoint == globex.endpoint
+    assert globex_again.decision.predicted_cached_tokens > 0
+    assert (globex_again.cached_tokens or 0) > 0
+
+
+def test_without_salts_the_other_tenant_would_follow_the_route(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    pilot = pilot_of("never")  # what the salt prevents, on the same fleet
+    blocks = [doc("acme", n) for n in range(4)]
+    with RoutingClient(urls(fleet), model=MODEL) as client:
+        acme = client.chat(pilot.optimize(blocks, "q1", tenant="acme"))
+        globex = client.chat(pilot.optimize(blocks, "q1", tenant="globex"))
+    assert globex.endpoint == acme.endpoint and globex.decision.predicted_cached_tokens > 0
+    assert all("cache_salt" not in body for server in fleet for body in server.requests)
+
+
+def test_public_prompts_share_routes_and_cache_across_tenants(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    pilot = pilot_of()
+    with RoutingClient(urls(fleet), model=MODEL) as client:
+        acme = client.chat(pilot.optimize([public(n) for n in range(4)], "q1", tenant="acme"))
+        globex = client.chat(
+            pilot.optimize([public(n) for n in (3, 1, 0, 2)], "q2", tenant="globex")
+        )
+    assert globex.endpoint == acme.endpoint
+    assert globex.decision.predicted_cached_tokens > 0 and (globex.cached_tokens or 0) > 0
+    assert all("cache_salt" not in body for server in fleet for body in server.requests)
+
+
+def test_route_keys_are_per_salt() -> None:
+    prompt = pilot_of().optimize([doc("acme", n) for n in range(4)], "q", tenant="acme")
+    keys, text = PromptKeys(), serialise(prompt)
+
+    def hashes(salt: str | None) -> tuple[int, ...]:
+        return keys.request(text, request_id="r", salt=salt).block_hashes
+
+    acme = hashes("cps-acme")
+    assert acme != hashes(None) and not set(acme) & set(hashes("cps-globex"))
+    assert not set(acme) & set(hashes(None))
+    request = keys.request(text, request_id="r", salt="cps-acme")
+    assert [acme[b - 1] for b in request.boundaries] == [
+        request.block_hashes[b - 1] for b in request.boundaries
+    ]  # boundaries keep their keys for one salt (fillers are per request)
+
+
 # -- the serve proxy ---------------------------------------------------------------
 
 
@@ -621,6 +758,32 @@ def test_the_proxy_salts_each_tenant_and_isolates_its_cache(
     salts = [body["cache_salt"] for body in engine.requests]
     assert salts[0] == salts[1] != salts[2]
     assert not any("acme" in salt or "globex" in salt for salt in salts)
+
+
+def test_the_proxy_routes_each_tenant_by_its_own_routes_only(
+    fleet: list[OpenAICompatibleServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=DECISION_LOGGER)
+    config = ServeConfig(endpoints=tuple(urls(fleet)), model=MODEL, salt_key=KEY)
+    public_documents = [{**document, "shared": True} for document in DOCUMENTS]
+    requests: list[tuple[str, list[dict[str, Any]]]] = [
+        ("acme", DOCUMENTS),
+        ("acme", DOCUMENTS),
+        ("globex", DOCUMENTS),  # the same texts: no route of acme's
+        ("acme", public_documents),
+        ("globex", public_documents),  # public: acme's route and cache
+    ]
+    with BackgroundServer(config) as server:
+        for tenant, documents in requests:
+            ask(server, tenant, documents)
+    decisions = [vars(r)["routing"] for r in caplog.records if r.name == DECISION_LOGGER]
+    predicted = [d["predicted_cached_tokens"] > 0 for d in decisions]
+    served = [d["observed_cached_tokens"] > 0 for d in decisions]
+    assert predicted == served == [False, True, False, False, True]
+    assert decisions[1]["endpoint"] == decisions[0]["endpoint"]
+    assert decisions[4]["endpoint"] == decisions[3]["endpoint"]
+    salts = [body.get("cache_salt") for server in fleet for body in server.requests]
+    assert sum(salt is not None for salt in salts) == 3
 
 
 def test_the_proxy_shares_public_documents_unsalted(

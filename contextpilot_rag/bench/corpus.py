@@ -10,7 +10,8 @@ reference_subset_with_human_evaluations.json``, Apache-2.0; see
 * the 350 passages of its four corpora (ClapNQ, FiQA, Govt, IBM Cloud), ~1.5k
   characters each, with their MTRAG document ids and titles;
 * its 20 conversations of 5–12 turns: each turn's user question, the reference
-  answer, and the ids of the passages MTRAG's retriever gave for that turn.
+  answer, the ids of the passages MTRAG's retriever gave for that turn and MTRAG's
+  answerability label for it.
 
 :func:`build_bundle` writes the bundle from the upstream file (``../shared/data`` in
 a source checkout); :func:`load_mtrag` reads it. Both are pure functions of their
@@ -61,12 +62,15 @@ class Passage:
 
 @dataclass(frozen=True)
 class Turn:
-    """One user turn: the question, MTRAG's reference answer and the ids of the
-    passages its retriever returned for it (best first)."""
+    """One user turn: the question, MTRAG's reference answer, the ids of the
+    passages its retriever returned for it (best first) and MTRAG's answerability
+    label (``ANSWERABLE``, ``PARTIAL``, ``UNANSWERABLE`` or ``CONVERSATIONAL``; the
+    unanswerable and conversational turns have no passages)."""
 
     question: str
     answer: str
     context_ids: tuple[str, ...]
+    answerability: str = "ANSWERABLE"
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ def _upstream_conversations(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]
                     "question": questions[-1],
                     "answer": answers[0] if answers else "",
                     "contexts": [c["document_id"] for c in task.get("contexts", [])],
+                    "answerability": (task.get("Answerability") or ["ANSWERABLE"])[0],
                 }
             )
         conversations.append(
@@ -155,7 +160,15 @@ def load_mtrag(path: Path | None = None) -> MtragCorpus:
             Conversation(
                 c["id"],
                 c["collection"],
-                tuple(Turn(t["question"], t["answer"], tuple(t["contexts"])) for t in c["turns"]),
+                tuple(
+                    Turn(
+                        t["question"],
+                        t["answer"],
+                        tuple(t["contexts"]),
+                        t.get("answerability", "ANSWERABLE"),
+                    )
+                    for t in c["turns"]
+                ),
             )
             for c in data["conversations"]
         )

@@ -25,7 +25,17 @@ position converted to tokens with a ``chars_per_token`` estimate (refined from t
 engine's ``usage.prompt_tokens``), **aligned down** to the engine block; boundaries
 inside the first block are dropped. Other blocks get per-request unique hashes, so
 only boundaries can match. Block 0 always carries the key of the first block's text,
-so hash fallbacks (Ranvier) agree across independent clients.
+measured with the *configured* ``chars_per_token`` (not the refined estimate), so it
+never changes while a client learns and hash fallbacks (Ranvier) agree across
+independent clients.
+
+**Salts.** A prompt sent with a ``cache_salt`` lives in its own namespace of the
+engine's prefix cache (vLLM mixes the salt into the first block's hash, so no block is
+shared with another salt or with none); its route keys are in the same namespace:
+every block hash is XOR-ed with :func:`route_salt` of the salt, so a prompt never
+matches a route learned from a prompt of another salt (another tenant's) or of none,
+and unsalted prompts (public ones, ``docs/tenants.md``) share routes as they share the
+engine's cache.
 """
 
 from __future__ import annotations
@@ -43,7 +53,15 @@ from ..errors import ConfigError, InvalidInputError
 from ..prompt import Prompt
 from .types import RouteRequest
 
-__all__ = ["CHAT_TEMPLATES", "ChatTemplate", "Messages", "PromptKeys", "PromptText", "serialise"]
+__all__ = [
+    "CHAT_TEMPLATES",
+    "ChatTemplate",
+    "Messages",
+    "PromptKeys",
+    "PromptText",
+    "route_salt",
+    "serialise",
+]
 
 Messages = Sequence[Mapping[str, Any]]
 PromptInput = Prompt | Messages | str
@@ -229,6 +247,16 @@ def serialise(
     return PromptText(text, tuple(sorted(boundaries)), sent)
 
 
+def route_salt(salt: str | None) -> int:
+    """What the block hashes of a prompt sent with ``salt`` are XOR-ed with: 63 bits of
+    a keyed BLAKE2b digest of it (0 without a salt). One-way, so route keys (shared
+    through a route store) do not reveal the salt, a capability (``docs/tenants.md``)."""
+    if salt is None:
+        return 0
+    digest = hashlib.blake2b(salt.encode("utf-8"), digest_size=8, person=b"cp-route-salt")
+    return int.from_bytes(digest.digest(), "big") & _MASK63
+
+
 class PromptKeys:
     """Builds :class:`RouteRequest` objects for real prompts (see the module docs).
 
@@ -252,6 +280,7 @@ class PromptKeys:
         self.chars_per_token = chars_per_token
         self.fixed_prefix_tokens = fixed_prefix_tokens
         self.adapt = adapt
+        self.first_block_chars = int(block_tokens * chars_per_token)  # fixed: see the module
 
     def observe_tokens(self, characters: int, prompt_tokens: int) -> None:
         """Refine ``chars_per_token`` from an engine's count of a prompt's tokens."""
@@ -272,8 +301,10 @@ class PromptKeys:
         excluded: frozenset[tuple[str, str]] = frozenset(),
         arrival_s: float = 0.0,
         may_hold: bool = False,
+        salt: str | None = None,
     ) -> RouteRequest:
-        """The :class:`RouteRequest` of a serialised prompt."""
+        """The :class:`RouteRequest` of a serialised prompt; ``salt``: the
+        ``cache_salt`` it is sent with (its keys are then that salt's, see the module)."""
         body, cpt, block = text.text, self.chars_per_token, self.block_tokens
         prompt_tokens = max(1, round(len(body) / cpt))
         blocks = prompt_tokens // block
@@ -292,14 +323,15 @@ class PromptKeys:
             done = position
             keyed[b] = ((position << 32) | crc) & _MASK63
         if blocks:
-            first = min(len(body), int(block * cpt))
+            first = min(len(body), self.first_block_chars)
             hashes[0] = ((first << 32) | zlib.crc32(body[:first].encode())) & _MASK63
         for b, key in keyed.items():
             hashes[b - 1] = key
+        mask = route_salt(salt)
         return RouteRequest(
             request_id=request_id,
             prompt_tokens=prompt_tokens,
-            block_hashes=tuple(hashes),
+            block_hashes=tuple(h ^ mask for h in hashes) if mask else tuple(hashes),
             block_tokens=block,
             expected_output_tokens=expected_output_tokens,
             boundaries=tuple(sorted(keyed)),

@@ -17,6 +17,7 @@ from ..errors import (
     NoReplicaAvailableError,
     OversizeBlockError,
     RoutingError,
+    StoreUnavailableError,
     UnknownConversationError,
 )
 
@@ -66,7 +67,12 @@ class ApiError(Exception):
 
 def pilot_error_of(exc: ContextPilotError) -> ApiError:
     """The answer for an error ``ContextPilot.optimize`` raised (before it changed any
-    state): the request's ``contextpilot`` field was unusable."""
+    state): the request's ``contextpilot`` field was unusable, or the conversation
+    store is down (503: nothing was recorded, try again; the store's address is not
+    shown)."""
+    if isinstance(exc, StoreUnavailableError):
+        message = "the conversation store is unavailable; nothing was recorded, try again"
+        return ApiError(503, message, type="server_error", code="store_unavailable", headers=_RETRY)
     if isinstance(exc, (ConversationStateError, UnknownConversationError)):
         param = "contextpilot.conversation_id"
         return ApiError(409, str(exc), param=param, code="conversation_state")

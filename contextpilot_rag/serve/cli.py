@@ -53,6 +53,13 @@ def add_serve_parser(commands: Any) -> None:
     )
     add("--store", metavar="URL", help="shared state: redis://HOST:PORT/DB or sqlite:///PATH")
     add(
+        "--no-shared-index",
+        dest="share_index",
+        action="store_false",
+        help="with --store: the workers share conversations and routes but each keeps its "
+        "own context index (no index log; docs/stores.md)",
+    )
+    add(
         "--timeout-s",
         type=float,
         default=120.0,
@@ -83,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         store=args.store,
         timeout_s=args.timeout_s,
         cache_salt=args.cache_salt,
+        share_index=args.share_index,
         # one key for all workers of this run; several proxies need the variable
         salt_key=os.environ.get(SALT_KEY_ENV) or secrets.token_hex(32),
     )

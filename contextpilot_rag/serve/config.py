@@ -37,7 +37,9 @@ class ServeConfig:
     with its tenant's ``cache_salt`` (:func:`~contextpilot_rag.tenants.salts`: ``"private"``,
     ``"always"``, ``"never"`` for engines without it); ``salt_key``: the secret the salts
     derive from, the same in every worker and every proxy in front of one fleet
-    (``None``: a random key per worker; the ``serve`` command makes one per run)."""
+    (``None``: a random key per worker; the ``serve`` command makes one per run).
+    ``share_index``: whether the workers on ``store`` also share their context index
+    through the store's index log (``PilotConfig.index_log``, docs/stores.md)."""
 
     endpoints: tuple[str, ...]
     model: str
@@ -51,6 +53,7 @@ class ServeConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     cache_salt: SaltPolicy = "private"
     salt_key: str | None = field(default=None, repr=False)
+    share_index: bool = True
 
     def __post_init__(self) -> None:
         endpoints = self.endpoints
@@ -81,6 +84,8 @@ class ServeConfig:
         if not (math.isfinite(timeout) and timeout > 0):
             raise ConfigError(f"timeout_s must be a number > 0, got {timeout!r}")
         TenantConfig(cache_salt=self.cache_salt, salt_key=self.salt_key)  # checks both
+        if not isinstance(self.share_index, bool):
+            raise ConfigError(f"share_index must be a bool, got {self.share_index!r}")
 
     @property
     def loopback(self) -> bool:

@@ -12,7 +12,8 @@ request without the field is routed with its messages as sent.
 A request whose field names a ``tenant`` is built by the pilot for that tenant (its own
 index, conversations and popularity; ``docs/tenants.md``), and the prompt's
 ``cache_salt``, when the pilot salts it, is sent to the engine as the top-level
-``cache_salt`` field (vLLM's), overriding one the client sent.
+``cache_salt`` field (vLLM's), overriding one the client sent; the routing client keys
+the request's routes by that salt, so it never follows another tenant's routes.
 
 When routing fails after the prompt was built, the prompt's request is evicted from the
 context index (the engine never cached it); its turn stays in the conversation,
@@ -30,6 +31,7 @@ from typing import Any
 import anyio.to_thread
 
 from ..errors import ConfigError, ContextPilotError, UnknownConversationError
+from ..index_sync import IndexLogConfig
 from ..pilot import ContextPilot, PilotConfig
 from ..prompt import Prompt
 from ..routing.client import AsyncChatStream, ChatResult, ClientConfig, RoutingClient
@@ -227,7 +229,8 @@ def _pilot(config: ServeConfig) -> ContextPilot:
     """The worker's pilot, on ``config.store`` when given (checked to answer), salting
     tenants' prompts as ``config.cache_salt`` says under ``config.salt_key``."""
     tenants = TenantConfig(cache_salt=config.cache_salt, salt_key=config.salt_key)
-    pilot_config = PilotConfig(tenants=tenants)
+    index_log = IndexLogConfig(enabled=config.share_index)
+    pilot_config = PilotConfig(tenants=tenants, index_log=index_log)
     store = config.store
     if store is None:
         return ContextPilot(pilot_config)

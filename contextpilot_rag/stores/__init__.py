@@ -9,7 +9,8 @@
 ``ContextPilot(store=...)`` takes a store object or a URL (:func:`open_store`):
 ``redis://HOST:PORT/DB`` or ``sqlite:///PATH``. Both shared stores are versioned
 (compare-and-set writes), so several processes on one store behave as one: see
-``docs/stores.md``.
+``docs/stores.md``. Both also hold the context index's log
+(:mod:`.index_log`), through which pilots on one store share their index.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ from .serialize import decode_conversation, encode_conversation
 if TYPE_CHECKING:
     import redis as redis_module
 
+    from .redis_index_log import RedisIndexLog
+
 __all__ = ["DEFAULT_KEY_PREFIX", "RedisConversationStore"]
 
 DEFAULT_KEY_PREFIX = "contextpilot:"
@@ -229,6 +231,13 @@ class RedisConversationStore:
     def close(self) -> None:
         """Close the connections this store opened (not a client it was given)."""
         self._redis.close()
+
+    def open_index_log(self, max_entries: int) -> RedisIndexLog:
+        """The context index's log beside these conversations: on this store's client
+        (its timeouts) under its key prefix (:mod:`.redis_index_log`)."""
+        from .redis_index_log import RedisIndexLog
+
+        return RedisIndexLog(self._redis.client, max_entries=max_entries, key_prefix=self._prefix)
 
     def __enter__(self) -> RedisConversationStore:
         return self

@@ -36,6 +36,7 @@ from ..errors import ConfigError, StoreFormatError
 from ._sqlite_connection import connect, store_errors, transaction
 from .cache import RecordCache
 from .serialize import decode_conversation, encode_conversation
+from .sqlite_index_log import SQLiteIndexLog
 
 __all__ = ["TOUCH_INTERVAL_S", "SQLiteConversationStore"]
 
@@ -170,6 +171,13 @@ class SQLiteConversationStore:
         """Close this process's connection (the file and its records stay)."""
         with self._lock:
             self._db.close()
+
+    def open_index_log(self, max_entries: int) -> SQLiteIndexLog:
+        """The context index's log beside these conversations: a table of this file
+        (:mod:`.sqlite_index_log`), with this store's busy timeout."""
+        return SQLiteIndexLog(
+            self.path, max_entries=max_entries, busy_timeout_s=self._busy_timeout_s
+        )
 
     def __enter__(self) -> SQLiteConversationStore:
         return self

@@ -40,6 +40,13 @@ class ClientConfig:
     loaded. ``pilot``: who learns each answer's cache hit (the
     :class:`~contextpilot_rag.ContextPilot` that built the Prompts sent).
 
+    ``send_cache_salt``: send a call's ``cache_salt`` (a salted Prompt's
+    :attr:`~contextpilot_rag.prompt.Prompt.cache_salt`, or the ``cache_salt``
+    parameter) as the request body's top-level field, as vLLM takes it (default);
+    ``False`` for a fleet whose servers refuse unknown fields (an
+    :class:`~.endpoints.Endpoint` may say otherwise for itself). A salted call's
+    route keys are its salt's either way (``docs/tenants.md``).
+
     ``store``: routing state shared with routers in other processes (learned routes
     and replica load): ``None`` (this client's own, the default), a store URL
     (``redis://HOST:PORT/DB``, ``sqlite:///PATH``: checked here, opened by the
@@ -67,6 +74,7 @@ class ClientConfig:
     max_backoff_s: float = 30.0
 
     learn_rates: bool = True
+    send_cache_salt: bool = True
     metrics: bool | RoutingMetrics = False
     pilot: CacheFeedback | None = None
     store: str | RouteStore | None = None
@@ -88,6 +96,8 @@ class ClientConfig:
             raise ConfigError(f"deadline_s must be None or > 0, got {self.deadline_s!r}")
         if self.block_tokens < 1 or self.chars_per_token <= 0:
             raise ConfigError("block_tokens must be >= 1 and chars_per_token > 0")
+        if not isinstance(self.send_cache_salt, bool):
+            raise ConfigError(f"send_cache_salt must be a bool, got {self.send_cache_salt!r}")
         chat_template(self.chat_template)  # an unknown name is a ConfigError now
         check_store_argument(self.store)  # a bad URL is a ConfigError before anything opens
 
@@ -114,5 +124,6 @@ class ClientOptions(TypedDict, total=False):
     metrics: bool | RoutingMetrics
     chat_template: str | ChatTemplate | None
     learn_rates: bool
+    send_cache_salt: bool
     pilot: CacheFeedback | None
     store: str | RouteStore | None

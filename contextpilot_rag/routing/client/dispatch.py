@@ -27,7 +27,7 @@ from ..route_table import RouteTableBase
 from ..shared_routes import SharedRoutes
 from ..types import Decision, Outcome, Policy, ReplicaState, RouteRequest
 from .config import ClientConfig
-from .endpoints import Credentials, Replica
+from .endpoints import Credentials, Endpoint, Replica
 from .holding import Held, HeldRequests, NewWaiter
 from .results import ChatResult
 from .sse import Kind, Reply, TokenCounts
@@ -40,11 +40,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Ask:
     """What a call asks an engine: the endpoint ``kind``, the prompt serialised for
-    routing (its text, boundaries and chat messages) and the engine ``params``."""
+    routing (its text, boundaries and chat messages), the engine ``params`` and the
+    ``cache_salt`` it goes with (``None``: none), which also namespaces its route keys."""
 
     kind: Kind
     text: PromptText
     params: Mapping[str, Any]
+    salt: str | None = None
 
     @staticmethod
     def of(
@@ -52,14 +54,30 @@ class Ask:
     ) -> Ask:
         """A Prompt, chat messages or a string (one user turn) as asked; a completion
         takes a string or a Prompt (sent as its text)."""
+        salt = _salt_of(prompt, params)
+        params = {name: value for name, value in params.items() if name != _SALT}
         if kind == "completion":
             if isinstance(prompt, Prompt):
-                return Ask(kind, serialise(prompt, completion=True), params)
+                return Ask(kind, serialise(prompt, completion=True), params, salt)
             if not isinstance(prompt, str):
                 raise InvalidInputError("complete() takes a string or a Prompt")
         elif isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
-        return Ask(kind, serialise(prompt, template), params)
+        return Ask(kind, serialise(prompt, template), params, salt)
+
+
+_SALT = "cache_salt"
+
+
+def _salt_of(prompt: PromptInput, params: Mapping[str, Any]) -> str | None:
+    """The ``cache_salt`` of a call: the parameter when given (``None``: send none),
+    else a Prompt's own (:attr:`~contextpilot_rag.prompt.Prompt.cache_salt`)."""
+    if _SALT not in params:
+        return prompt.cache_salt if isinstance(prompt, Prompt) else None
+    salt = params[_SALT]
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidInputError(f"cache_salt must be a non-empty string or None, got {salt!r}")
+    return salt
 
 
 @dataclass
@@ -166,6 +184,7 @@ class Dispatcher:
             excluded=excluded,
             arrival_s=now,
             may_hold=True,
+            salt=ask.salt,
         )
         table = self._table
         found = self.shared.probe(request, table, now) if self.shared is not None else None
@@ -257,15 +276,18 @@ class Dispatcher:
         )
         body: dict[str, Any] = {**ask.params, "model": replica.model, "stream": True}
         body["stream_options"] = {"include_usage": True}
-        if replica.endpoint.slot is not None:
-            body["id_slot"] = replica.endpoint.slot  # llama-server's slot field
+        endpoint = replica.endpoint
+        if endpoint.slot is not None:
+            body["id_slot"] = endpoint.slot  # llama-server's slot field
+        if ask.salt is not None and _sends_salt(endpoint, self.config):
+            body[_SALT] = ask.salt  # vLLM's top-level field
         if ask.kind == "chat":
             body["messages"] = [dict(m) for m in ask.text.messages]
             path = "chat/completions"
         else:
             body["prompt"] = ask.text.text
             path = "completions"
-        url = f"{Credentials.of(replica.endpoint).request_url}/{path}"
+        url = f"{Credentials.of(endpoint).request_url}/{path}"
         return Plan(replica, request, decision, body, url, now, len(ask.text.text))
 
     def first_token(self, plan: Plan) -> None:
@@ -389,6 +411,13 @@ class Dispatcher:
                 else:
                     replica.rtt_s = rtt_s
                     replica.recovered()
+
+
+def _sends_salt(endpoint: Endpoint, config: ClientConfig) -> bool:
+    """Whether ``endpoint`` is sent a call's ``cache_salt``: its own setting, else the
+    client's."""
+    own = endpoint.send_cache_salt
+    return config.send_cache_salt if own is None else own
 
 
 def _answer(plan: Plan, reply: Reply, counts: TokenCounts, ttft_s: float, now: float) -> ChatResult:

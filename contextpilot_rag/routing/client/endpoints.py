@@ -36,7 +36,12 @@ class Endpoint:
     ``max_cached_prompts``: how many of its most recent prompts the endpoint keeps
     cached (a llama-server slot keeps 1), ``None`` for a prefix cache that keeps
     earlier prefixes; the policy's route memory then forgets prefixes newer prompts
-    have overwritten."""
+    have overwritten.
+
+    ``send_cache_salt``: whether a call's ``cache_salt`` (a salted Prompt's, or the
+    parameter) goes into the request body, vLLM's top-level field; ``None`` (default):
+    as the client's ``send_cache_salt`` says. Set ``False`` for a server that refuses
+    unknown fields. Route keys stay per salt either way."""
 
     base_url: str
     models: tuple[str, ...] = ()
@@ -47,6 +52,7 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     slot: int | None = None
     max_cached_prompts: int | None = None
+    send_cache_salt: bool | None = None
 
     def __post_init__(self) -> None:
         url = self.base_url
@@ -66,6 +72,10 @@ class Endpoint:
             value, least = getattr(self, name), 0 if name == "slot" else 1
             if value is not None and (type(value) is not int or value < least):
                 raise ConfigError(f"{name} must be None or an integer >= {least}, got {value!r}")
+        if self.send_cache_salt not in (None, True, False):
+            raise ConfigError(
+                f"send_cache_salt must be None or a bool, got {self.send_cache_salt!r}"
+            )
 
     @property
     def display_url(self) -> str:

@@ -48,6 +48,14 @@ class RoutingClient:
     answer's cache hit goes back to its index (:meth:`ContextPilot.observe_cache`), so a
     predicted hit the engine did not serve is trimmed from the index.
 
+    Tenants: a Prompt with a :attr:`~contextpilot_rag.prompt.Prompt.cache_salt` (a
+    tenant's, ``docs/tenants.md``) is sent with it as the body's top-level
+    ``cache_salt`` (vLLM's; ``send_cache_salt`` turns that off per fleet or
+    :class:`Endpoint`), and its route keys are that salt's: it never follows a route
+    learned from a prompt of another salt or of none. A ``cache_salt`` parameter
+    overrides the Prompt's (``None``: none); a prompt without a salt is sent and
+    routed as before.
+
     Time bounds: ``timeout_s`` bounds each attempt's every wait for progress — to
     connect, for the answer's first stream event (TTFT) and between two events; an SSE
     comment (``: ping``) or blank keep-alive line does not count, and each network read

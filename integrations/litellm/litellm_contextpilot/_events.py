@@ -32,7 +32,9 @@ __all__ = [
 ]
 
 PILOT_KEY = "contextpilot"
-"""Metadata the hook stamps: ``{"request_id", "conversation_id", "tenant"}``."""
+"""Metadata the hook stamps: ``{"request_id", "conversation_id", "tenant", "public",
+"boundaries"}`` (``public``: a tenant's prompt sent unsalted to engines that take
+salts; ``boundaries``: its block ends)."""
 
 ROUTES_KEY = "contextpilot_routes"
 """Metadata the strategy stamps: the ids of its routing decisions for the request,

@@ -32,13 +32,23 @@ class FleetConfig:
     """Starting rates of a deployment, the breaker's backoff after a failure (doubled
     per failure in a row, at most ``max_backoff_s``) and how long a route may stay open.
 
-    With ``learn_rates`` a deployment's first measured rates replace the starting ones
-    and later measurements are averaged in. The starting prefill rate is deliberately
-    low (a small model on a CPU): a policy that overestimates the rate takes the
-    prompts queued on a replica for drained long before they are, and piles the first
-    burst of requests onto whichever replica holds a shared prefix; underestimating it
-    only spreads that burst a little more evenly. Give the engines' real rate when
-    known."""
+    With ``learn_rates`` the first measured rates replace the starting ones and later
+    measurements are averaged in. The starting prefill rate is deliberately low (a
+    small model on a CPU): a policy that overestimates the rate takes the prompts
+    queued on a replica for drained long before they are, and piles the first burst of
+    requests onto whichever replica holds a shared prefix; underestimating it only
+    spreads that burst a little more evenly. Give the engines' real rate when known.
+
+    ``rate_prior_samples``: how far one deployment's measurements move its rates away
+    from the mean of the model group's. A TTFT seen through LiteLLM carries the
+    gateway's own overhead and any time the call waited in its event loop behind
+    others, so one call can make a deployment look several times faster than its
+    twins; taken as its rate, that outweighs the prefix cached on another deployment
+    and sends a conversation away from its cache. So a deployment with ``n`` answers
+    measured is given ``(n · own + k · group) / (n + k)`` (``k`` this field): the
+    group's level is learned from the first answer on, a deployment consistently
+    faster or slower than its twins earns its own rate over its answers, and ``0``
+    trusts each deployment's own measurements alone."""
 
     prefill_tokens_per_s: float = 1_000.0
     decode_tokens_per_s: float = 50.0
@@ -46,6 +56,7 @@ class FleetConfig:
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
     route_ttl_s: float = 600.0
+    rate_prior_samples: float = 4.0
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
@@ -54,6 +65,8 @@ class FleetConfig:
             raise ConfigError("backoff_s must be >= 0 and max_backoff_s >= backoff_s")
         if self.route_ttl_s <= 0:
             raise ConfigError(f"route_ttl_s must be > 0, got {self.route_ttl_s}")
+        if not self.rate_prior_samples >= 0:
+            raise ConfigError(f"rate_prior_samples must be >= 0, got {self.rate_prior_samples}")
 
 
 def deployment_key(deployment: Mapping[str, Any]) -> str:
@@ -90,12 +103,12 @@ class _Replica:
         "decode_rate",
         "failures",
         "in_flight",
-        "learned",
         "model",
         "open_until",
         "prefill_rate",
         "queued_tokens",
         "replica_id",
+        "samples",
     )
 
     def __init__(self, replica_id: str, model: str, config: FleetConfig) -> None:
@@ -107,10 +120,16 @@ class _Replica:
         self.open_until = 0.0
         self.prefill_rate = config.prefill_tokens_per_s
         self.decode_rate = config.decode_tokens_per_s
-        self.learned = False  # rates learned from an answer of its own
+        self.samples = 0  # answers its own rates were measured from
 
-    def state(self, now: float, rates: tuple[float, float], others: Load) -> ReplicaState:
-        prefill, decode = (self.prefill_rate, self.decode_rate) if self.learned else rates
+    def state(
+        self, now: float, group: tuple[float, float], prior_samples: float, others: Load
+    ) -> ReplicaState:
+        """The replica as the policy sees it: its rates pooled with the ``group``'s
+        (see :class:`FleetConfig`)."""
+        own = self.samples / (self.samples + prior_samples) if self.samples else 0.0
+        prefill = group[0] + own * (self.prefill_rate - group[0])
+        decode = group[1] + own * (self.decode_rate - group[1])
         return ReplicaState(
             replica_id=self.replica_id,
             model=self.model,
@@ -139,13 +158,15 @@ class Fleet:
     ) -> list[ReplicaState]:
         """The replicas of ``deployments`` (new ones start idle), as the policy sees
         them, with the load other routers report on them (``remote``); when every
-        breaker is open, all are offered anyway. A replica that has not answered yet
-        is given the mean rates of those that have (else the configured ones):
-        measured rates carry overheads a configured one lacks, and a replica must not
-        look faster only for being unknown."""
+        breaker is open, all are offered anyway. A replica's rates are the mean rates
+        of those that have answered (else the configured ones), moved towards its own
+        by its answers (:class:`FleetConfig`): measured rates carry overheads a
+        configured one lacks, and a replica must look neither faster for being unknown
+        nor several times faster for one quick answer."""
         rates, remote = self._fleet_rates(), remote or {}
+        prior = self.config.rate_prior_samples
         states = [
-            replica.state(now, rates, remote.get(replica.replica_id, (0, 0)))
+            replica.state(now, rates, prior, remote.get(replica.replica_id, (0, 0)))
             for replica in map(self._replica, deployments)
         ]
         if states and not any(state.healthy for state in states):
@@ -153,7 +174,7 @@ class Fleet:
         return states
 
     def _fleet_rates(self) -> tuple[float, float]:
-        learned = [r for r in self._replicas.values() if r.learned]
+        learned = [r for r in self._replicas.values() if r.samples]
         if not learned:
             return self.config.prefill_tokens_per_s, self.config.decode_tokens_per_s
         count = len(learned)
@@ -223,10 +244,10 @@ class Fleet:
         )
         if prefill is None:
             return
-        if not replica.learned:  # the first measurement replaces the configured guess
+        replica.samples += 1
+        if replica.samples == 1:  # the first measurement replaces the configured guess
             replica.prefill_rate = prefill
             replica.decode_rate = decode or self._fleet_rates()[1]
-            replica.learned = True
             return
         replica.prefill_rate += _RATE_ALPHA * (prefill - replica.prefill_rate)
         if decode is not None:

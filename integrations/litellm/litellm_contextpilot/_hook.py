@@ -15,6 +15,7 @@ engine's cache report corrects the pilot's index.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import threading
 import uuid
@@ -24,7 +25,8 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from contextpilot_rag import ConfigError, ContextPilot, Prompt
+from contextpilot_rag import ConfigError, ContextPilot, ContextPilotError, Prompt
+from contextpilot_rag.serve.api_errors import pilot_error_of
 
 from ._callbacks import add_callback, remove_callback
 from ._events import PILOT_KEY, answer_text, cache_usage, logged_metadata, request_metadata
@@ -107,6 +109,8 @@ class ContextPilotHook(CustomLogger):
             "request_id": prompt.request_id,
             "conversation_id": request.conversation_id,
             "tenant": tenant,
+            # unsalted where salts are sent: one cache entry (and route) for all tenants
+            "public": self.send_cache_salt and tenant is not None and not extras,
             "boundaries": [[b.message_index, b.char_end] for b in prompt.boundaries],
         }
         with self._lock:
@@ -119,8 +123,19 @@ class ContextPilotHook(CustomLogger):
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
     ) -> dict[str, Any]:
         """The proxy's hook: :meth:`apply`, off the event loop (tokenizing new
-        documents takes a while)."""
-        return await asyncio.to_thread(self.apply, data)
+        documents takes a while). The pilot's errors get the status
+        ``contextpilot-rag serve`` answers them with (a malformed field: 400; a
+        conversation in the wrong state: 409; the store down: 503), raised as
+        ``fastapi.HTTPException``, LiteLLM's documented way to refuse a request from a
+        call hook: the proxy sends the status and message on (any other exception is
+        a 500)."""
+        try:
+            return await asyncio.to_thread(self.apply, data)
+        except ContextPilotError as exc:
+            refusal = _refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
 
     # -- the answer ----------------------------------------------------------------------
 
@@ -164,3 +179,20 @@ class ContextPilotHook(CustomLogger):
         """Prompts sent whose answer has not been recorded."""
         with self._lock:
             return len(self._pending)
+
+
+def _refusal(error: ContextPilotError) -> Exception | None:
+    """The proxy's answer to ``error`` as ``serve`` maps it (FastAPI is there wherever
+    the proxy runs); ``None`` for a server error, or without FastAPI (not on a proxy),
+    where the error itself is the one to raise."""
+    answer = pilot_error_of(error)
+    if answer.status >= 500 and answer.status != 503:
+        return None
+    try:
+        fastapi = importlib.import_module("fastapi")
+    except ImportError:
+        return None
+    refusal: Exception = fastapi.HTTPException(
+        status_code=answer.status, detail=answer.message, headers=answer.headers or None
+    )
+    return refusal

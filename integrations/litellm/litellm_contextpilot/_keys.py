@@ -4,16 +4,19 @@
 Boundaries are the ends of messages and, for a request the hook built, the ends of its
 context blocks (the hook stamps them in the metadata: ``[message index, character
 end]`` pairs), so requests that share documents meet on one replica even when their
-messages differ. Each tenant's keys are salted with its name: a tenant's request can
-never match a route another tenant's prompt left (and so never learn, from where it is
-sent, what another tenant has cached).
+messages differ. The keys are the core's (:class:`PromptKeys`, as the
+``RoutingClient`` derives them), salted as the core salts them
+(:func:`~contextpilot_rag.routing.prompt_keys.route_salt`) with the request's
+tenant: a tenant's request can never match a route another tenant's prompt left (and
+so never learn, from where it is sent, what another tenant has cached). The one
+exception is a *public* prompt the hook sent unsalted to engines that take salts
+(``ContextPilotHook(send_cache_salt=True)``, ``docs/tenants.md``): it is one cache
+entry for every tenant, so its keys are every tenant's too.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from contextpilot_rag.errors import InvalidInputError
@@ -26,22 +29,22 @@ from contextpilot_rag.routing.prompt_keys import (
     serialise,
 )
 
-__all__ = ["PLAIN_TEMPLATE", "RouteKeys", "tenant_salt"]
+__all__ = ["PLAIN_TEMPLATE", "RouteKeys", "route_namespace"]
 
 PLAIN_TEMPLATE = ChatTemplate("plain", "<|{role}|>\n{content}", "\n")
 """``<|role|>\\n{content}\\n`` per message: how the route keys render messages when the
 engines' chat template is not named (the core's default rendering)."""
 
-_MASK63 = (1 << 63) - 1
 _EMPTY = PromptText("", ())
 
 
-def tenant_salt(tenant: str | None) -> int:
-    """What a tenant's block hashes are XOR-ed with (0: no tenant)."""
-    if tenant is None:
-        return 0
-    digest = hashlib.blake2b(tenant.encode("utf-8"), digest_size=8, person=b"cp-tenant").digest()
-    return int.from_bytes(digest, "big") & _MASK63
+def route_namespace(tenant: str | None, *, public: bool = False) -> str | None:
+    """The salt of a request's route keys: its tenant's namespace; none (every
+    tenant's) without a tenant, or for a ``public`` prompt (sent unsalted to engines
+    that take salts, so cached once for all tenants)."""
+    if tenant is None or public:
+        return None
+    return f"tenant\x1f{tenant}"
 
 
 class RouteKeys:
@@ -102,18 +105,18 @@ class RouteKeys:
         session: str | None,
         tenant: str | None,
         arrival_s: float,
+        public: bool = False,
     ) -> RouteRequest:
-        request = self._keys.request(
+        """The route request of a routing text, its keys in the namespace of
+        :func:`route_namespace`."""
+        return self._keys.request(
             text,
             request_id=request_id,
             expected_output_tokens=expected_output_tokens,
             session=session,
             arrival_s=arrival_s,
+            salt=route_namespace(tenant, public=public),
         )
-        salt = tenant_salt(tenant)
-        if not salt:
-            return request
-        return replace(request, block_hashes=tuple(h ^ salt for h in request.block_hashes))
 
     def observe_tokens(self, characters: int, prompt_tokens: int) -> None:
         """Refine the characters-per-token estimate from an engine's token count."""

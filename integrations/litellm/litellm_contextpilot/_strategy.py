@@ -101,7 +101,7 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
     routed (``router_source``, default :func:`proxy_router`).
 
     ``tenant``: the tenant of requests that name none (the hook stamps the request's
-    own); each tenant's route keys are salted apart. ``store``: routing state shared
+    own); each tenant's route keys are salted apart (:mod:`._keys`). ``store``: routing state shared
     with other processes (a URL or a ``RouteStore``; see the module). ``template``:
     the engines' chat template (``chatml``, ``llama3``, ``gemma``) when known, so route
     keys count tokens as the engine does. ``fleet``: starting rates, breaker backoff,
@@ -274,6 +274,7 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
                 session=_session(kwargs, pilot, tenant),
                 tenant=tenant,
                 arrival_s=self._clock(),
+                public=pilot.get("public") is True,
             )
         return request, len(text.text)
 
