@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailableError
 
-__all__ = ["connect", "store_errors", "transaction"]
+__all__ = ["connect", "open_database", "store_errors", "transaction"]
 
 
 def connect(path: Path, *, store: str, timeout_s: float) -> sqlite3.Connection:
@@ -26,6 +26,25 @@ def connect(path: Path, *, store: str, timeout_s: float) -> sqlite3.Connection:
         )
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot open {store}: {exc}") from exc
+    return db
+
+
+def open_database(
+    path: Path, *, store: str, timeout_s: float, schema_sql: Sequence[str] = ()
+) -> sqlite3.Connection:
+    """A connection to ``path`` (see :func:`connect`) in WAL mode with
+    ``synchronous=NORMAL``; ``schema_sql``: statements run in one write transaction
+    (``CREATE TABLE IF NOT EXISTS …``: a store's writer creates its tables). SQLite's
+    errors are raised as the typed ones."""
+    db = connect(path, store=store, timeout_s=timeout_s)
+    with store_errors(store, timeout_s):
+        db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        if schema_sql:
+            db.execute("PRAGMA journal_mode = WAL")
+            with transaction(db):
+                for statement in schema_sql:
+                    db.execute(statement)
+        db.execute("PRAGMA synchronous = NORMAL")
     return db
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..conversations import Conversation, StoredConversation
 from ..errors import ConfigError, StoreFormatError
-from ._sqlite_connection import connect, store_errors, transaction
+from ._sqlite_connection import open_database, store_errors, transaction
 from .cache import RecordCache
 from .serialize import decode_conversation, encode_conversation
 from .sqlite_index_log import SQLiteIndexLog
@@ -274,20 +274,16 @@ class SQLiteConversationStore:
         return self._db
 
     def _open(self) -> sqlite3.Connection:
-        db = connect(self.path, store=self._name, timeout_s=self._busy_timeout_s)
+        db = open_database(
+            self.path, store=self._name, timeout_s=self._busy_timeout_s, schema_sql=_SCHEMA_SQL
+        )
         with self._errors():
-            db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            with transaction(db):
-                for statement in _SCHEMA_SQL:
-                    db.execute(statement)
-                (schema,) = db.execute("SELECT value FROM cp_meta WHERE key = 'schema'").fetchone()
-            if schema != SCHEMA:
-                raise StoreFormatError(
-                    f"SQLite store {str(self.path)!r} has schema {schema}; this version "
-                    f"reads schema {SCHEMA}"
-                )
+            (schema,) = db.execute("SELECT value FROM cp_meta WHERE key = 'schema'").fetchone()
+        if schema != SCHEMA:
+            raise StoreFormatError(
+                f"SQLite store {str(self.path)!r} has schema {schema}; this version "
+                f"reads schema {SCHEMA}"
+            )
         return db
 
     def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:

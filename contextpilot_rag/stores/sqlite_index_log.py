@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._sqlite_connection import connect, store_errors, transaction
+from ._sqlite_connection import open_database, store_errors, transaction
 from .index_log import DEFAULT_MAX_ENTRIES, LoggedRecord, LogRead, check_max_entries
 
 __all__ = ["SQLiteIndexLog"]
@@ -106,15 +106,9 @@ class SQLiteIndexLog:
         return self._db
 
     def _open(self) -> sqlite3.Connection:
-        db = connect(self.path, store=self._name, timeout_s=self._busy_timeout_s)
-        with self._errors():
-            db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            with transaction(db):
-                for statement in _SCHEMA_SQL:
-                    db.execute(statement)
-        return db
+        return open_database(
+            self.path, store=self._name, timeout_s=self._busy_timeout_s, schema_sql=_SCHEMA_SQL
+        )
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         return store_errors(self._name, self._busy_timeout_s)

@@ -36,7 +36,7 @@ from ..routing.route_store import (
     SharedRoute,
     check_route_bounds,
 )
-from ._sqlite_connection import connect, store_errors, transaction
+from ._sqlite_connection import open_database, store_errors, transaction
 
 __all__ = ["SQLiteRouteStore"]
 
@@ -167,17 +167,12 @@ class SQLiteRouteStore:
     def _open(self, *, schema: bool, timeout_s: float | None = None) -> sqlite3.Connection:
         """A connection; ``schema``: the writer's, which creates the tables.
         ``timeout_s``: how long a statement waits for a lock (default ``busy_timeout_s``)."""
-        timeout_s = self._busy_timeout_s if timeout_s is None else timeout_s
-        db = connect(self.path, store=self._name, timeout_s=timeout_s)
-        with self._errors():
-            db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            if schema:
-                db.execute("PRAGMA journal_mode = WAL")
-                with transaction(db):
-                    for statement in _SCHEMA_SQL:
-                        db.execute(statement)
-            db.execute("PRAGMA synchronous = NORMAL")
-        return db
+        return open_database(
+            self.path,
+            store=self._name,
+            timeout_s=self._busy_timeout_s if timeout_s is None else timeout_s,
+            schema_sql=_SCHEMA_SQL if schema else (),
+        )
 
     def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return transaction(self._connection(writer=True))
