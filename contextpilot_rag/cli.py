@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from . import __version__
 from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Reorder, de-duplicate and annotate RAG context for prefix-cache reuse.",
         epilog="Benchmarks run from a source checkout: python benchmarks/bench.py, "
         "python benchmarks/route_sim.py (see docs/benchmarks.md).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(

@@ -78,3 +78,12 @@ def test_bench_engine_suite_against_an_endpoint_writes_json_and_markdown(tmp_pat
 def test_endpoint_without_model_is_a_usage_error() -> None:
     with pytest.raises(ConfigError):
         main(["bench", "--endpoint", "http://127.0.0.1:9/v1"])
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import contextpilot_rag
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.strip() == f"contextpilot-rag {contextpilot_rag.__version__}"
