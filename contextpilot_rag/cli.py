@@ -11,6 +11,8 @@ The simulated benchmarks are scripts of a source checkout: ``python benchmarks/b
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -22,8 +24,11 @@ from . import __version__
 from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
+from .errors import ContextPilotError
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
+from .jsonl import process_lines
+from .pilot import ContextPilot
 from .serve.cli import add_serve_parser, run_serve
 
 __all__ = ["main"]
@@ -61,6 +66,31 @@ def _parser() -> argparse.ArgumentParser:
     add_engine_parser(commands)
     add_serve_parser(commands)
     add_eval_parser(commands)
+    optimize = commands.add_parser(
+        "optimize",
+        help="the pilot over JSON Lines: requests (documents + question) in, prompts out",
+        description="Read one request or answer per line (JSON), write one result per "
+        "line: the prompt's messages, or the error of a line that could not be used. "
+        "Formats: docs/cli.md.",
+        epilog="exit codes: 0 every line used; 1 some line could not be used (its error is "
+        "its output line and on stderr); 2 bad arguments or a store that cannot be opened",
+    )
+    optimize.add_argument(
+        "-i", "--input", default="-", help="JSON Lines to read (default -: standard input)"
+    )
+    optimize.add_argument(
+        "-o", "--output", default="-", help="where to write (default -: standard output)"
+    )
+    optimize.add_argument(
+        "--store",
+        help="a shared store for conversations and the index (redis://… or sqlite:///…; "
+        "default: this process's memory)",
+    )
+    optimize.add_argument(
+        "--stop-on-error",
+        action="store_true",
+        help="stop at the first line that cannot be used (the lines before it are written)",
+    )
     return parser
 
 
@@ -111,6 +141,30 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _optimize(args: argparse.Namespace) -> int:
+    try:
+        pilot = ContextPilot(store=args.store)
+    except ContextPilotError as exc:
+        print(f"contextpilot-rag optimize: {exc}", file=sys.stderr)
+        return 2
+    failed = False
+    with contextlib.ExitStack() as files:
+        source = sys.stdin if args.input == "-" else files.enter_context(open(args.input))
+        sink = sys.stdout if args.output == "-" else files.enter_context(open(args.output, "w"))
+        for result in process_lines(pilot, source):
+            sink.write(json.dumps(result, ensure_ascii=False) + "\n")
+            error = result.get("error")
+            if error is not None:
+                failed = True
+                print(
+                    f"line {result['line']}: {error['type']}: {error['message']}", file=sys.stderr
+                )
+                if args.stop_on_error:
+                    break
+            sink.flush()
+    return 1 if failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``contextpilot-rag`` command."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -125,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_serve(args, console)
     if args.command == "eval":
         return run_eval_command(args, console, arguments)
+    if args.command == "optimize":
+        return _optimize(args)
     if args.engine == "sim" and not args.endpoint:
         return _demo(args, console)
     return run_demo(args, console)
