@@ -24,11 +24,11 @@ completely before it records it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from ._json_lines import json_object
 from .errors import ContextPilotError, InvalidInputError
 from .pilot import ContextPilot
 from .prompt import Prompt
@@ -57,22 +57,12 @@ def process_lines(pilot: ContextPilot, lines: Iterable[str]) -> Iterator[LineRes
 def process_line(pilot: ContextPilot, line: str, number: int) -> LineResult:
     """The result of input line ``number`` (see the module)."""
     try:
-        item = _object(line)
+        item = json_object(line, LineError)
         if "answer" in item:
             return {"line": number, "recorded": _answer(pilot, item)}
         return _prompt_result(number, _request(pilot, item))
     except ContextPilotError as exc:
         return {"line": number, "error": {"type": type(exc).__name__, "message": str(exc)}}
-
-
-def _object(line: str) -> Mapping[str, Any]:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise LineError(f"not JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(item, dict):
-        raise LineError(f"must be a JSON object, got {type(item).__name__}")
-    return item
 
 
 def _unknown(item: Mapping[str, Any], known: frozenset[str], what: str) -> None:

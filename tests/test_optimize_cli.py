@@ -81,7 +81,7 @@ def test_bad_lines_are_numbered_and_the_good_ones_still_run(
     assert [r["line"] for r in out] == [1, 2, 4, 5, 6, 7]  # the blank line 3 gives none
     errors = {r["line"]: r["error"] for r in out if "error" in r}
     assert sorted(errors) == [1, 4, 5, 6]
-    assert "not JSON" in errors[1]["message"]
+    assert "not valid JSON" in errors[1]["message"]
     assert "documents" in errors[4]["message"]
     assert "colour" in errors[5]["message"]
     assert "object" in errors[6]["message"]

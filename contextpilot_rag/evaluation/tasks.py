@@ -29,12 +29,12 @@ and every turn but a conversation's last has a reference answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .._json_lines import json_object
 from ..blocks import ContextBlock, check_encodable
 from ..errors import ConfigError, InvalidInputError
 
@@ -208,12 +208,7 @@ def parse_jsonl_tasks(lines: Iterable[str], *, source: str = "<tasks>") -> tuple
 
 
 def _task_of_line(line: str, number: int) -> EvalTask:
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise _LineError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(raw, dict):
-        raise _LineError(f"a task is a JSON object, got {type(raw).__name__}")
+    raw = json_object(line, _LineError)
     unknown = sorted(set(raw) - _FIELDS)
     if unknown:
         raise _LineError(f"unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")

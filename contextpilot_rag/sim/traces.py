@@ -14,13 +14,13 @@ simulator.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from .._json_lines import json_object
 from ..errors import ConfigError, InvalidInputError
 from ..routing.types import RouteRequest
 from ..tokenizers import Tokenizer, default_tokenizer
@@ -55,11 +55,9 @@ def _json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"{path}:{line_no}: not valid JSON ({exc})") from None
-            if not isinstance(record, dict):
-                raise InvalidInputError(f"{path}:{line_no}: expected a JSON object")
+                record = json_object(line, InvalidInputError)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"{path}:{line_no}: {exc}") from None
             yield line_no, record
 
 
