@@ -22,8 +22,15 @@ import httpx
 import openai
 import pytest
 
-from contextpilot_rag.errors import ConfigError, UnknownConversationError
+from contextpilot_rag.errors import (
+    ConfigError,
+    ContextPilotError,
+    ConversationConflictError,
+    StoreUnavailableError,
+    UnknownConversationError,
+)
 from contextpilot_rag.serve import API_KEY_ENV, BackgroundServer, ServeConfig
+from contextpilot_rag.serve.api_errors import pilot_error_of, routing_error_of
 from contextpilot_rag.serve.request_body import parse_request
 from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
@@ -725,3 +732,19 @@ except ConfigError as exc:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'pip install "contextpilot-rag[serve]"' in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (ConversationConflictError("c1 kept changing"), 409, "conversation_conflict"),
+        (StoreUnavailableError("redis://10.0.0.5:6379 timed out"), 503, "store_unavailable"),
+    ],
+)
+def test_store_errors_are_answered_with_their_status_not_500(
+    error: ContextPilotError, status: int, code: str
+) -> None:
+    for answer in (pilot_error_of(error), routing_error_of(error, fleet_down=False)):
+        assert (answer.status, answer.body()["error"]["code"]) == (status, code)
+        assert answer.headers.get("Retry-After") == "1"
+        assert "10.0.0.5" not in str(answer.body())  # the store's address is not shown

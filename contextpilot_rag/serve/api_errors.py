@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import (
     BlockConflictError,
     ContextPilotError,
+    ConversationConflictError,
     ConversationStateError,
     EmptyContextError,
     EndpointError,
@@ -71,8 +72,11 @@ def pilot_error_of(exc: ContextPilotError) -> ApiError:
     store is down (503: nothing was recorded, try again; the store's address is not
     shown)."""
     if isinstance(exc, StoreUnavailableError):
-        message = "the conversation store is unavailable; nothing was recorded, try again"
-        return ApiError(503, message, type="server_error", code="store_unavailable", headers=_RETRY)
+        return _store_unavailable()
+    if isinstance(exc, ConversationConflictError):
+        message = "the conversation kept changing under this turn; nothing was recorded, try again"
+        param = "contextpilot.conversation_id"
+        return ApiError(409, message, param=param, code="conversation_conflict", headers=_RETRY)
     if isinstance(exc, (ConversationStateError, UnknownConversationError)):
         param = "contextpilot.conversation_id"
         return ApiError(409, str(exc), param=param, code="conversation_state")
@@ -104,4 +108,10 @@ def routing_error_of(exc: ContextPilotError, *, fleet_down: bool) -> ApiError:
         return ApiError(status, str(exc), code="upstream_rejected")
     if isinstance(exc, InvalidInputError):
         return ApiError.invalid(str(exc))
-    return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+    return pilot_error_of(exc)  # the pilot's errors (a shared store's among them)
+
+
+def _store_unavailable() -> ApiError:
+    """A shared store is down (503, try again; its address is not shown)."""
+    message = "the conversation store is unavailable; nothing was recorded, try again"
+    return ApiError(503, message, type="server_error", code="store_unavailable", headers=_RETRY)
