@@ -665,8 +665,8 @@ def test_a_client_that_leaves_mid_stream_frees_the_replica_and_records_no_answer
             with httpx.stream("POST", url, json=body, timeout=30) as response:
                 events = response.iter_lines()
                 assert "contextpilot" in next(line for line in events if line)
-            replicas = server.proxy.client.replicas
-            assert replicas[0].in_flight == 1
+                # while the stream is open the replica counts it (the engine is slow)
+                assert server.proxy.client.replicas[0].in_flight == 1
             wait_for(lambda: server.proxy.client.replicas[0].in_flight == 0, timeout_s=10)
             (turn,) = server.proxy.pilot.conversation("gone").turns
             assert turn.answer is None
