@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROXY_VENV := .venv-litellm-proxy
 PROXY_STAMP := $(PROXY_VENV)/.installed
 
-.PHONY: demo test test-engine lint bench bench-sim bench-soak bench-engine bench-litellm-proxy clean
+.PHONY: demo test test-engine lint dist bench bench-sim bench-soak bench-engine bench-litellm-proxy clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ lint: $(STAMP)
 
 test: lint $(PROXY_STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q
+
+# Wheels and sdists of the core and of every integration, in dist/ (see README: install).
+dist: $(STAMP)
+	$(BIN)/pip install --quiet "build>=1.2,<2"
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	for package in integrations/*/; do $(BIN)/python -m build --outdir dist $$package || exit 1; done
 
 # Benchmarks are scripts of this checkout (benchmarks/), each writing its own generated
 # section of docs/benchmarks.md. The reference implementation (contextpilot 0.5.0) is
@@ -79,4 +86,4 @@ test-engine: $(STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q -m engine
 
 clean:
-	rm -rf $(VENV) $(PROXY_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PROXY_VENV) dist .pytest_cache .mypy_cache .ruff_cache
