@@ -4,6 +4,7 @@ so the suite's sim-to-real column must agree exactly there)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -113,11 +114,25 @@ def test_multiturn_arms_follow_their_application_patterns() -> None:
     assert sent[QA_HISTORY][-1][1:] == sent[REORDER_ONLY][-1][1:]
 
 
+def test_multiturn_queries_carry_the_conversations_questions() -> None:
+    every = multiturn_workload(conversations=1, turns=4, max_tokens=4).requests
+    previous = multiturn_workload(conversations=1, turns=4, max_tokens=4, query_history=1)
+    questions = [r.question for r in every]
+    assert [r.query for r in every] == [" ".join(questions[: i + 1]) for i in range(4)]
+    assert [r.query for r in previous.requests] == [questions[0]] + [
+        f"{a} {b}" for a, b in itertools.pairwise(questions)
+    ]
+    alone = multiturn_workload(conversations=1, turns=4, max_tokens=4, query_history=0)
+    assert [r.query for r in alone.requests] == questions
+
+
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ConfigError):
         online_workload(k=0)
     with pytest.raises(ConfigError):
         multiturn_workload(turns=40)
+    with pytest.raises(ConfigError):
+        multiturn_workload(query_history=-1)
 
 
 def test_suite_matches_the_engine_when_the_engine_is_the_model() -> None:

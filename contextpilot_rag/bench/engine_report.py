@@ -186,8 +186,17 @@ def run_suite(
         result.families += _families(
             engine,
             [
-                (name, builders[name], sizes.get(name, {}))
-                for name in ("online", "batch", "multi-turn")
+                *(
+                    (name, builders[name], sizes.get(name, {}))
+                    for name in ("online", "batch", "multi-turn")
+                ),
+                # the same conversations retrieved with only the previous question
+                # prepended: fewer re-retrieved documents, so less to de-duplicate
+                (
+                    "multi-turn (query: previous question only)",
+                    builders["multi-turn"],
+                    {**sizes.get("multi-turn", {}), "query_history": 1},
+                ),
             ],
             range(seed, seed + family_seeds),
         )

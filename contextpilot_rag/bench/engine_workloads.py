@@ -5,8 +5,9 @@ one arm sends, in the order it sends them. ``unmodified`` arms are what a user's
 pipeline sends without this library; ``contextpilot`` arms go through a
 :class:`~contextpilot_rag.ContextPilot`. Retrieval is BM25 over the 350 passages
 (:class:`~contextpilot_rag.retrievers.BM25Retriever`); a follow-up question is
-retrieved with the previous question of its session prepended (the simplest query
-rewrite: MTRAG's follow-ups are often not standalone).
+retrieved with earlier questions of its session prepended (a query rewrite without an
+LLM: MTRAG's follow-ups are often not standalone) — the previous one in the online
+workload, all of them in the multi-turn workload.
 
 * **online** — several users, each asking the questions of one MTRAG conversation as
   single-turn requests (no history), interleaved; unmodified: documents in retrieval
@@ -129,8 +130,8 @@ class EngineWorkload:
 @dataclass(frozen=True)
 class EngineRequest:
     """One request of a workload: its session (``None``: none), the documents the
-    retriever returned for ``query`` (the question, with the session's previous
-    question prepended), the question and MTRAG's reference answer."""
+    retriever returned for ``query`` (the question, with earlier questions of the
+    session prepended), the question and MTRAG's reference answer."""
 
     session: str | None
     blocks: tuple[ContextBlock, ...]
@@ -179,15 +180,29 @@ def _conversations(corpus: MtragCorpus, count: int, turns: int, seed: int) -> li
 
 
 def _session_requests(
-    retriever: BM25Retriever, session: str, turns: Sequence[Turn], k: int
+    retriever: BM25Retriever,
+    session: str,
+    turns: Sequence[Turn],
+    k: int,
+    history: int | None = 1,
 ) -> list[EngineRequest]:
-    requests, previous = [], ""
+    """One request per turn; the BM25 query is the turn's question after the
+    ``history`` questions before it in the session (``None``: all of them)."""
+    requests: list[EngineRequest] = []
+    asked: list[str] = []
     for turn in turns:
-        query = f"{previous} {turn.question}".strip()
+        earlier = asked[max(0, len(asked) - history) :] if history is not None else asked
+        query = " ".join([*earlier, turn.question]).strip()
         blocks = tuple(retriever.retrieve(query, k=k))
         requests.append(EngineRequest(session, blocks, turn.question, turn.answer, query))
-        previous = turn.question
+        asked.append(turn.question)
     return requests
+
+
+def _query_words(history: int | None) -> str:
+    if history is None:
+        return "query: the conversation's questions so far"
+    return f"query: the question after up to {history} earlier ones"
 
 
 def _round_robin(sessions: Sequence[Sequence[EngineRequest]]) -> list[EngineRequest]:
@@ -350,27 +365,35 @@ def multiturn_workload(
     k: int = 3,
     max_tokens: int = 32,
     seed: int = 0,
+    query_history: int | None = None,
     corpus: MtragCorpus | None = None,
     tokenizer: Tokenizer | None = None,
 ) -> EngineWorkload:
     """``conversations`` MTRAG conversations of their first ``turns`` turns, round robin;
     each turn's answer is the engine's own (``max_tokens`` generated), recorded in the
-    history as a chat application does. The defaults keep the longest prompt (the
-    unmodified arm's, which repeats re-retrieved documents) within an 8k context."""
+    history as a chat application does. A turn retrieves with its question after the
+    conversation's earlier questions (``query_history`` of them; ``None``, the default:
+    all), the history-aware query a chat application without an LLM rewriter uses
+    (MTRAG's follow-ups are often not standalone). The defaults keep the longest prompt
+    (the unmodified arm's, which repeats re-retrieved documents) within an 8k context
+    on the first seed."""
     for name, value in (("conversations", conversations), ("turns", turns), ("k", k)):
         _check(name, value, 1)
     _check("max_tokens", max_tokens, 1)
+    if query_history is not None:
+        _check("query_history", query_history, 0)
     corpus = corpus or load_mtrag()
     retriever = _retriever(corpus)
     sessions = [
-        _session_requests(retriever, c.id, c.turns[:turns], k)
+        _session_requests(retriever, c.id, c.turns[:turns], k, query_history)
         for c in _conversations(corpus, conversations, turns, seed)
     ]
     requests = _round_robin(sessions)
     keeps = replace(baseline_config(), system_prompt=SYSTEM)
     return EngineWorkload(
         "multi-turn",
-        f"{conversations} MTRAG conversations × {turns} turns, k={k}, BM25, round robin, "
+        f"{conversations} MTRAG conversations × {turns} turns, k={k}, BM25 "
+        f"({_query_words(query_history)}), round robin, "
         f"answers generated ({max_tokens} tokens)",
         (
             _Piloted("unmodified", requests, _pilot(tokenizer, keeps), max_tokens),

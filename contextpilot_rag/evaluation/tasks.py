@@ -4,7 +4,7 @@ Two sources. :func:`mtrag_tasks` turns the bundled MTRAG human subset
 (:func:`~contextpilot_rag.bench.corpus.load_mtrag`) into its 159 tasks, one per turn of
 its 20 conversations. A task's documents are, with ``contexts="bm25"`` (the default),
 the ``top_k`` passages BM25 finds among the 350 for the turn's question with the
-previous question of the conversation prepended (the engine benchmark's retrieval:
+previous question of the conversation prepended (the online engine benchmark's retrieval:
 follow-ups are often not standalone); with ``contexts="reference"``, the turn's
 *reference passages* (those MTRAG's annotators answered from, none for its
 unanswerable turns), looked up by document id. Retrieval is the default because the
