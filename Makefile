@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROXY_VENV := .venv-litellm-proxy
 PROXY_STAMP := $(PROXY_VENV)/.installed
+WHEELS_VENV := .venv-wheels
+NEWEST_VENV := .venv-newest
+# what the examples import besides our wheels (their engines are loopback test servers)
+EXAMPLE_DEPS := "langchain-openai>=1.0,<2" "llama-index-llms-openai-like>=0.8,<0.9"
 
-.PHONY: demo test test-engine lint dist bench bench-sim bench-soak bench-engine bench-litellm-proxy clean
+.PHONY: demo test test-engine test-wheels test-newest lint dist bench bench-families bench-sim bench-soak bench-engine bench-litellm-proxy clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,11 +39,11 @@ demo: $(STAMP)
 	$(BIN)/contextpilot-rag demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check contextpilot_rag integrations tests examples benchmarks
-	$(BIN)/ruff format --check contextpilot_rag integrations tests examples benchmarks
+	$(BIN)/ruff check contextpilot_rag integrations tests examples benchmarks scripts
+	$(BIN)/ruff format --check contextpilot_rag integrations tests examples benchmarks scripts
 	$(BIN)/mypy
 
-test: lint $(PROXY_STAMP)
+test: lint test-wheels $(PROXY_STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q
 
 # Wheels and sdists of the core and of every integration, in dist/ (see README: install).
@@ -49,6 +53,30 @@ dist: $(STAMP)
 	$(BIN)/python -m build --outdir dist .
 	for package in integrations/*/; do $(BIN)/python -m build --outdir dist $$package || exit 1; done
 
+# What a user of the wheels gets: `make dist`, then a fresh venv with only the wheels of
+# dist/ (dependencies from the registry) runs every example offline. A few minutes, most
+# of them pip's; part of `make test`, so CI checks it on every change.
+test-wheels: dist
+	rm -rf $(WHEELS_VENV)
+	$(PYTHON) -m venv $(WHEELS_VENV)
+	$(WHEELS_VENV)/bin/pip install --quiet --upgrade pip
+	$(WHEELS_VENV)/bin/pip install --quiet --no-compile "$$(ls dist/contextpilot_rag-*.whl)[faiss,serve]" \
+		$$(ls dist/*.whl | grep -v '/contextpilot_rag-') $(EXAMPLE_DEPS)
+	$(WHEELS_VENV)/bin/python scripts/run_examples.py
+
+# The weekly newest-versions check (docs/integrations/README.md), not part of `make test`:
+# a throwaway venv with the newest framework releases the upper bounds allow, then the
+# integration tests.
+test-newest:
+	rm -rf $(NEWEST_VENV)
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
+	$(NEWEST_VENV)/bin/pip install --quiet --upgrade --upgrade-strategy eager -e ".[dev]" \
+		-e integrations/langchain -e integrations/llama-index -e integrations/llama-index-llms \
+		-e integrations/mem0 -e integrations/litellm
+	$(NEWEST_VENV)/bin/pip list --format=freeze | grep -i -E '^(langchain|llama-index|mem0ai|litellm)'
+	MEM0_TELEMETRY=False $(NEWEST_VENV)/bin/pytest -q tests/integrations
+
 # Benchmarks are scripts of this checkout (benchmarks/), each writing its own generated
 # section of docs/benchmarks.md. The reference implementation (contextpilot 0.5.0) is
 # installed without its serving dependencies: the benchmark uses only its index.
@@ -56,6 +84,12 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet scipy numpy
 	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
 	$(BIN)/python benchmarks/bench.py --write docs/benchmarks.md --plot docs/img/hit_ratio.png
+
+# Workload families (issue 22): many drawn workloads per mode, the held-out worst case,
+# bounds and small-instance optima; about ten minutes on two cores.
+bench-families: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
+	$(BIN)/python benchmarks/families.py --write docs/benchmarks.md --plot docs/img/families.png
 
 # The simulated routing benchmarks and the client overhead: no engine, a few minutes.
 bench-sim: $(STAMP)
@@ -86,4 +120,4 @@ test-engine: $(STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q -m engine
 
 clean:
-	rm -rf $(VENV) $(PROXY_VENV) dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PROXY_VENV) $(WHEELS_VENV) $(NEWEST_VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -24,7 +24,8 @@ from . import __version__
 from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
-from .errors import ContextPilotError
+from .engines.errors import EngineError
+from .errors import ConfigError, ContextPilotError
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .jsonl import process_lines
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="unmodified vs contextpilot_rag on a real engine (installed on first use); "
         "--engine sim: the instant simulated run",
+        epilog="exit codes: 0 done; 1 the engine failed, or LangChain is missing (real "
+        "engine); 2 bad arguments (--requests below 10, --endpoint without --model)",
     )
     add_engine_arguments(demo, sim=True)
     demo.add_argument(
@@ -174,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "engine":
         return run_engine_command(args, console)
     if args.command == "bench":
-        return run_bench(args, console)
+        return _on_engine(run_bench, args, console)
     if args.command == "serve":
         return run_serve(args, console)
     if args.command == "eval":
@@ -183,7 +186,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _optimize(args)
     if args.engine == "sim" and not args.endpoint:
         return _demo(args, console)
-    return run_demo(args, console)
+    return _on_engine(run_demo, args, console)
+
+
+def _on_engine(
+    command: Callable[[argparse.Namespace, Console], int],
+    args: argparse.Namespace,
+    console: Console,
+) -> int:
+    """``demo`` or ``bench`` on a real engine: 2 for bad arguments (``--endpoint``
+    without ``--model``), 1 for an engine that cannot be installed or started."""
+    try:
+        return command(args, console)
+    except ConfigError as error:
+        console.print(f"error: {error}", style="red", markup=False, highlight=False)
+        return 2
+    except EngineError as error:
+        console.print(f"error: {error}", style="red", markup=False, highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

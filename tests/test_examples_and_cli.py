@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from contextpilot_rag.cli import main
-from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.testing.openai_server import OpenAICompatibleServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -75,9 +74,9 @@ def test_bench_engine_suite_against_an_endpoint_writes_json_and_markdown(tmp_pat
     assert "langchain path: cached tokens vs direct pilot" in table.read_text()
 
 
-def test_endpoint_without_model_is_a_usage_error() -> None:
-    with pytest.raises(ConfigError):
-        main(["bench", "--endpoint", "http://127.0.0.1:9/v1"])
+def test_endpoint_without_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1"]) == 2
+    assert "--endpoint needs --model" in capsys.readouterr().out
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -126,6 +126,7 @@ def add_bench_parser(commands: Any) -> None:
         description="Runs online, batch, multi-turn and the LangChain path on a real engine "
         "(one request at a time, cache reset per arm) and reports TTFT, the engine's "
         "cached/computed tokens and the simulated prediction for the same prompts.",
+        epilog="exit codes: 0 done; 1 the engine failed; 2 bad arguments",
     )
     bench.add_argument(
         "--suite", choices=["engine"], default="engine", help="which suite (only: engine)"

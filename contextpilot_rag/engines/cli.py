@@ -98,6 +98,8 @@ def add_engine_parser(commands: Any) -> None:
         help="install, start, stop real inference engines (vLLM CPU, llama-server)",
         description="Inference engines run by the project, under the engine home "
         "($CONTEXTPILOT_ENGINE_HOME, default ~/.cache/contextpilot-rag/engines).",
+        epilog="exit codes: 0 ok; 1 failure (install, start, interrupted, stop --port with "
+        "no engine there); 2 bad arguments",
     )
     add_engine_commands(engine.add_subparsers(dest="engine_command", required=True))
 

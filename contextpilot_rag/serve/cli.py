@@ -26,6 +26,9 @@ def add_serve_parser(commands: Any) -> None:
         description="Serve /v1/chat/completions, /v1/completions, /v1/models, /metrics and "
         "/health, routing over the fleet; requests carrying the 'contextpilot' field are "
         "reordered, de-duplicated and annotated first (docs/serve.md).",
+        epilog="exit codes: 0 stopped (Ctrl-C or SIGTERM); 1 the server failed (e.g. its port "
+        "is taken); 2 bad arguments or configuration (a store that cannot be opened, a "
+        "missing serve extra)",
     )
     add = parser.add_argument
     add(

@@ -383,7 +383,14 @@ def test_missing_id_key_is_a_clear_error(pilot: ContextPilot) -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"dedup": True}, {"session_id": "s1"}, {"id_key": ""}, {"dedup": True, "session_id": ""}],
+    [
+        {"dedup": True},
+        {"session_id": "s1"},
+        {"conversation_id": "s1"},
+        {"id_key": ""},
+        {"dedup": True, "session_id": ""},
+        {"dedup": True, "conversation_id": ""},
+    ],
 )
 def test_inconsistent_options_are_config_errors(
     pilot: ContextPilot, options: dict[str, Any]
@@ -412,6 +419,46 @@ def test_dedup_never_crosses_sessions(pilot: ContextPilot) -> None:
     alice.postprocess_nodes(retrieved(["doc-0", "doc-1"]))
     out = bob.postprocess_nodes(retrieved(["doc-0", "doc-1"]))
     assert not any(item.node.metadata[DEDUPLICATED_KEY] for item in out)
+
+
+def test_conversation_id_names_the_conversation_and_session_id_is_its_alias(
+    pilot: ContextPilot,
+) -> None:
+    current = ContextPilotNodePostprocessor(pilot=pilot, conversation_id="alice", dedup=True)
+    earlier = ContextPilotNodePostprocessor(pilot=pilot, session_id="alice", dedup=True)
+    assert earlier.conversation_id == earlier.session_id == current.session_id == "alice"
+    current.postprocess_nodes(retrieved(["doc-0", "doc-1"]))
+    out = earlier.postprocess_nodes(retrieved(["doc-0", "doc-2"]))  # the same conversation
+    flags = {item.node.node_id: item.node.metadata[DEDUPLICATED_KEY] for item in out}
+    assert flags == {"doc-0": True, "doc-2": False}
+    data = earlier.to_dict()
+    assert data["conversation_id"] == "alice" and "session_id" not in data
+
+
+def test_a_saved_postprocessor_with_session_id_loads_as_conversation_id(
+    pilot: ContextPilot,
+) -> None:
+    saved = {"session_id": "bob", "dedup": True, "class_name": "ContextPilotNodePostprocessor"}
+    loaded = ContextPilotNodePostprocessor.from_dict(saved, pilot=pilot)
+    assert loaded.conversation_id == "bob"
+    loaded.session_id = "carol"  # the attribute is the alias too
+    assert loaded.conversation_id == "carol"
+
+
+def test_conversation_id_and_session_id_must_agree(pilot: ContextPilot) -> None:
+    with pytest.raises(ConfigError, match="session_id is the earlier name of conversation_id"):
+        ContextPilotNodePostprocessor(
+            pilot=pilot, conversation_id="alice", session_id="bob", dedup=True
+        )
+    same = ContextPilotNodePostprocessor(
+        pilot=pilot, conversation_id="alice", session_id="alice", dedup=True
+    )
+    assert same.conversation_id == "alice"
+
+
+def test_dedup_is_off_by_default(pilot: ContextPilot) -> None:
+    postprocessor = ContextPilotNodePostprocessor(pilot=pilot)
+    assert postprocessor.dedup is False and postprocessor.conversation_id is None
 
 
 def test_without_dedup_nothing_is_flagged_across_turns(pilot: ContextPilot) -> None:

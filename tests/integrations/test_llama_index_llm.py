@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from contextpilot_rag.errors import InvalidInputError
+from contextpilot_rag.errors import ConfigError, InvalidInputError, RoutingError
+from contextpilot_rag.routing import Endpoint, RoutingClient, make_policy
 from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
 pytest.importorskip("llama_index.core")
@@ -20,12 +27,14 @@ pytest.importorskip("llama_index.core")
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.llms.types import AudioBlock, ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.schema import TextNode
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.contextpilot import ContextPilotLLM
-from routed_fleet import TOOL_DELTAS, question, reply_of
+from llama_index.llms.contextpilot.base import MODEL_LIST_TIMEOUT_S
+from routed_fleet import SERVER_NAMES, TOOL_DELTAS, question, reply_of
 
 WORDS = ["answer", " from", " server", " a", " in", " words"]
 
@@ -210,7 +219,9 @@ def lookup(q: str) -> str:
 def test_tool_calling_sends_the_tools_and_reads_back_the_engines_calls() -> None:
     tool = FunctionTool.from_defaults(fn=lookup)
     with ScriptedChatServer(TOOL_DELTAS, finish_reason="tool_calls") as engine:
-        llm = ContextPilotLLM(endpoints=[engine.base_url], model="m")
+        llm = ContextPilotLLM(
+            endpoints=[engine.base_url], model="m", is_function_calling_model=True
+        )
         assert llm.metadata.is_function_calling_model
         response = llm.chat_with_tools([tool], user_msg="Find cats.", tool_required=True)
         sent = engine.requests[-1]
@@ -248,3 +259,243 @@ def test_tool_calling_sends_the_tools_and_reads_back_the_engines_calls() -> None
             llm.get_tool_calls_from_response(plain)
         assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
         llm.close()
+
+
+# -- settings: serialization, credentials and time bounds, the engine's context ----------
+
+
+class ListingServer:
+    """A loopback engine that lists model ``m`` in ``GET /v1/models`` with the fields of
+    ``listed`` (vLLM adds ``max_model_len``), answers every chat request with ``"ok"``
+    after ``stall_s``, and records ``(method, path, Authorization header)`` of each
+    request in ``seen``."""
+
+    def __init__(self, listed: dict[str, Any] | None = None, *, stall_s: float = 0.0) -> None:
+        self.listed = {"id": "m", "object": "model", **(listed or {})}
+        self.stall_s = stall_s
+        self.seen: list[tuple[str, str, str | None]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def requests_to(self, method: str, path: str) -> list[str | None]:
+        """The Authorization headers of the requests ``method path``."""
+        return [auth for m, p, auth in self.seen if (m, p) == (method, path)]
+
+    def __enter__(self) -> ListingServer:
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                engine.seen.append(("GET", self.path, self.headers.get("Authorization")))
+                self._send("application/json", json.dumps({"data": [engine.listed]}))
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                engine.seen.append(("POST", self.path, self.headers.get("Authorization")))
+                time.sleep(engine.stall_s)
+                chunks = [{"choices": [{"index": 0, "delta": {"content": "ok"}}]}]
+                chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+                with contextlib.suppress(OSError):  # the client may have given up
+                    self._send("text/event-stream", events + "data: [DONE]\n\n")
+
+            def _send(self, content_type: str, body: str) -> None:
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads, self._server.block_on_close = True, False
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def closed_port_url() -> str:
+    """A loopback base URL nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_to_json_and_back_is_the_same_llm_endpoints_included(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    endpoints: list[str | Endpoint] = [
+        fleet[0].base_url,
+        Endpoint(fleet[1].base_url, models=("m",), region="eu", api_key="own-key", rtt_s=0.01),
+    ]
+    llm = ContextPilotLLM(
+        endpoints=endpoints,
+        model="m",
+        policy="least-load",
+        api_key="sk-fleet",
+        timeout=30.0,
+        max_retries=1,
+        max_tokens=64,
+        temperature=0.2,
+        additional_kwargs={"top_p": 0.9},
+        context_window=8192,
+        is_function_calling_model=True,
+        system_prompt="Answer briefly.",
+    )
+    restored = ContextPilotLLM.from_json(llm.to_json())
+    again = ContextPilotLLM.from_dict(llm.to_dict())
+    assert restored.to_dict() == again.to_dict() == llm.to_dict()
+    assert restored.endpoints == again.endpoints == endpoints
+    assert (restored.api_key, restored.timeout, restored.max_retries) == ("sk-fleet", 30.0, 1)
+    assert restored.metadata == llm.metadata
+    assert restored.client is not llm.client and restored.client is not None
+    assert restored.client.config.timeout_s == 30.0 and restored.client.config.max_attempts == 2
+    assert restored.complete("Which?").text in {reply_of(name) for name in SERVER_NAMES}
+    for model in (llm, restored, again):
+        model.close()
+
+
+def test_the_api_key_is_serialized_as_openailike_does_and_can_be_left_out(
+    server: OpenAICompatibleServer,
+) -> None:
+    llm = ContextPilotLLM(endpoints=[server.base_url], model="m", api_key="sk-secret")
+    assert llm.to_dict()["api_key"] == "sk-secret"  # as OpenAILike.to_dict() writes it
+    assert "sk-secret" not in repr(llm) and "sk-secret" not in json.dumps(llm.to_payload())
+    data = llm.to_dict(exclude={"api_key"})
+    assert "api_key" not in data
+    assert ContextPilotLLM.from_dict(data, api_key="sk-secret").to_dict() == llm.to_dict()
+    llm.close()
+
+
+def test_an_llm_over_a_given_client_round_trips_with_that_client(
+    server: OpenAICompatibleServer,
+) -> None:
+    client = RoutingClient([server.base_url], model="m", timeout_s=30.0, max_attempts=2)
+    llm = ContextPilotLLM(client=client, max_tokens=8)
+    assert (llm.timeout, llm.max_retries) == (30.0, 1)  # the client's
+    restored = ContextPilotLLM.from_dict(llm.to_dict(), client=client)
+    assert restored.to_dict() == llm.to_dict() and restored.client is client
+    with pytest.raises(ConfigError, match="api_key"):
+        ContextPilotLLM(client=client, api_key="sk")
+    with pytest.raises(ConfigError, match="timeout"):
+        ContextPilotLLM(client=client, timeout=5.0)
+    client.close()
+
+
+def test_a_policy_object_is_given_back_to_from_dict(server: OpenAICompatibleServer) -> None:
+    policy = make_policy("least-load")
+    llm = ContextPilotLLM(endpoints=[server.base_url], model="m", policy=policy)
+    data = llm.to_dict()
+    assert data["policy"] is None  # a policy object does not serialize
+    with pytest.raises(ConfigError, match="pass policy="):
+        ContextPilotLLM.from_dict(data)
+    restored = ContextPilotLLM.from_dict(data, policy=policy)
+    assert restored.client is not None and restored.client.policy is policy
+    llm.close()
+    restored.close()
+
+
+def test_api_key_goes_to_every_request_as_a_bearer_token() -> None:
+    with ListingServer() as by_url, ListingServer() as keyed:
+        own = Endpoint(keyed.base_url, api_key="own-key")
+        llm = ContextPilotLLM(endpoints=[by_url.base_url, own], model="m", api_key="sk-fleet")
+        assert llm.metadata.context_window == DEFAULT_CONTEXT_WINDOW  # no length listed
+        for _ in range(4):
+            llm.complete("Which?")
+        assert set(by_url.requests_to("GET", "/v1/models")) == {"Bearer sk-fleet"}
+        assert set(keyed.requests_to("GET", "/v1/models")) == {"Bearer own-key"}
+        sent = by_url.requests_to("POST", "/v1/chat/completions")
+        sent_keyed = keyed.requests_to("POST", "/v1/chat/completions")
+        assert set(sent) <= {"Bearer sk-fleet"} and set(sent_keyed) <= {"Bearer own-key"}
+        assert len(sent) + len(sent_keyed) == 4
+        llm.close()
+
+
+@pytest.mark.parametrize("max_retries", [0, 1])
+def test_timeout_cuts_a_stalled_attempt_and_max_retries_bounds_the_retries(
+    max_retries: int,
+) -> None:
+    with ListingServer(stall_s=2.0) as first, ListingServer(stall_s=2.0) as second:
+        llm = ContextPilotLLM(
+            endpoints=[first.base_url, second.base_url],
+            model="m",
+            timeout=0.2,
+            max_retries=max_retries,
+            context_window=4096,
+        )
+        started = time.monotonic()
+        with pytest.raises(RoutingError):
+            llm.complete("Which?")
+        assert time.monotonic() - started < 1.5  # no stall was waited out
+        posts = [*first.requests_to("POST", "/v1/chat/completions")]
+        posts += second.requests_to("POST", "/v1/chat/completions")
+        assert len(posts) == max_retries + 1
+        llm.close()
+
+
+def test_context_window_is_the_smallest_max_model_len_the_endpoints_report() -> None:
+    with (
+        ListingServer({"max_model_len": 32768}) as large,
+        ListingServer({"max_model_len": 8192}) as small,
+    ):
+        llm = ContextPilotLLM(endpoints=[large.base_url, small.base_url], model="m")
+        assert llm.context_window is None
+        assert llm.metadata.context_window == 8192
+        llm.complete("Which?")
+        assert llm.metadata.context_window == 8192
+        assert len(large.requests_to("GET", "/v1/models")) == 1  # read once, then cached
+        assert len(small.requests_to("GET", "/v1/models")) == 1
+        llm.close()
+
+
+def test_a_context_window_set_by_the_user_wins_and_reads_nothing() -> None:
+    with ListingServer({"max_model_len": 32768}) as engine:
+        llm = ContextPilotLLM(endpoints=[engine.base_url], model="m", context_window=2048)
+        assert llm.metadata.context_window == 2048
+        assert engine.requests_to("GET", "/v1/models") == []
+        llm.close()
+
+
+def test_without_max_model_len_the_context_window_is_the_default(
+    server: OpenAICompatibleServer,
+) -> None:
+    llm = ContextPilotLLM(endpoints=[server.base_url], model="m")
+    assert llm.metadata.context_window == DEFAULT_CONTEXT_WINDOW
+    llm.close()
+
+
+def test_an_endpoint_down_never_fails_construction_and_gives_the_default() -> None:
+    llm = ContextPilotLLM(endpoints=[closed_port_url()], model="m")
+    started = time.monotonic()
+    assert llm.metadata.context_window == DEFAULT_CONTEXT_WINDOW
+    assert llm.metadata.context_window == DEFAULT_CONTEXT_WINDOW  # not read again
+    assert time.monotonic() - started < MODEL_LIST_TIMEOUT_S + 1
+    llm.close()
+
+
+def test_is_function_calling_model_only_when_set(server: OpenAICompatibleServer) -> None:
+    plain = ContextPilotLLM(endpoints=[server.base_url], model="m")
+    tools = ContextPilotLLM(endpoints=[server.base_url], model="m", is_function_calling_model=True)
+    assert not plain.metadata.is_function_calling_model
+    assert tools.metadata.is_function_calling_model
+    with pytest.raises(ConfigError, match="is_chat_model"):
+        ContextPilotLLM(
+            endpoints=[server.base_url],
+            model="m",
+            is_chat_model=False,
+            is_function_calling_model=True,
+        )
+    plain.close()
+    tools.close()

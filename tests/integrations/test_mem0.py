@@ -51,6 +51,7 @@ from contextpilot_rag import (  # noqa: E402
     ConversationStateError,
     InvalidInputError,
     PilotConfig,
+    UnknownConversationError,
     content_id,
 )
 from contextpilot_rag.sim import PrefixCacheModel  # noqa: E402
@@ -338,6 +339,65 @@ def test_conversation_id_without_dedup_is_rejected_before_mem0_is_called(
     with pytest.raises(InvalidInputError, match="dedup=True"):
         wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER)
     assert memory.calls == []
+
+
+def test_session_id_is_an_alias_of_conversation_id(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    first = wrapped.search(QUERIES[0], session_id="chat-1", filters=USER, top_k=3)
+    wrapped.record_answer("chat-1", "Green tea.")
+    second = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=5)
+    assert first[ANNOTATION_KEY]["conversation_id"] == "chat-1"
+    assert "deduplicated" in {r[ANNOTATION_KEY]["status"] for r in second["results"]}
+    assert "session_id" not in json.dumps([call.kwargs for call in memory.calls])
+
+
+def test_session_id_equal_to_conversation_id_is_accepted(memory: RecordingMemory) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    found = wrapped.search(
+        QUERIES[0], conversation_id="chat-1", session_id="chat-1", filters=USER, top_k=3
+    )
+    assert found[ANNOTATION_KEY]["conversation_id"] == "chat-1"
+
+
+def test_session_id_and_conversation_id_that_differ_are_rejected_before_anything_runs(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    with pytest.raises(ConfigError, match="session_id"):
+        wrapped.search(
+            QUERIES[0], conversation_id="chat-1", session_id="chat-2", filters=USER, top_k=3
+        )
+    assert memory.calls == []
+    for conversation in ("chat-1", "chat-2"):
+        with pytest.raises(UnknownConversationError):
+            wrapped.pilot.conversation(conversation)
+    assert wrapped.pilot.index_stats().requests == 0
+
+
+def test_session_id_without_dedup_is_rejected_before_mem0_is_called(
+    memory: RecordingMemory,
+) -> None:
+    with pytest.raises(InvalidInputError, match="dedup=True"):
+        ContextPilotMemory(memory).search(QUERIES[0], session_id="chat-1", filters=USER)
+    assert memory.calls == []
+
+
+def test_async_search_takes_session_id_and_refuses_a_conflict(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    async def scenario() -> None:
+        memory = AsyncMemory.from_config(mem0_config(tmp_path, recorder.url))
+        memory.embedding_model = HashingEmbedder()
+        wrapped = AsyncContextPilotMemory(memory, dedup=True)
+        for text in MEMORIES[:3]:
+            await wrapped.add(text, **USER, infer=False)
+        with pytest.raises(ConfigError, match="session_id"):
+            await wrapped.search(QUERIES[0], conversation_id="a", session_id="b", filters=USER)
+        found = await wrapped.search(QUERIES[0], session_id="chat-1", filters=USER, top_k=3)
+        assert found[ANNOTATION_KEY]["conversation_id"] == "chat-1"
+
+    asyncio.run(scenario())
+    assert recorder.requests == []
 
 
 def test_dedup_needs_a_pilot_that_deduplicates(memory: RecordingMemory) -> None:

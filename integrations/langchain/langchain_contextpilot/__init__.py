@@ -18,6 +18,7 @@ from ._compressor import ContextPilotCompressor
 from ._documents import ANNOTATION_KEY, ContextPilotAnnotation
 from ._format import format_documents
 from ._retriever import ContextPilotRetriever
+from ._transformer import ContextPilotDocumentTransformer
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "ContextPilotAnnotation",
     "ContextPilotCallbackHandler",
     "ContextPilotCompressor",
+    "ContextPilotDocumentTransformer",
     "ContextPilotRetriever",
     "__version__",
     "format_documents",

@@ -7,11 +7,13 @@ message."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import fields, replace
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.load.serializable import SerializedConstructor, SerializedNotImplemented
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -26,8 +28,9 @@ from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, p
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
+from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 from typing_extensions import override
 
 from contextpilot_rag.errors import ConfigError
@@ -36,6 +39,13 @@ from contextpilot_rag.routing import Endpoint, Policy, RoutingClient
 from contextpilot_rag.routing.client import OwnedClient, client_source
 
 __all__ = ["ChatContextPilot"]
+
+API_KEY_ENV = "CONTEXTPILOT_API_KEY"
+"""Where ``api_key`` comes from when not given: the key clients of ``contextpilot-rag
+serve`` send (``contextpilot_rag.serve.API_KEY_ENV``; not imported, to keep the serve
+package unloaded)."""
+
+_CLIENT_OPTIONS = ("api_key", "timeout", "max_retries")
 
 
 class ChatContextPilot(OwnedClient, BaseChatModel):
@@ -60,6 +70,21 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
     back as ``AIMessage.tool_calls`` (arguments parsed; unparsable ones in
     ``invalid_tool_calls``), and when streaming on the last chunk as whole
     ``tool_call_chunks`` (the client joins the engine's fragments).
+
+    Connection: ``api_key`` (default ``$CONTEXTPILOT_API_KEY``, the key
+    ``contextpilot-rag serve`` takes) is sent as a bearer token to every endpoint
+    that has no key of its own; ``timeout`` bounds each attempt's every wait for
+    progress, in seconds (the client's ``timeout_s``); ``max_retries``: further
+    attempts after a failed one (the client's ``max_attempts`` minus one). With
+    ``client=`` the client's own settings apply, and giving these too raises
+    :class:`~contextpilot_rag.errors.ConfigError`.
+
+    Serialization: ``langchain_core.load.dumpd`` writes the endpoints, the policy name
+    and the fields, the key only as a secret reference (``CONTEXTPILOT_API_KEY``), and
+    ``load(..., valid_namespaces=["langchain_contextpilot"], secrets_map=...)`` builds an
+    equal model. A model built from ``client=``, a policy object, or an endpoint that
+    carries its own credentials (URL ``user:password@`` or ``Endpoint.api_key``) is
+    written as not serializable, so no secret is ever dumped in plain text.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -76,17 +101,58 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
     """The longest answer, in tokens (``None``: the engine's default)."""
     temperature: float | None = None
     """Sampling temperature (``None``: the engine's default)."""
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env(API_KEY_ENV, default=None), repr=False
+    )
+    """The bearer token for endpoints without their own (default
+    ``$CONTEXTPILOT_API_KEY``, read when the model is built)."""
+    timeout: float | None = None
+    """Seconds each attempt may wait for progress (``None``: the client's default)."""
+    max_retries: int | None = None
+    """Attempts after a failed one (``None``: the client's default)."""
 
     _owns_client: bool = PrivateAttr(default=False)
 
     def __init__(self, **data: Any) -> None:
         client_source("ChatContextPilot", data)
+        _check_client_options(data)
+        if data.get("endpoints") is not None:
+            data["endpoints"] = [_endpoint_of(endpoint) for endpoint in data["endpoints"]]
         super().__init__(**data)
         if self.client is None:  # here, not in a validator: pydantic would wrap ConfigError
             self.client = RoutingClient(
-                list(self.endpoints or ()), model=self.model, policy=self.policy
+                _with_key(self.endpoints or (), self.api_key),
+                model=self.model,
+                policy=self.policy,
+                **_client_limits(self.timeout, self.max_retries),
             )
             self._owns_client = True
+
+    @classmethod
+    @override
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @property
+    @override
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": API_KEY_ENV}
+
+    @override
+    def to_json(self) -> SerializedConstructor | SerializedNotImplemented:
+        """The constructor form (endpoints and policy included), or "not implemented"
+        when the model holds what cannot be written without a secret or a live object."""
+        endpoints = list(self.endpoints or ())
+        if not (self._owns_client and isinstance(self.policy, str)) or any(
+            _has_credentials(endpoint) for endpoint in endpoints
+        ):
+            return self.to_json_not_implemented()
+        serialized = super().to_json()
+        if serialized["type"] == "constructor":
+            kwargs = serialized["kwargs"]
+            kwargs["endpoints"] = [_endpoint_json(endpoint) for endpoint in endpoints]
+            kwargs["policy"] = self.policy
+        return serialized
 
     @property
     def _routing(self) -> RoutingClient:
@@ -202,6 +268,71 @@ class ChatContextPilot(OwnedClient, BaseChatModel):
         """The engine parameters of one call: the fields, overridden by the call's."""
         params = {"max_tokens": self.max_tokens, "temperature": self.temperature, "stop": stop}
         return {key: value for key, value in {**params, **kwargs}.items() if value is not None}
+
+
+def _check_client_options(data: Mapping[str, Any]) -> None:
+    given = [name for name in _CLIENT_OPTIONS if data.get(name) is not None]
+    if data.get("client") is not None and given:
+        raise ConfigError(
+            f"{', '.join(given)} go with endpoints=; a given client has its own settings"
+        )
+
+
+def _endpoint_of(endpoint: object) -> object:
+    """An endpoint as given, or an :class:`Endpoint` built from a mapping of its
+    fields (what :meth:`ChatContextPilot.to_json` writes)."""
+    if not isinstance(endpoint, Mapping):
+        return endpoint
+    try:
+        return Endpoint(**endpoint)
+    except TypeError as exc:
+        raise ConfigError(f"an endpoint mapping must hold Endpoint fields: {exc}") from exc
+
+
+def _with_key(
+    endpoints: Sequence[str | Endpoint], api_key: SecretStr | None
+) -> list[str | Endpoint]:
+    """The fleet, ``api_key`` given to every endpoint without its own."""
+    if api_key is None:
+        return list(endpoints)
+    key = api_key.get_secret_value()
+    return [
+        Endpoint(endpoint, api_key=key)
+        if isinstance(endpoint, str)
+        else endpoint
+        if endpoint.api_key
+        else replace(endpoint, api_key=key)
+        for endpoint in endpoints
+    ]
+
+
+def _client_limits(timeout: float | None, max_retries: int | None) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    if timeout is not None:
+        limits["timeout_s"] = timeout
+    if max_retries is not None:
+        limits["max_attempts"] = max_retries + 1
+    return limits
+
+
+def _has_credentials(endpoint: str | Endpoint) -> bool:
+    """Whether ``endpoint`` carries a secret of its own (URL userinfo or a key)."""
+    url = endpoint if isinstance(endpoint, str) else endpoint.base_url
+    authority = url.partition("://")[2].partition("/")[0]
+    return "@" in authority or (isinstance(endpoint, Endpoint) and bool(endpoint.api_key))
+
+
+def _endpoint_json(endpoint: str | Endpoint) -> str | dict[str, Any]:
+    """A URL as given; an :class:`Endpoint` as its fields that differ from the defaults."""
+    if isinstance(endpoint, str):
+        return endpoint
+    values = {field.name: getattr(endpoint, field.name) for field in fields(endpoint)}
+    defaults = {field.name: field.default for field in fields(endpoint)}
+    return {
+        name: list(value) if isinstance(value, tuple) else value
+        for name, value in values.items()
+        if name == "base_url" or value != defaults[name]
+    }
 
 
 def _chat_result(answer: RoutedAnswer) -> ChatResult:

@@ -21,8 +21,8 @@ class ContextPilotCompressor(BaseDocumentCompressor, PilotSettings):
     fields, same output contract). Put it last in a compressor pipeline: what comes
     after it should not reorder the documents again.
 
-    LangChain passes no config to compressors, so the session id comes from the
-    ``session_id`` field only.
+    LangChain passes no config to compressors, so the conversation id comes from the
+    ``conversation_id`` field (alias ``session_id``) only.
     """
 
     @override
@@ -32,7 +32,7 @@ class ContextPilotCompressor(BaseDocumentCompressor, PilotSettings):
         query: str,
         callbacks: Callbacks | None = None,
     ) -> Sequence[Document]:
-        return optimize_documents(self.pilot, documents, query, self.pilot_options(self.session_id))
+        return optimize_documents(self.pilot, documents, query, self.pilot_options(None))
 
     @override
     async def acompress_documents(

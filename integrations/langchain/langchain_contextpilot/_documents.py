@@ -21,9 +21,9 @@ __all__ = [
     "NOTE_SEPARATOR",
     "ContextPilotAnnotation",
     "PilotOptions",
+    "check_conversation_id",
     "check_documents",
     "check_query",
-    "check_session_id",
     "document_to_block",
     "optimize_documents",
 ]
@@ -52,8 +52,9 @@ class ContextPilotAnnotation(TypedDict):
     none or ``annotate=False``. ``request_id``: the request id of the pilot's prompt
     (the same on all its documents), which :class:`ContextPilotCallbackHandler` pairs
     with the model call and :meth:`ContextPilot.observe
-    <contextpilot_rag.ContextPilot.observe>` takes. ``session_id``: the conversation the pilot
-    de-duplicated against (``None`` unless ``dedup=True``). ``history_lost``: that
+    <contextpilot_rag.ContextPilot.observe>` takes. ``conversation_id``: the conversation
+    the pilot de-duplicated against (``None`` unless ``dedup=True``); ``session_id``
+    holds the same value under the name earlier releases used. ``history_lost``: that
     conversation had expired or been evicted, and this turn started it again without
     its history (:attr:`Prompt.history_lost <contextpilot_rag.Prompt.history_lost>`).
     """
@@ -69,6 +70,7 @@ class ContextPilotAnnotation(TypedDict):
     order_note: str | None
     location_note: str | None
     request_id: str
+    conversation_id: str | None
     session_id: str | None
     history_lost: bool
 
@@ -77,7 +79,7 @@ class ContextPilotAnnotation(TypedDict):
 class PilotOptions:
     """The adapter options of one call (see :class:`ContextPilotRetriever`)."""
 
-    session_id: str | None = None
+    conversation_id: str | None = None
     dedup: bool = False
     annotate: bool = True
     id_key: str | None = None
@@ -95,7 +97,7 @@ def optimize_documents(
     if not docs:
         return []
     blocks = [document_to_block(doc, position, options.id_key) for position, doc in enumerate(docs)]
-    conversation_id = options.session_id if options.dedup else None
+    conversation_id = options.conversation_id if options.dedup else None
     prompt = pilot.optimize(blocks, query, conversation_id=conversation_id)
     notes = (prompt.order_note, prompt.location_note) if options.annotate else (None, None)
     return _annotated(docs, blocks, prompt, notes)
@@ -131,11 +133,12 @@ def check_query(query: object) -> str:
     return query
 
 
-def check_session_id(session_id: object, source: str) -> str | None:
-    """A session id is a non-empty string or ``None``."""
-    if session_id is None or (isinstance(session_id, str) and session_id):
-        return session_id
-    raise InvalidInputError(f"{source} must be a non-empty str or None, got {session_id!r}")
+def check_conversation_id(conversation_id: object, source: str) -> str | None:
+    """A conversation id is a non-empty string or ``None``; else
+    :class:`InvalidInputError` naming ``source``."""
+    if conversation_id is None or (isinstance(conversation_id, str) and conversation_id):
+        return conversation_id
+    raise InvalidInputError(f"{source} must be a non-empty str or None, got {conversation_id!r}")
 
 
 def document_to_block(document: Document, position: int, id_key: str | None = None) -> ContextBlock:
@@ -196,6 +199,7 @@ def _annotated(
             order_note=notes[0],
             location_note=notes[1],
             request_id=prompt.request_id,
+            conversation_id=prompt.conversation_id,
             session_id=prompt.conversation_id,
             history_lost=prompt.history_lost,
         )

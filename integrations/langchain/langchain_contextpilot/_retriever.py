@@ -11,34 +11,40 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever, RetrieverLike
-from langchain_core.runnables import RunnableConfig, ensure_config
+from langchain_core.runnables import RunnableConfig, ensure_config, patch_config
 from typing_extensions import override
 
-from ._documents import PilotOptions, check_query, check_session_id, optimize_documents
-from ._settings import PilotSettings
+from ._documents import check_query, optimize_documents
+from ._settings import PilotSettings, configured_conversation, conversation_keyword
 
 __all__ = ["ContextPilotRetriever"]
 
-_CONFIGURABLE_SOURCE = 'config["configurable"]["session_id"]'
-
 
 class ContextPilotRetriever(BaseRetriever, PilotSettings):
-    """Wraps ``base_retriever``: calls it (as a child run, so callbacks and tracing
-    see it), runs the pilot on its documents and returns new ``Document``s in the
-    optimized order, each with a :class:`ContextPilotAnnotation` in
-    ``metadata["contextpilot"]``. The caller's documents are never mutated.
+    """Wraps ``base_retriever``: calls it (as a child run that carries the caller's
+    callbacks, tags and metadata, so tracing sees it), runs the pilot on its
+    documents and returns new ``Document``s in the optimized order, each with a
+    :class:`ContextPilotAnnotation` in ``metadata["contextpilot"]``. The caller's
+    documents are never mutated. Keywords of ``invoke`` / ``ainvoke`` other than the
+    conversation id (``k=3``, a filter, ...) go to the base retriever.
 
     The output holds exactly the base retriever's documents, each once (a
-    permutation): with ``dedup=True`` the documents the session already showed
+    permutation): with ``dedup=True`` the documents the conversation already showed
     come last, flagged ``deduplicated``. An empty result is returned as ``[]``
     without calling the pilot. A base retriever that raises, returns something
     other than ``Document``s (:class:`~contextpilot_rag.InvalidInputError`) or a
     document without text (:class:`~contextpilot_rag.InvalidBlockError`) fails the
     call before the pilot stores anything.
 
-    The session id of a call is, first to last: a ``session_id=`` keyword of
-    ``invoke``/``ainvoke``, ``config["configurable"]["session_id"]`` (as
-    ``RunnableWithMessageHistory`` sets it), the ``session_id`` field.
+    The conversation id of a call is, first to last: a ``conversation_id=`` (or its
+    alias ``session_id=``) keyword of ``invoke``/``ainvoke``;
+    ``config["configurable"]["conversation_id"]``, then ``["session_id"]`` (as
+    ``RunnableWithMessageHistory`` sets it), then ``["thread_id"]`` (LangGraph's);
+    the ``conversation_id`` field. An alias and its name given in one place with
+    different values raise :class:`~contextpilot_rag.errors.ConfigError`.
+
+    ``dedup`` stays off by default: it is safe only when the chain's prompt still
+    contains the earlier turns' documents (see :attr:`PilotSettings.dedup`).
     """
 
     base_retriever: RetrieverLike
@@ -49,18 +55,18 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[Document]:
         # BaseRetriever does not hand the config to _get_relevant_documents: read the
-        # session id here and pass it on as a keyword argument.
+        # conversation id here and pass it, and the config, on as keyword arguments.
         config = ensure_config(config)
-        kwargs["session_id"] = self._session_for_call(config, kwargs)
-        return super().invoke(input, config, **kwargs)
+        kwargs["conversation_id"] = self._conversation_for_call(config, kwargs)
+        return super().invoke(input, config, **kwargs, parent_config=config)
 
     @override
     async def ainvoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[Document]:
         config = ensure_config(config)
-        kwargs["session_id"] = self._session_for_call(config, kwargs)
-        return await super().ainvoke(input, config, **kwargs)
+        kwargs["conversation_id"] = self._conversation_for_call(config, kwargs)
+        return await super().ainvoke(input, config, **kwargs, parent_config=config)
 
     @override
     def _get_relevant_documents(
@@ -68,12 +74,14 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
         query: str,
         *,
         run_manager: CallbackManagerForRetrieverRun,
-        session_id: str | None = None,
+        conversation_id: str | None = None,
+        parent_config: RunnableConfig | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query = check_query(query)
-        documents = self.base_retriever.invoke(query, config={"callbacks": run_manager.get_child()})
-        return optimize_documents(self.pilot, documents, query, self._options(session_id))
+        child = patch_config(parent_config, callbacks=run_manager.get_child())
+        documents = self.base_retriever.invoke(query, child, **kwargs)
+        return optimize_documents(self.pilot, documents, query, self.pilot_options(conversation_id))
 
     @override
     async def _aget_relevant_documents(
@@ -81,23 +89,19 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
         query: str,
         *,
         run_manager: AsyncCallbackManagerForRetrieverRun,
-        session_id: str | None = None,
+        conversation_id: str | None = None,
+        parent_config: RunnableConfig | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query = check_query(query)
-        documents = await self.base_retriever.ainvoke(
-            query, config={"callbacks": run_manager.get_child()}
-        )
+        child = patch_config(parent_config, callbacks=run_manager.get_child())
+        documents = await self.base_retriever.ainvoke(query, child, **kwargs)
         # The pilot is in-memory and fast (no I/O): called inline, not in a thread.
-        return optimize_documents(self.pilot, documents, query, self._options(session_id))
+        return optimize_documents(self.pilot, documents, query, self.pilot_options(conversation_id))
 
-    def _session_for_call(self, config: RunnableConfig, kwargs: dict[str, Any]) -> str | None:
-        if "session_id" in kwargs:
-            return check_session_id(kwargs.pop("session_id"), "session_id")
-        configured = config.get("configurable", {}).get("session_id")
-        if configured is not None:
-            return check_session_id(configured, _CONFIGURABLE_SOURCE)
-        return self.session_id
-
-    def _options(self, session_id: str | None) -> PilotOptions:
-        return self.pilot_options(session_id if session_id is not None else self.session_id)
+    def _conversation_for_call(self, config: RunnableConfig, kwargs: dict[str, Any]) -> str | None:
+        """The call's conversation id (``None``: the field's); pops the keywords."""
+        named = conversation_keyword(kwargs, "invoke keywords")
+        if named is not None:
+            return named
+        return configured_conversation(config.get("configurable") or {})

@@ -60,10 +60,12 @@ class _PilotMemory:
         one. See :meth:`ContextPilot.record_answer`."""
         self.pilot.record_answer(prompt, text, request_id=request_id)
 
-    def _check_conversation(self, conversation_id: str | None) -> None:
-        """Before mem0 is called: a conversation id only means something with dedup."""
+    def _conversation(self, conversation_id: str | None, session_id: str | None) -> str | None:
+        """Before mem0 is called: the conversation id of a search, which only means
+        something with dedup."""
+        conversation_id = _named_conversation(conversation_id, session_id)
         if conversation_id is None:
-            return
+            return None
         if not self.dedup:
             raise InvalidInputError(
                 "conversation_id is used only for de-duplication, which is off: construct "
@@ -74,6 +76,7 @@ class _PilotMemory:
             raise InvalidInputError(
                 f"conversation_id must be a non-empty str, got {conversation_id!r}"
             )
+        return conversation_id
 
     def _optimize(
         self, response: object, query: str, conversation_id: str | None
@@ -96,6 +99,19 @@ class _PilotMemory:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._memory!r}, dedup={self.dedup})"
+
+
+def _named_conversation(conversation_id: str | None, session_id: str | None) -> str | None:
+    """The conversation id given as ``conversation_id`` or as its alias ``session_id``
+    (the name LangChain's and LlamaIndex's chat histories use)."""
+    if session_id is None:
+        return conversation_id
+    if conversation_id is not None and conversation_id != session_id:
+        raise ConfigError(
+            f"conversation_id={conversation_id!r} and its alias session_id={session_id!r} "
+            "differ: pass one of them"
+        )
+    return session_id
 
 
 def _check_search(memory: object, *, is_async: bool) -> None:
@@ -123,11 +139,18 @@ class ContextPilotMemory(_PilotMemory):
     """
 
     def search(
-        self, query: str, *, conversation_id: str | None = None, **kwargs: Any
+        self,
+        query: str,
+        *,
+        conversation_id: str | None = None,
+        session_id: str | None = None,
+        **kwargs: Any,
     ) -> dict[str, Any]:
         """``memory.search(query, **kwargs)`` (mem0's own arguments: ``filters=``,
-        ``top_k=``, ``threshold=``, ``rerank=``, ...; ``conversation_id`` is never
-        passed on), its ``results`` reordered and annotated.
+        ``top_k=``, ``threshold=``, ``rerank=``, ...; ``conversation_id`` and its alias
+        ``session_id`` are never passed on), its ``results`` reordered and annotated.
+        Both given with different values: :class:`~contextpilot_rag.errors.ConfigError`,
+        before mem0 is called.
 
         Returns mem0's response with every top-level key kept, ``results`` holding the
         same memories (copies, each with ``"contextpilot": {"rank", "moved", "status",
@@ -135,7 +158,7 @@ class ContextPilotMemory(_PilotMemory):
         ``order_note``, ``location_note``, ``notes``, ``messages``, ``stats``,
         ``conversation_id``. An exception from mem0 propagates and nothing is stored.
         """
-        self._check_conversation(conversation_id)
+        conversation_id = self._conversation(conversation_id, session_id)
         response = self._memory.search(query, **kwargs)
         return self._optimize(response, query, conversation_id)
 
@@ -147,10 +170,15 @@ class AsyncContextPilotMemory(_PilotMemory):
     _async_search = True
 
     async def search(
-        self, query: str, *, conversation_id: str | None = None, **kwargs: Any
+        self,
+        query: str,
+        *,
+        conversation_id: str | None = None,
+        session_id: str | None = None,
+        **kwargs: Any,
     ) -> dict[str, Any]:
         """``await memory.search(query, **kwargs)``, reordered and annotated exactly as
         :meth:`ContextPilotMemory.search` does."""
-        self._check_conversation(conversation_id)
+        conversation_id = self._conversation(conversation_id, session_id)
         response = await self._memory.search(query, **kwargs)
         return self._optimize(response, query, conversation_id)

@@ -26,12 +26,21 @@ Every answer carries the routing facts in ``additional_kwargs`` (``endpoint``,
 engine's usage, OpenAI-shaped, in ``raw["usage"]`` (what ``TokenCountingHandler``
 reads). A stream yields one response per engine delta, as it arrives, then a last one
 with an empty ``delta`` that carries those facts.
+
+Serialization (``to_dict`` / ``to_json`` and back): the endpoints (URLs, or
+:class:`Endpoint` objects as their fields), ``model``, a policy given by name and every
+setting round-trip. Secrets are written as given, as ``OpenAILike`` writes its
+``api_key``: keep the dict as secret as the key, or leave the key out
+(``to_dict(exclude={"api_key"})``) and give it back (``from_dict(data, api_key=...)``).
+What instrumentation emits is :meth:`to_payload` (the metadata), which holds none.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from llama_index.core.base.llms.generic_utils import (
@@ -51,21 +60,30 @@ from llama_index.core.base.llms.types import (
     TextBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import (
+    Field,
+    PrivateAttr,
+    field_serializer,
+    field_validator,
+)
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
+from llama_index.llms.contextpilot._model_list import reported_context_window
 
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.routing import AsyncChatStream, ChatStream, Endpoint, Policy, RoutingClient
 from contextpilot_rag.routing import ChatResult as RoutedAnswer
-from contextpilot_rag.routing.client import OwnedClient, client_source
+from contextpilot_rag.routing.client import ClientConfig, OwnedClient, client_source
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
 __all__ = ["ContextPilotLLM"]
+
+MODEL_LIST_TIMEOUT_S = 2.0
+"""The longest wait for an endpoint's ``GET /models`` (read once, for the context)."""
 
 Kind = Literal["chat", "completion"]
 Payload = str | list[dict[str, Any]]
@@ -83,6 +101,24 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
     :meth:`close` / :meth:`aclose` close it). Giving both, or neither, raises
     :class:`~contextpilot_rag.errors.ConfigError` before any client is created.
 
+    ``api_key``, ``timeout`` and ``max_retries`` are ``OpenAILike``'s: the key goes as
+    a bearer token to every endpoint given as a URL (an :class:`Endpoint` with a key
+    of its own keeps it); ``timeout`` bounds each wait for progress of an attempt
+    (to connect, for the first token, between two tokens); ``max_retries`` failed
+    attempts are retried on another endpoint. With ``client=`` they are the client's
+    (shown in the fields; a different value is a ``ConfigError``).
+
+    ``context_window``: ``None`` (default) takes the smallest ``max_model_len`` the
+    endpoints report in ``GET /models`` (vLLM, SGLang), read on the first use of
+    :attr:`metadata`, once per LLM and with a short timeout
+    (:data:`MODEL_LIST_TIMEOUT_S`), else LlamaIndex's default (also over a given
+    client, whose endpoints the LLM does not see); a number is used as given.
+
+    ``is_function_calling_model``: ``False`` unless set, since no OpenAI-compatible
+    server says in its model list whether its chat template and parser handle tools
+    (``chat_with_tools`` works either way; the flag is what agents and structured
+    outputs go by).
+
     ``max_tokens``, ``temperature``, ``additional_kwargs`` and the keywords of each
     call go to the engine unchanged (``None`` values left out; the call's win).
     """
@@ -91,34 +127,67 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
         default=None, exclude=True, description="The routing client (created when not given)."
     )
     endpoints: Sequence[str | Endpoint] | None = Field(
-        default=None, exclude=True, repr=False, description="Base URLs or Endpoint objects."
+        default=None, repr=False, description="Base URLs or Endpoint objects."
     )
     model: str | None = Field(
         default=None, description="The model to ask for, with endpoints= (None: all listed)."
     )
-    policy: str | Policy = Field(
-        default="combined", exclude=True, description="Routing policy name or object."
+    policy: str | Policy = Field(default="combined", description="Routing policy name or object.")
+    api_key: str | None = Field(
+        default=None, repr=False, description="Bearer token for the endpoints given as URLs."
+    )
+    timeout: float = Field(
+        default=ClientConfig.timeout_s,
+        gt=0,
+        description="Seconds an attempt may wait for progress (connect, each token).",
+    )
+    max_retries: int = Field(
+        default=ClientConfig.max_attempts - 1,
+        ge=0,
+        description="Failed attempts retried on another endpoint.",
     )
     max_tokens: int | None = Field(default=None, description="Longest answer, in tokens.")
     temperature: float | None = Field(default=None, description="Sampling temperature.")
     additional_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Engine parameters sent with every request."
     )
-    context_window: int = Field(
-        default=DEFAULT_CONTEXT_WINDOW, gt=0, description="The model's context, in tokens."
+    context_window: int | None = Field(
+        default=None,
+        gt=0,
+        description="The model's context, in tokens (None: as the endpoints report it).",
     )
     is_chat_model: bool = Field(
         default=True, description="The engine serves /chat/completions (else /completions)."
     )
+    is_function_calling_model: bool = Field(
+        default=False, description="The engine parses tool calls (needs is_chat_model)."
+    )
 
     _owns_client: bool = PrivateAttr(default=False)
+    _reported_context: int | None = PrivateAttr(default=None)
+    _context_read: bool = PrivateAttr(default=False)
+    _context_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(self, **data: Any) -> None:
-        client_source("ContextPilotLLM", data)
+        client = client_source("ContextPilotLLM", data)
+        if client is not None:
+            _take_client_settings(client, data)
+        elif data.get("policy", "combined") is None:
+            raise ConfigError(
+                "policy=None is how a policy object is saved (it does not serialize): "
+                "pass policy= (a name or a policy object), e.g. to from_dict / from_json"
+            )
         super().__init__(**data)
+        if self.is_function_calling_model and not self.is_chat_model:
+            raise ConfigError("is_function_calling_model=True needs is_chat_model=True")
         if self.client is None:  # here, not in a validator: pydantic would wrap ConfigError
-            endpoints = list(self.endpoints or ())
-            self.client = RoutingClient(endpoints, model=self.model, policy=self.policy)
+            self.client = RoutingClient(
+                self._fleet(),
+                model=self.model,
+                policy=self.policy,
+                timeout_s=self.timeout,
+                max_attempts=self.max_retries + 1,
+            )
             self._owns_client = True
 
     @classmethod
@@ -128,11 +197,60 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
     @property
     def metadata(self) -> LLMMetadata:
         return LLMMetadata(
-            context_window=self.context_window,
+            context_window=self._context_window(),
             num_output=self.max_tokens or DEFAULT_NUM_OUTPUTS,
             is_chat_model=self.is_chat_model,
-            is_function_calling_model=self.is_chat_model,
+            is_function_calling_model=self.is_function_calling_model,
             model_name=self._routing.model or "contextpilot-routing",
+        )
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _endpoints_from_data(cls, endpoints: Any) -> Any:
+        """Endpoints as :meth:`_endpoints_data` writes them: dicts become Endpoints."""
+        if isinstance(endpoints, (list, tuple)):
+            return [Endpoint(**e) if isinstance(e, Mapping) else e for e in endpoints]
+        return endpoints
+
+    @field_serializer("endpoints")
+    def _endpoints_data(
+        self, endpoints: Sequence[str | Endpoint] | None
+    ) -> list[str | dict[str, Any]] | None:
+        """URLs as they are, :class:`Endpoint` objects as their fields."""
+        if endpoints is None:
+            return None
+        return [e if isinstance(e, str) else asdict(e) for e in endpoints]
+
+    @field_serializer("policy")
+    def _policy_data(self, policy: str | Policy) -> str | None:
+        """A policy name; ``None`` for a policy object (it does not serialize) and for
+        an LLM over a given client (the client has its own)."""
+        return policy if isinstance(policy, str) and self._owns_client else None
+
+    def _fleet(self) -> list[str | Endpoint]:
+        """The endpoints to route over, ``api_key`` given to those without a key."""
+        return [_with_key(endpoint, self.api_key) for endpoint in self.endpoints or ()]
+
+    def _context_window(self) -> int:
+        """``context_window``, else what the endpoints report (read once), else
+        LlamaIndex's default."""
+        if self.context_window is not None:
+            return self.context_window
+        with self._context_lock:
+            if not self._context_read:
+                self._reported_context = self._read_context_window()
+                self._context_read = True
+        return self._reported_context or DEFAULT_CONTEXT_WINDOW
+
+    def _read_context_window(self) -> int | None:
+        if not self._owns_client:  # a given client's endpoints are its own
+            return None
+        fleet = [e if isinstance(e, Endpoint) else Endpoint(e) for e in self._fleet()]
+        return reported_context_window(
+            fleet,
+            self.model,
+            timeout_s=min(MODEL_LIST_TIMEOUT_S, self.timeout),
+            transport=self._routing.config.transport,
         )
 
     def _prepare_chat_with_tools(
@@ -271,6 +389,34 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
 
     def _astream(self, kind: Kind, payload: Payload, kwargs: Mapping[str, Any]) -> AsyncChatStream:
         return self._routing.astream(payload, kind=kind, **self._params(kwargs))
+
+
+def _with_key(endpoint: str | Endpoint, api_key: str | None) -> str | Endpoint:
+    """``endpoint`` sending ``api_key`` unless it has a key of its own."""
+    if api_key is None:
+        return endpoint
+    if isinstance(endpoint, str):
+        return Endpoint(endpoint, api_key=api_key)
+    return endpoint if endpoint.api_key else replace(endpoint, api_key=api_key)
+
+
+def _take_client_settings(client: RoutingClient, data: dict[str, Any]) -> None:
+    """With ``client=``, ``timeout`` and ``max_retries`` are the client's: filled in
+    when not given, a ``ConfigError`` when given otherwise; ``api_key`` is refused (the
+    client's endpoints carry their own keys). A ``policy=None`` (how an LLM over a
+    given client serializes its policy) is dropped."""
+    if data.get("api_key") is not None:
+        raise ConfigError("api_key= goes with endpoints=; a given client's endpoints have theirs")
+    own = {"timeout": client.config.timeout_s, "max_retries": client.config.max_attempts - 1}
+    for name, value in own.items():
+        given = data.setdefault(name, value)
+        if given != value:
+            raise ConfigError(
+                f"{name}={given!r} differs from the given client's {value!r}; "
+                "a given client has its own: set it on the RoutingClient"
+            )
+    if "policy" in data and data["policy"] is None:
+        del data["policy"]
 
 
 def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:

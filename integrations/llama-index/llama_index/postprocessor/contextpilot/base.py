@@ -16,7 +16,7 @@ content), so the order the pilot chose becomes a shared token prefix in the engi
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field
@@ -70,9 +70,9 @@ REQUEST_ID_KEY = "contextpilot_request_id"
 NOTES_KEY = "contextpilot_notes"
 """The request's order / location notes (``""`` when there are none)."""
 DEDUPLICATED_KEY = "contextpilot_deduplicated"
-"""``True`` when the node was already sent in an earlier turn of ``session_id``."""
+"""``True`` when the node was already sent in an earlier turn of ``conversation_id``."""
 HISTORY_LOST_KEY = "contextpilot_history_lost"
-"""``True`` when ``session_id``'s conversation had expired or been evicted, so this
+"""``True`` when ``conversation_id``'s conversation had expired or been evicted, so this
 turn started it again without its history (:attr:`Prompt.history_lost`)."""
 ANNOTATION_KEYS = (
     LABEL_KEY,
@@ -114,9 +114,16 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     ``annotate``: each node shows its label to the LLM, and the pilot's notes
     (relevance ranking, blocks of earlier turns) follow the content of the last node
     the pilot sends in full (through that copy's ``text_template``). ``dedup``: flag
-    nodes already sent in ``session_id``'s earlier turns (:data:`DEDUPLICATED_KEY`)
-    and move them after the others; they are never dropped — see
-    docs/integrations/llama-index.md for when dropping them is safe. ``id_key``:
+    nodes already sent in ``conversation_id``'s earlier turns (:data:`DEDUPLICATED_KEY`)
+    and move them after the others; they are never dropped. It is off by default
+    because dropping (or relying on) a flagged node is safe only when the prompt
+    still contains the earlier turns' nodes, and LlamaIndex's chat engines rebuild
+    the context every turn and keep only the messages (see
+    docs/integrations/llama-index.md). ``conversation_id`` is the conversation key of
+    the whole library (the pilot, the Mem0 adapter, the serve API); ``session_id``,
+    its earlier name here, is still accepted as a constructor keyword and an
+    attribute, and giving both with different values is a
+    :class:`~contextpilot_rag.errors.ConfigError`. ``id_key``:
     take block ids from this metadata key instead of the node id. Works without a
     query (the order never depends on the query text). Each call announces its
     prompt's request id as a :class:`ContextPilotPromptEvent` on LlamaIndex's
@@ -128,8 +135,8 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
         exclude=True,
         description="Owns the context index: share one per process (per engine).",
     )
-    session_id: str | None = Field(
-        default=None, description="Conversation id for dedup; needs dedup=True."
+    conversation_id: str | None = Field(
+        default=None, description="Conversation to dedup in (alias: session_id); needs dedup."
     )
     dedup: bool = Field(default=False, description="Flag (never drop) nodes sent in earlier turns.")
     annotate: bool = Field(
@@ -140,15 +147,24 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     )
 
     def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
+        super().__init__(**_with_conversation_id(data))
         self._check_options()  # here, not in a validator: pydantic would wrap ConfigError
 
+    @property
+    def session_id(self) -> str | None:
+        """The earlier name of :attr:`conversation_id` (reads and sets it)."""
+        return self.conversation_id
+
+    @session_id.setter
+    def session_id(self, value: str | None) -> None:
+        self.conversation_id = value
+
     def _check_options(self) -> None:
-        if self.dedup and not self.session_id:
-            raise ConfigError("dedup=True needs a session_id (the conversation to dedup in)")
-        if self.session_id is not None and not self.dedup:
+        if self.dedup and not self.conversation_id:
+            raise ConfigError("dedup=True needs a conversation_id (the conversation to dedup in)")
+        if self.conversation_id is not None and not self.dedup:
             raise ConfigError(
-                "session_id is used only for dedup: set dedup=True or leave session_id unset"
+                "conversation_id is used only for dedup: set dedup=True or leave it unset"
             )
         if self.id_key is not None and not self.id_key:
             raise ConfigError("id_key must be a non-empty metadata key or None")
@@ -183,7 +199,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
         if not blocks:
             return []
         prompt = self.pilot.optimize(
-            blocks, query, conversation_id=self.session_id if self.dedup else None
+            blocks, query, conversation_id=self.conversation_id if self.dedup else None
         )
         logger.debug(
             "%s: %d nodes, %d matched, %d deduplicated",
@@ -245,6 +261,23 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
             )
             for block in prompt.placed_blocks
         ]
+
+
+def _with_conversation_id(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor keywords with ``session_id`` (the earlier name) given as
+    ``conversation_id``. Raises :class:`ConfigError` when both are given and differ."""
+    options = dict(data)
+    if "session_id" not in options:
+        return options
+    alias = options.pop("session_id")
+    given = options.get("conversation_id")
+    if "conversation_id" in options and given != alias:
+        raise ConfigError(
+            f"conversation_id={given!r} and session_id={alias!r} name two conversations; "
+            "session_id is the earlier name of conversation_id: give only conversation_id"
+        )
+    options["conversation_id"] = alias
+    return options
 
 
 def _query_text(query_bundle: QueryBundle | None) -> str:

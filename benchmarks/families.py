@@ -1,0 +1,834 @@
+"""Workload families: the prompt optimizer on many independently drawn workloads, the
+minimum over a held-out half, and how far each result is from the best possible.
+
+    python benchmarks/families.py --write docs/benchmarks.md --plot docs/img/families.png
+
+Three families (issue 22, items 1 and 3): *batch* (``optimize_batch``, replayed in its
+execution order), *online* (``optimize`` in arrival order) and *multi-turn* (dedup,
+computed tokens vs the unmodified prompts). Each draws ``--count`` workloads from the
+generators of :mod:`contextpilot_rag.bench.workloads` with independent seeds and
+parameters from the issue's ranges; even-numbered workloads are the tuning half,
+odd-numbered ones the held-out half, and targets apply to the held-out worst.
+
+Distance to the optimum: every workload gets a bound that no ordering can pass (a
+prompt token is cached only if its block was in an earlier request), and small batch
+instances are solved exactly (:mod:`contextpilot_rag.bench.optimum`). Writes the
+``families`` generated section of ``--write``; prints the markdown without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lib.batch import SegmentEncoder, _codes, _reference_arm
+from lib.report import progress_bars, save_figure
+from lib.sections import markdown_table, provenance, write_or_print
+from lib.suite import REFERENCE, reference_arms
+
+from contextpilot_rag.batch import plan_batch
+from contextpilot_rag.bench.optimum import (
+    optimal_hits,
+    plan_hits,
+    random_instance,
+    seen_before_bound,
+)
+from contextpilot_rag.bench.workloads import (
+    Workload,
+    WorkloadRequest,
+    multiturn_workload,
+    online_workload,
+    topic_workload,
+)
+from contextpilot_rag.blocks import ContextBlock
+from contextpilot_rag.experiment import (
+    ArmFactory,
+    Progress,
+    baseline_config,
+    block_lookup,
+    dedup_misses,
+    pilot_arm,
+    run_experiment,
+)
+from contextpilot_rag.index import IndexConfig
+from contextpilot_rag.pilot import ContextPilot, PilotConfig
+from contextpilot_rag.prompt import Prompt
+from contextpilot_rag.sim.prefix_cache import PrefixCacheModel
+from contextpilot_rag.sim.replay import (
+    BuildPrompt,
+    EngineTokenizer,
+    Messages,
+    capacity_for,
+    replay,
+)
+from contextpilot_rag.tokenizers import Tokenizer, default_tokenizer
+
+SECTION = "families"
+FAMILIES = ("batch", "online", "multi-turn")
+CAPACITY_FRACTION = 0.25
+PAGE_SLACK_TOKENS = 15  # a cached prefix may end inside one 16-token page of new text
+SMALL_SHAPES = ((6, 3, 6), (7, 4, 8), (8, 4, 8))  # requests, blocks each, vocabulary
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One workload's parameters. ``docs_per_topic`` None: no topic structure."""
+
+    family: str
+    index: int  # even: tuning half; odd: held-out half
+    seed: int
+    n_docs: int
+    k: int
+    zipf: float
+    docs_per_topic: int | None = None
+    turns: int = 1
+    reretrieve: float = 0.0
+    interleave: int = 1
+
+    @property
+    def held_out(self) -> bool:
+        return self.index % 2 == 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One workload's result. ``ours``, ``unmodified``, ``reference``: hit ratio at 25%
+    capacity (batch, online) or computed tokens / unmodified (multi-turn); ``bound``:
+    the best any ordering could reach on the same scale; ``of_bound``: ours as a
+    fraction of that best (1.0: nothing left to gain)."""
+
+    draw: Draw
+    ours: float
+    unmodified: float
+    bound: float
+    of_bound: float
+    reference: float | None = None
+    reference_note: str = ""
+    seconds: float = 0.0  # ours: optimize_batch (batch) or every optimize call
+    plan_s: float | None = None  # batch: plan_batch alone (block codes in)
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.draw.family == "multi-turn"
+
+    @property
+    def versus_reference(self) -> float | None:
+        if self.reference is None or self.reference <= 0:
+            return None
+        return self.reference / self.ours if self.lower_is_better else self.ours / self.reference
+
+
+@dataclass(frozen=True)
+class SmallInstances:
+    """Ours against the exact optimum on small batch instances (block-granular hits)."""
+
+    shape: tuple[int, int, int]
+    of_optimum: tuple[float, ...]  # ours / optimum per instance
+    optimum_of_bound: tuple[float, ...]  # optimum / seen-before bound per instance
+    seconds: float
+
+
+def draw_family(family: str, count: int, seed: int) -> list[Draw]:
+    """``count`` parameter draws; topic structure on for every other pair of
+    workloads (batch, online), so both halves hold both kinds."""
+    rng = np.random.default_rng([seed, FAMILIES.index(family)])
+    draws = []
+    for index in range(count):
+        n_docs = round(math.exp(rng.uniform(math.log(500), math.log(20_000))))
+        k, zipf = int(rng.integers(5, 31)), float(rng.uniform(0.6, 1.4))
+        docs_per_topic = int(rng.integers(max(k, 20), 201))
+        turns, reretrieve = int(rng.integers(2, 11)), float(rng.uniform(0.1, 0.6))
+        interleave, workload_seed = int(rng.integers(4, 33)), int(rng.integers(2**31))
+        draw = Draw(family, index, workload_seed, n_docs, k, zipf)
+        if family == "multi-turn":
+            draw = replace(draw, turns=turns, reretrieve=reretrieve, interleave=interleave)
+        elif index % 4 >= 2:
+            n_topics = max(1, n_docs // docs_per_topic)
+            draw = replace(draw, n_docs=n_topics * docs_per_topic, docs_per_topic=docs_per_topic)
+        draws.append(draw)
+    return draws
+
+
+def make_workload(draw: Draw, n_requests: int, n_turns: int) -> Workload:
+    common = {"k": draw.k, "seed": draw.seed, "zipf_exponent": draw.zipf}
+    if draw.family == "multi-turn":
+        return multiturn_workload(
+            n_sessions=max(1, round(n_turns / draw.turns)),
+            turns=draw.turns,
+            interleave=draw.interleave,
+            reretrieve_fraction=draw.reretrieve,
+            n_docs=draw.n_docs,
+            **common,  # type: ignore[arg-type]
+        )
+    if draw.docs_per_topic is not None:
+        return topic_workload(
+            n_topics=draw.n_docs // draw.docs_per_topic,
+            docs_per_topic=draw.docs_per_topic,
+            n_requests=n_requests,
+            **common,  # type: ignore[arg-type]
+        )
+    return online_workload(n_docs=draw.n_docs, n_requests=n_requests, **common)  # type: ignore[arg-type]
+
+
+# --- bounds: what any ordering could reach --------------------------------------------
+
+
+RequestTokens = tuple[int, list[tuple[str, int]]]
+"""A request's unmodified prompt: tokens before its first block, then (block, tokens)."""
+
+
+def request_tokens(prompts: Iterable[Prompt], tokenizer: Tokenizer) -> list[RequestTokens]:
+    """Per unmodified prompt without history: the head (system message and user
+    header) and each block's segment, tokenized in the pieces :class:`SegmentEncoder`
+    uses. A block renders to the same text wherever it appears, so its segment is its
+    size in any prompt."""
+    sizes: dict[str, int] = {}  # block id -> tokens
+    pieces_tokens: dict[str, int] = {}  # head piece -> tokens
+    rows = []
+    for prompt in prompts:
+        content = prompt.messages[-1]["content"]
+        pieces = [f"<|{m['role']}|>\n{m['content']}\n" for m in prompt.messages[:-1]]
+        pieces.append("<|user|>\n" + content[: prompt.boundaries[0].char_start])
+        for piece in pieces:
+            if piece not in pieces_tokens:
+                pieces_tokens[piece] = len(tokenizer.encode(piece))
+        for b in prompt.boundaries:
+            if b.block_id not in sizes:
+                sizes[b.block_id] = len(tokenizer.encode(content[b.char_start : b.char_end]))
+        head = sum(pieces_tokens[piece] for piece in pieces)
+        rows.append((head, [(b.block_id, sizes[b.block_id]) for b in prompt.boundaries]))
+    return rows
+
+
+def unmodified_prompts(workload: Workload, tokenizer: Tokenizer) -> Iterator[Prompt]:
+    """The unmodified prompt of every request, without history."""
+    render = ContextPilot(baseline_config(), tokenizer=tokenizer)
+    blocks = block_lookup(workload)
+    for request in workload.requests:
+        yield render.optimize(
+            [blocks(d) for d in request.doc_ids], request.query, system=workload.system_prompt
+        )
+
+
+def cached_upper_bound(rows: Iterable[RequestTokens]) -> int:
+    """Cached tokens no ordering can exceed (unbounded cache): the head and every
+    block seen in an earlier request, plus less than one page per request. The sum
+    over blocks, occurrences less one, is the same in every execution order."""
+    seen: set[str] = set()
+    total = 0
+    for number, (head, blocks) in enumerate(rows):
+        total += (head if number else 0) + sum(size for b, size in blocks if b in seen)
+        total += PAGE_SLACK_TOKENS
+        seen.update(b for b, _ in blocks)
+    return total
+
+
+def computed_lower_bound(requests: Sequence[WorkloadRequest], rows: Sequence[RequestTokens]) -> int:
+    """Computed tokens no prompt strategy goes below (unbounded cache, arrival order,
+    history first): a first turn computes the blocks no earlier request retrieved (and
+    the first head); a later turn's prompt starts with its conversation's history,
+    which holds a question asked nowhere else, so it computes every block new to the
+    conversation. Less at most one page per request that may match by coincidence."""
+    seen: set[str] = set()
+    in_session: dict[str | None, set[str]] = defaultdict(set)
+    total = 0
+    for number, (request, (head, blocks)) in enumerate(zip(requests, rows, strict=True)):
+        known = seen if request.turn == 0 else in_session[request.session]
+        new = (0 if number else head) + sum(size for b, size in blocks if b not in known)
+        total += max(0, new - PAGE_SLACK_TOKENS)
+        seen.update(b for b, _ in blocks)
+        in_session[request.session].update(b for b, _ in blocks)
+    return total
+
+
+# --- the three families -----------------------------------------------------------------
+
+
+def replay_streams(streams: Iterable[Sequence[int]], capacity: int) -> PrefixCacheModel:
+    cache = PrefixCacheModel(capacity_tokens=capacity)
+    for stream in streams:
+        cache.admit(stream)
+    return cache
+
+
+@dataclass
+class SingleTurn:
+    """A batch or online workload's unmodified side: its requests, the cache capacity
+    they set, their replay and the bound on cached tokens."""
+
+    requests: list[tuple[list[ContextBlock], str]]
+    encode: SegmentEncoder
+    capacity: int
+    unmodified: PrefixCacheModel
+    rows: list[RequestTokens]
+
+    @classmethod
+    def of(cls, workload: Workload, tokenizer: Tokenizer) -> SingleTurn:
+        blocks = block_lookup(workload)
+        requests = [([blocks(d) for d in r.doc_ids], r.query) for r in workload.requests]
+        encode = SegmentEncoder(tokenizer)
+        prompts = list(unmodified_prompts(workload, tokenizer))
+        capacity = capacity_for((encode(p) for p in prompts), CAPACITY_FRACTION)
+        base = replay_streams((encode(p) for p in prompts), capacity)
+        return cls(requests, encode, capacity, base, request_tokens(prompts, tokenizer))
+
+    def pilot(self, tokenizer: Tokenizer) -> ContextPilot:
+        config = PilotConfig(index=IndexConfig(capacity_tokens=self.capacity))
+        return ContextPilot(config, tokenizer=tokenizer)
+
+    def outcome(self, draw: Draw, prompts: Iterable[Prompt], **fields: Any) -> Outcome:
+        ours = replay_streams((self.encode(p) for p in prompts), self.capacity)
+        bound = cached_upper_bound(self.rows)
+        return Outcome(
+            draw,
+            ours.hit_ratio,
+            self.unmodified.hit_ratio,
+            bound / self.unmodified.prompt_tokens_total,
+            ours.cached_tokens_total / bound,
+            **fields,
+        )
+
+
+def run_batch_draw(
+    draw: Draw, workload: Workload, tokenizer: Tokenizer, reference_timeout_s: float | None
+) -> Outcome:
+    side = SingleTurn.of(workload, tokenizer)
+    started = time.perf_counter()
+    prompts = side.pilot(tokenizer).optimize_batch(side.requests, system=workload.system_prompt)
+    seconds = time.perf_counter() - started
+    codes = _codes(workload)
+    coded = [[codes[d] for d in r.doc_ids] for r in workload.requests]
+    reference, note = None, "not run"
+    if reference_timeout_s is not None:
+        blocks = {d: ContextBlock(text, id=d) for d, text in workload.corpus.items()}
+        arm = _reference_arm(
+            workload, coded, blocks, side.encode, side.capacity, reference_timeout_s, tokenizer,
+            _no_tick,
+        )  # fmt: skip
+        reference, note = (None, "did not finish") if arm.plan_s is None else (arm.hit_ratio, "")
+    return side.outcome(
+        draw,
+        prompts,
+        reference=reference,
+        reference_note=note,
+        seconds=seconds,
+        plan_s=_time_plan(coded, side.rows, codes),
+    )
+
+
+def _time_plan(
+    coded: Sequence[Sequence[int]], rows: Sequence[RequestTokens], codes: dict[str, int]
+) -> float:
+    weights = [0.0] * len(codes)
+    for _, blocks in rows:
+        for block_id, size in blocks:
+            weights[codes[block_id]] = float(size)
+    started = time.perf_counter()
+    plan_batch(coded, weights=weights)
+    return time.perf_counter() - started
+
+
+class _DidNotFinish(Exception):
+    """The reference arm ran past its time limit."""
+
+
+def run_online_draw(
+    draw: Draw, workload: Workload, tokenizer: Tokenizer, reference_timeout_s: float | None
+) -> Outcome:
+    side = SingleTurn.of(workload, tokenizer)
+    pilot = side.pilot(tokenizer)
+    started = time.perf_counter()
+    prompts = [pilot.optimize(b, q, system=workload.system_prompt) for b, q in side.requests]
+    seconds = time.perf_counter() - started
+    reference, note = None, "not run"
+    if reference_timeout_s is not None:
+        reference, note = _online_reference(workload, tokenizer, side.capacity, reference_timeout_s)
+    return side.outcome(draw, prompts, reference=reference, reference_note=note, seconds=seconds)
+
+
+def _online_reference(
+    workload: Workload, tokenizer: Tokenizer, capacity: int, timeout_s: float
+) -> tuple[float | None, str]:
+    """The reference's online mode (bench.py's arm) with a time limit for the whole
+    workload: its hit ratio, or None and why not."""
+    arms = reference_arms(workload, tokenizer)
+    if not arms:
+        return None, "not installed"
+    build, _ = arms[0][1](capacity)
+    deadline = time.perf_counter() + timeout_s
+
+    def limited(request: WorkloadRequest) -> Messages:
+        if time.perf_counter() > deadline:
+            raise _DidNotFinish
+        return build(request)
+
+    try:
+        arm = replay(
+            REFERENCE, workload, limited, EngineTokenizer(tokenizer), capacity_tokens=capacity
+        )
+    except _DidNotFinish:
+        return None, "did not finish"
+    except Exception as error:  # the reference's own failures are reported, not raised
+        return None, f"failed ({type(error).__name__})"
+    return arm.hit_ratio, ""
+
+
+def default_arm(workload: Workload, tokenizer: Tokenizer) -> ArmFactory:
+    """Ours with the default configuration at the experiment's capacity."""
+
+    def make(capacity: int) -> tuple[BuildPrompt[WorkloadRequest], Callable[[], int]]:
+        config = PilotConfig(index=IndexConfig(capacity_tokens=capacity))
+        pilot = ContextPilot(config, tokenizer=tokenizer)
+        build, prompts = pilot_arm(pilot, workload, block_lookup(workload))
+        return build, lambda: dedup_misses(prompts)
+
+    return make
+
+
+def run_multiturn_draw(
+    draw: Draw, workload: Workload, tokenizer: Tokenizer, reference_timeout_s: float | None
+) -> Outcome:
+    result = run_experiment(
+        "multi-turn",
+        workload,
+        [("ours", default_arm(workload, tokenizer))],
+        capacity_fraction=CAPACITY_FRACTION,
+        tokenizer=tokenizer,
+        cache_answers=True,
+    )
+    base, ours = result.arm("unmodified"), result.arm("ours")
+    rows = request_tokens(unmodified_prompts(workload, tokenizer), tokenizer)
+    lower = computed_lower_bound(workload.requests, rows)
+    return Outcome(
+        draw,
+        ours.computed_tokens / base.computed_tokens,
+        1.0,
+        lower / base.computed_tokens,
+        lower / ours.computed_tokens,
+        reference_note="no multi-turn mode",
+        seconds=ours.build_s,
+    )
+
+
+RUNNERS: dict[str, Callable[[Draw, Workload, Tokenizer, float | None], Outcome]] = {
+    "batch": run_batch_draw,
+    "online": run_online_draw,
+    "multi-turn": run_multiturn_draw,
+}
+
+
+def _no_tick(label: str, total: int) -> Callable[[], None]:
+    return lambda: None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload to run, in a worker process."""
+
+    draw: Draw
+    n_requests: int
+    n_turns: int
+    reference_timeout_s: float | None
+
+
+def run_job(job: Job) -> Outcome:
+    workload = make_workload(job.draw, job.n_requests, job.n_turns)
+    runner = RUNNERS[job.draw.family]
+    return runner(job.draw, workload, default_tokenizer(), job.reference_timeout_s)
+
+
+def run_jobs(jobs: Sequence[Job], processes: int, progress: Progress) -> list[Outcome]:
+    """Every job, in order, on ``processes`` worker processes (1: in this process)."""
+    tick = progress("workloads", len(jobs))
+    if processes <= 1:
+        outcomes = []
+        for job in jobs:
+            outcomes.append(run_job(job))
+            tick()
+        return outcomes
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        outcomes = []
+        for outcome in pool.imap(run_job, jobs):
+            outcomes.append(outcome)
+            tick()
+        return outcomes
+
+
+def run_small_instances(
+    shape: tuple[int, int, int], instances: int, seed: int, progress: Progress
+) -> SmallInstances:
+    """Ours (``plan_batch`` defaults, unit block weights) and the exact optimum."""
+    n_requests, blocks_per_request, vocabulary = shape
+    tick = progress(f"optimum: {n_requests} x {blocks_per_request} of {vocabulary}", instances)
+    of_optimum, of_bound = [], []
+    started = time.perf_counter()
+    for number in range(instances):
+        requests = random_instance(
+            seed * 100_003 + number,
+            n_requests=n_requests,
+            blocks_per_request=blocks_per_request,
+            vocabulary=vocabulary,
+        )
+        plan = plan_batch(requests)
+        sequences = [[r[p] for p in order] for r, order in zip(requests, plan.orders, strict=True)]
+        ours = plan_hits([sequences[i] for i in plan.schedule])
+        optimum = optimal_hits(requests).hits
+        of_optimum.append(ours / optimum if optimum else 1.0)
+        bound = seen_before_bound(requests)
+        of_bound.append(optimum / bound if bound else 1.0)
+        tick()
+    return SmallInstances(shape, tuple(of_optimum), tuple(of_bound), time.perf_counter() - started)
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    measure: str
+    family: str
+    threshold: float
+    value: Callable[[Sequence[Outcome]], float | None]  # over the held-out half
+    at_most: bool = False
+    ratio: bool = False
+
+    def cells(self, outcomes: Sequence[Outcome]) -> tuple[str, str, str, str]:
+        held_out = [o for o in outcomes if o.draw.family == self.family and o.draw.held_out]
+        value = self.value(held_out) if held_out else None
+        shown = "-" if value is None else _format(value, self.ratio)
+        met = "-" if value is None else "yes" if _meets(value, self) else "no"
+        sign = "<=" if self.at_most else ">="
+        return self.measure, f"{sign} {_format(self.threshold, self.ratio)}", shown, met
+
+
+def _meets(value: float, target: Target) -> bool:
+    return value <= target.threshold if target.at_most else value >= target.threshold
+
+
+def _format(value: float, ratio: bool) -> str:
+    return f"{value:.2f}x" if ratio else f"{value:.1%}"
+
+
+def _worst_versus_reference(outcomes: Sequence[Outcome]) -> float | None:
+    ratios = [o.versus_reference for o in outcomes if o.versus_reference is not None]
+    return min(ratios) if ratios else None
+
+
+TARGETS = (
+    Target("batch hit ratio, worst held-out", "batch", 0.38, lambda o: min(x.ours for x in o)),
+    Target("batch ours / reference, worst held-out that finished", "batch", 1.15,
+           _worst_versus_reference, ratio=True),
+    Target("online hit ratio, worst held-out", "online", 0.25, lambda o: min(x.ours for x in o)),
+    Target("online ours / reference, worst held-out", "online", 2.0, _worst_versus_reference,
+           ratio=True),
+    Target("multi-turn computed vs unmodified, worst held-out", "multi-turn", 0.60,
+           lambda o: max(x.ours for x in o), at_most=True),
+)  # fmt: skip
+
+
+def _span(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    if not values:
+        return "-"
+    return " / ".join(fmt(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+def _percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _times(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def summary_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
+    rows = []
+    for family in FAMILIES:
+        for half, held_out in (("tuning", False), ("held-out", True)):
+            part = [o for o in outcomes if o.draw.family == family and o.draw.held_out == held_out]
+            if not part:
+                continue
+            versus = [o.versus_reference for o in part if o.versus_reference is not None]
+            rows.append(
+                [
+                    family,
+                    half,
+                    str(len(part)),
+                    _span([o.ours for o in part], _percent),
+                    _span([o.unmodified for o in part], _percent),
+                    _span([o.bound for o in part], _percent),
+                    _span([o.of_bound for o in part], _percent),
+                    _span([v for v in versus if v is not None], _times)
+                    + (f" ({len(versus)} of {len(part)})" if versus else ""),
+                ]
+            )
+    return rows
+
+
+def _shape(draw: Draw) -> list[str]:
+    topics = "-" if draw.docs_per_topic is None else f"{draw.docs_per_topic} docs each"
+    sessions = (
+        f"{draw.turns} turns, {draw.reretrieve:.0%} again, {draw.interleave} at once"
+        if draw.family == "multi-turn"
+        else "-"
+    )
+    return [f"{draw.n_docs:,}", str(draw.k), f"{draw.zipf:.2f}", topics, sessions]
+
+
+def workload_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
+    rows = []
+    for o in outcomes:
+        reference = "-" if o.reference is None else _percent(o.reference)
+        versus = o.versus_reference
+        rows.append(
+            [
+                str(o.draw.index),
+                "held-out" if o.draw.held_out else "tuning",
+                *_shape(o.draw),
+                _percent(o.unmodified),
+                _percent(o.ours),
+                _percent(o.bound),
+                _percent(o.of_bound),
+                reference if not o.reference_note else o.reference_note,
+                "-" if versus is None else _times(versus),
+                f"{o.seconds:.2f} s" + ("" if o.plan_s is None else f" ({o.plan_s:.2f} s)"),
+            ]
+        )
+    return rows
+
+
+_WORKLOAD_HEADERS = (
+    "#",
+    "half",
+    "D",
+    "k",
+    "Zipf",
+    "topics",
+    "sessions",
+    "unmodified",
+    "ours",
+    "bound",
+    "ours of bound",
+    "reference",
+    "ours vs reference",
+    "ours, seconds (plan)",
+)
+
+
+def small_rows(results: Sequence[SmallInstances]) -> list[list[str]]:
+    return [
+        [
+            f"{r.shape[0]} requests x {r.shape[1]} blocks of {r.shape[2]}",
+            str(len(r.of_optimum)),
+            f"{min(r.of_optimum):.1%} / {statistics.median(r.of_optimum):.1%}",
+            f"{sum(v >= 1.0 - 1e-12 for v in r.of_optimum) / len(r.of_optimum):.0%}",
+            f"{min(r.optimum_of_bound):.1%} / {statistics.median(r.optimum_of_bound):.1%}",
+            f"{r.seconds:.1f} s",
+        ]
+        for r in results
+    ]
+
+
+def report_markdown(
+    command: str,
+    outcomes: Sequence[Outcome],
+    small: Sequence[SmallInstances],
+    *,
+    n_requests: int,
+    n_turns: int,
+    reference_timeout_s: float | None,
+    seconds: float,
+    image: Path | None,
+) -> str:
+    lines = [
+        "## Workload families: held-out worst case and distance to the optimum "
+        "(`benchmarks/families.py`)",
+        "",
+        provenance(command, 1, "one run; hit ratios and token counts are deterministic "
+                   "(seeded draws), seconds are from that run"),
+        *_method_lines(n_requests, n_turns, reference_timeout_s, seconds),
+        "",
+        "### Targets (issue 22), on the held-out half",
+        "",
+        *markdown_table(("measure", "target", "measured", "met"),
+                        [t.cells(outcomes) for t in TARGETS]),
+        "",
+        "### Per family: min / median / max",
+        "",
+        *markdown_table(
+            ("family", "half", "workloads", "ours", "unmodified", "bound", "ours of bound",
+             "ours vs reference (where it finished)"),
+            summary_rows(outcomes),
+        ),
+        "",
+        "### Small batch instances: ours against the exact optimum",
+        "",
+        "Requests are sets of distinct blocks drawn by Zipf popularity (exponent 1) from a "
+        "small vocabulary; unit block weights, unbounded cache, a request hits its longest "
+        "common block prefix with any earlier request. The optimum is the lightest trie "
+        "over all block orders (exhaustive search, `contextpilot_rag.bench.optimum`); "
+        "ours is `plan_batch` with its defaults.",
+        "",
+        *markdown_table(
+            ("instances", "count", "ours / optimum, min / median", "ours optimal",
+             "optimum / seen-before bound, min / median", "seconds"),
+            small_rows(small),
+        ),
+    ]  # fmt: skip
+    for family in FAMILIES:
+        part = [o for o in outcomes if o.draw.family == family]
+        if part:
+            lines += ["", f"### {family}: every workload", "", *_family_note(family), ""]
+            lines += markdown_table(_WORKLOAD_HEADERS, workload_rows(part))
+    if image is not None:
+        lines += ["", f"![workload families]({image.as_posix()})"]
+    return "\n".join(lines)
+
+
+def _method_lines(
+    n_requests: int, n_turns: int, reference_timeout_s: float | None, seconds: float
+) -> list[str]:
+    limit = "not run" if reference_timeout_s is None else f"limit {reference_timeout_s:.0f} s"
+    return [
+        f"- draws: D log-uniform 500–20,000 documents, k 5–30, Zipf exponent 0.6–1.4; "
+        f"batch and online: {n_requests:,} requests, topic structure (`topic_workload`, "
+        "20–200 documents per topic) on workloads 2, 3 of every 4, else `online_workload`; "
+        f"multi-turn: about {n_turns:,} turns, session length 2–10 turns, re-retrieval "
+        "10–60% of k, 4–32 sessions interleaved; independent seeds",
+        "- split: even-numbered workloads are the tuning half, odd-numbered the held-out "
+        "half; targets apply to the held-out worst",
+        "- cache model: `PrefixCacheModel` (16-token blocks, LRU) at 25% of the unmodified "
+        "prompts' distinct cacheable tokens (as in the `bench` section); multi-turn engines "
+        "keep the KV of decoded answers",
+        "- bound: batch and online, the cached tokens of an unbounded cache where every "
+        "block seen in an earlier request (and the shared system prompt) is a hit, plus "
+        "one partial page per request, over the unmodified prompt tokens; *ours of bound* "
+        "= our cached tokens / those. Multi-turn, the computed tokens that no strategy "
+        "avoids (every block's first retrieval, the system prompt once, less one page per "
+        "request) over the unmodified computed tokens; *ours of bound* = that / ours",
+        f"- reference `contextpilot` 0.5.0: batch mode in a child process, online mode "
+        f"in process, per workload {limit}; its prompts use our rendering without notes",
+        f"- whole run: {seconds:.0f} s",
+    ]
+
+
+def _family_note(family: str) -> list[str]:
+    return {
+        "batch": ["Hit ratio at 25% capacity, `optimize_batch` replayed in its execution "
+                  "order; seconds: `optimize_batch` (in parentheses `plan_batch` alone)."],
+        "online": ["Hit ratio at 25% capacity, `optimize` in arrival order; seconds: every "
+                   "`optimize` call of the workload."],
+        "multi-turn": ["Computed tokens as a share of the unmodified prompts' (lower is "
+                       "better); bound: the share no strategy goes below."],
+    }[family]  # fmt: skip
+
+
+def plot_families(outcomes: Sequence[Outcome], small: Sequence[SmallInstances], path: Path) -> bool:
+    """One panel per family (ours per workload, bound, reference, unmodified) and one
+    for ours / optimum on small instances. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axes = plt.subplots(2, 2, figsize=(13, 8))
+    for axis, family in zip(axes.flat, FAMILIES, strict=False):
+        _plot_family(axis, [o for o in outcomes if o.draw.family == family], family)
+    axis = axes.flat[3]
+    for result in small:
+        axis.hist([v * 100 for v in result.of_optimum], bins=20, alpha=0.5,
+                  label=f"{result.shape[0]} x {result.shape[1]} of {result.shape[2]}")  # fmt: skip
+    axis.set_xlabel("ours / exact optimum (%), small batch instances")
+    axis.set_ylabel("instances")
+    axis.legend()
+    return save_figure(figure, path)
+
+
+def _plot_family(axis: object, outcomes: Sequence[Outcome], family: str) -> None:
+    x = [o.draw.index for o in outcomes]
+    colors = ["#dd8452" if o.draw.held_out else "#4c72b0" for o in outcomes]
+    axis.bar(x, [o.ours * 100 for o in outcomes], color=colors)  # type: ignore[attr-defined]
+    axis.scatter(x, [o.bound * 100 for o in outcomes], marker="_", s=300, color="black",  # type: ignore[attr-defined]
+                 label="bound", zorder=3)  # fmt: skip
+    references = [(o.draw.index, o.reference * 100) for o in outcomes if o.reference is not None]
+    if references:
+        axis.scatter(*zip(*references, strict=True), marker="x", color="#c44e52",  # type: ignore[attr-defined]
+                     label="reference", zorder=3)  # fmt: skip
+    axis.scatter(x, [o.unmodified * 100 for o in outcomes], marker=".", color="gray",  # type: ignore[attr-defined]
+                 label="unmodified", zorder=3)  # fmt: skip
+    scale = "computed tokens, % of unmodified" if family == "multi-turn" else "hit ratio (%)"
+    axis.set_ylabel(scale)  # type: ignore[attr-defined]
+    axis.set_xlabel("workload (blue: tuning, orange: held-out)")  # type: ignore[attr-defined]
+    axis.set_title(family)  # type: ignore[attr-defined]
+    axis.legend(fontsize="small")  # type: ignore[attr-defined]
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=12, help="workloads per family (12)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma separated")
+    parser.add_argument("--requests", type=int, default=1000, help="batch and online (1000)")
+    parser.add_argument("--turns", type=int, default=400, help="multi-turn, about (400)")
+    parser.add_argument("--small-instances", type=int, default=100, help="per shape (100)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the reference")
+    parser.add_argument(
+        "--reference-timeout", type=float, default=15.0, help="seconds per workload (15)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    timeout = None if args.no_reference else args.reference_timeout
+    started = time.perf_counter()
+    families = [f for f in args.families.split(",") if f]
+    jobs = [
+        Job(draw, args.requests, args.turns, timeout)
+        for family in families
+        for draw in draw_family(family, args.count, args.seed)
+    ]
+    with progress_bars() as progress:
+        outcomes = run_jobs(jobs, args.jobs, progress)
+        small = [
+            run_small_instances(shape, args.small_instances, args.seed, progress)
+            for shape in SMALL_SHAPES
+        ]
+    image = None
+    if args.plot and plot_families(outcomes, small, args.plot) and args.write:
+        image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
+    report = report_markdown(
+        ("python benchmarks/families.py " + " ".join(argv)).strip(),
+        outcomes,
+        small,
+        n_requests=args.requests,
+        n_turns=args.turns,
+        reference_timeout_s=timeout,
+        seconds=time.perf_counter() - started,
+        image=image,
+    )
+    write_or_print(report, SECTION, args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""The best possible prefix sharing of a small batch, exactly, and a bound for any batch.
+
+The batch problem (unbounded cache, block granularity): every request is a set of
+distinct blocks; a plan chooses each request's block order and an execution order; a
+request hits the longest common prefix of its sequence with any earlier request's
+sequence (in blocks, each weighted by its size). The sent sequences form a trie, and a
+request adds exactly the trie nodes it does not share with an earlier one, so
+
+    hits = weight of everything sent - weight of the trie of all sequences
+
+for every execution order: only the block orders matter, and the optimum is the
+lightest trie. :func:`optimal_hits` finds it by exhaustive search with memoisation
+(exponential: a handful of requests only); :func:`seen_before_bound` bounds every plan
+of every size without search ("every block seen before is a hit").
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+__all__ = [
+    "OptimalPlan",
+    "optimal_hits",
+    "plan_hits",
+    "random_instance",
+    "seen_before_bound",
+]
+
+_Key = tuple[tuple[int, ...], ...]
+"""Sets of blocks as a canonical multiset: sorted tuples of sorted, non-empty tuples."""
+
+
+@dataclass(frozen=True)
+class OptimalPlan:
+    """``sequences[i]``: request ``i``'s blocks in the best order; ``hits``: the weight
+    of blocks hit when the sequences run in any order."""
+
+    sequences: tuple[tuple[int, ...], ...]
+    hits: float
+
+
+def plan_hits(
+    sequences_in_execution_order: Sequence[Sequence[int]],
+    weights: Mapping[int, float] | None = None,
+) -> float:
+    """Weight of the blocks hit: each sequence's longest common prefix with any
+    earlier sequence (unbounded cache, block granularity)."""
+    seen: set[tuple[int, ...]] = set()
+    hits = 0.0
+    for sequence in sequences_in_execution_order:
+        prefix: tuple[int, ...] = ()
+        for block in sequence:
+            prefix += (block,)
+            if prefix not in seen:
+                break
+            hits += _weight(weights, block)
+        seen.update(tuple(sequence[:end]) for end in range(1, len(sequence) + 1))
+    return hits
+
+
+def seen_before_bound(
+    requests: Sequence[Collection[int]], weights: Mapping[int, float] | None = None
+) -> float:
+    """An upper bound on the hits of every plan: a block can hit only where it was in
+    an earlier request, so each block hits at most once fewer than it occurs."""
+    counts = Counter(block for request in requests for block in set(request))
+    return sum((count - 1) * _weight(weights, block) for block, count in counts.items())
+
+
+def optimal_hits(
+    requests: Sequence[Collection[int]], weights: Mapping[int, float] | None = None
+) -> OptimalPlan:
+    """The block orders with the most hits (exact). Exponential in the instance: meant
+    for up to about 8 requests of 4 blocks."""
+    sets = [tuple(sorted(set(request))) for request in requests]
+    solver = _LightestTrie(weights)
+    sequences = solver.assign(sets)
+    total = sum(_weight(weights, block) for request in sets for block in request)
+    return OptimalPlan(tuple(sequences), total - solver.weight(_canonical(sets)))
+
+
+def random_instance(
+    seed: int, *, n_requests: int, blocks_per_request: int, vocabulary: int, skew: float = 1.0
+) -> list[tuple[int, ...]]:
+    """``n_requests`` sets of ``blocks_per_request`` distinct blocks out of
+    ``vocabulary``, drawn by Zipf popularity (``1 / rank**skew``) without
+    replacement, in a random order. Deterministic in its arguments."""
+    if not 1 <= blocks_per_request <= vocabulary:
+        raise ValueError(f"need 1 <= blocks_per_request <= vocabulary, got {blocks_per_request}")
+    rng = random.Random(seed)
+    popularity = [1.0 / (rank + 1) ** skew for rank in range(vocabulary)]
+    requests = []
+    for _ in range(n_requests):
+        keys = {block: rng.random() ** (1.0 / popularity[block]) for block in range(vocabulary)}
+        chosen = sorted(keys, key=keys.__getitem__, reverse=True)[:blocks_per_request]
+        rng.shuffle(chosen)
+        requests.append(tuple(chosen))
+    return requests
+
+
+def _weight(weights: Mapping[int, float] | None, block: int) -> float:
+    return 1.0 if weights is None else weights[block]
+
+
+def _canonical(sets: Sequence[Sequence[int]]) -> _Key:
+    return tuple(sorted(tuple(sorted(blocks)) for blocks in sets if blocks))
+
+
+class _LightestTrie:
+    """Memoised search for the lightest trie over a multiset of block sets.
+
+    The root's children partition the sets by their first block. The first set takes
+    some block ``b`` first; any subset of the other sets holding ``b`` joins it under
+    that child, and the rest form tries of their own. A branch that puts ``b`` under
+    two children overcounts (the trie would merge them), so it is never below the
+    optimum, and the optimum is one of the branches: the minimum is exact."""
+
+    def __init__(self, weights: Mapping[int, float] | None) -> None:
+        self._weights = weights
+        self._best: dict[_Key, tuple[float, int, tuple[int, ...]]] = {}
+
+    def weight(self, key: _Key) -> float:
+        """Weight of the lightest trie holding every set of ``key`` as a path."""
+        if not key:
+            return 0.0
+        if key not in self._best:
+            self._best[key] = self._search(key)
+        return self._best[key][0]
+
+    def _search(self, key: _Key) -> tuple[float, int, tuple[int, ...]]:
+        first, rest = key[0], key[1:]
+        best: tuple[float, int, tuple[int, ...]] = (float("inf"), -1, ())
+        for block in first:
+            holders = [i for i, blocks in enumerate(rest) if block in blocks]
+            for size in range(len(holders) + 1):
+                for together in combinations(holders, size):
+                    inside, outside = _split(key, block, together)
+                    value = (
+                        _weight(self._weights, block)
+                        + self.weight(_canonical(inside))
+                        + self.weight(_canonical(outside))
+                    )
+                    if value < best[0]:
+                        best = (value, block, together)
+        return best
+
+    def sequences(self, key: _Key) -> list[tuple[int, ...]]:
+        """For each set of ``key``, in order, its path in the lightest trie."""
+        if not key:
+            return []
+        self.weight(key)
+        _, block, together = self._best[key]
+        inside_positions = [0, *(1 + i for i in together)]
+        outside_positions = [p for p in range(1, len(key)) if p - 1 not in together]
+        inside, outside = _split(key, block, together)
+        paths: list[tuple[int, ...]] = [()] * len(key)
+        for position, path in zip(inside_positions, self.assign(inside), strict=True):
+            paths[position] = (block, *path)
+        for position, path in zip(outside_positions, self.assign(outside), strict=True):
+            paths[position] = path
+        return paths
+
+    def assign(self, sets: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        """Paths for ``sets`` in their own order (empty sets get empty paths)."""
+        key = _canonical(sets)
+        pool: dict[tuple[int, ...], list[tuple[int, ...]]] = defaultdict(list)
+        for blocks, path in zip(key, self.sequences(key), strict=True):
+            pool[blocks].append(path)
+        return [pool[tuple(sorted(blocks))].pop() if blocks else () for blocks in sets]
+
+
+def _split(
+    key: _Key, block: int, together: tuple[int, ...]
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The sets under ``block`` (the first and ``rest[together]``, ``block`` removed)
+    and the others."""
+    chosen = set(together)
+    inside = [key[0], *(key[1 + i] for i in together)]
+    outside = [blocks for i, blocks in enumerate(key[1:]) if i not in chosen]
+    return [tuple(b for b in blocks if b != block) for blocks in inside], outside

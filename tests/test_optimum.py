@@ -1,0 +1,75 @@
+"""The small-instance optimum of batch prefix sharing (contextpilot_rag.bench.optimum)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import permutations, product
+
+import pytest
+
+from contextpilot_rag.batch import plan_batch
+from contextpilot_rag.bench.optimum import (
+    optimal_hits,
+    plan_hits,
+    random_instance,
+    seen_before_bound,
+)
+
+
+def brute_force_hits(requests: Sequence[Sequence[int]]) -> float:
+    """Every block order of every request, and every execution order."""
+    best = 0.0
+    for sequences in product(*(permutations(request) for request in requests)):
+        for order in permutations(range(len(requests))):
+            best = max(best, plan_hits([sequences[i] for i in order]))
+    return best
+
+
+def ours_hits(requests: Sequence[Sequence[int]]) -> float:
+    plan = plan_batch(requests)
+    sequences = [
+        [request[p] for p in order] for request, order in zip(requests, plan.orders, strict=True)
+    ]
+    return plan_hits([sequences[i] for i in plan.schedule])
+
+
+TINY = [
+    random_instance(seed, n_requests=4, blocks_per_request=3, vocabulary=5) for seed in range(8)
+]
+
+
+def test_plan_hits_counts_the_longest_prefix_shared_with_any_earlier_request() -> None:
+    assert plan_hits([(1, 2, 3), (1, 2, 4), (1, 5), (1, 2, 4)]) == 2 + 1 + 3
+
+
+@pytest.mark.parametrize("requests", TINY)
+def test_optimum_equals_brute_force_on_tiny_instances(requests: list[tuple[int, ...]]) -> None:
+    assert optimal_hits(requests).hits == brute_force_hits(requests)
+
+
+@pytest.mark.parametrize("requests", TINY)
+def test_optimal_sequences_reach_the_optimum_and_are_permutations(
+    requests: list[tuple[int, ...]],
+) -> None:
+    plan = optimal_hits(requests)
+    assert [sorted(s) for s in plan.sequences] == [sorted(r) for r in requests]
+    assert plan_hits(plan.sequences) == plan.hits
+
+
+def test_weighted_optimum_prefers_sharing_the_heavy_block() -> None:
+    requests = [(1, 2), (1, 3), (2, 3)]
+    weights = {1: 10.0, 2: 1.0, 3: 1.0}
+    plan = optimal_hits(requests, weights)
+    assert plan.hits == 10.0
+    assert plan_hits(plan.sequences, weights) == 10.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ours_never_exceeds_the_optimum_nor_the_optimum_the_bound(seed: int) -> None:
+    requests = random_instance(seed, n_requests=7, blocks_per_request=4, vocabulary=8)
+    optimum = optimal_hits(requests).hits
+    assert ours_hits(requests) <= optimum <= seen_before_bound(requests)
+
+
+def test_duplicate_requests_hit_in_full() -> None:
+    assert optimal_hits([(3, 1, 2), (2, 3, 1)]).hits == 3
