@@ -10,7 +10,7 @@ NEWEST_VENV := .venv-newest
 # what the examples import besides our wheels (their engines are loopback test servers)
 EXAMPLE_DEPS := "langchain-openai>=1.0,<2" "llama-index-llms-openai-like>=0.8,<0.9"
 
-.PHONY: demo test test-engine test-wheels test-newest lint dist bench bench-families bench-sim bench-soak bench-engine bench-litellm-proxy clean
+.PHONY: demo test test-engine test-wheels test-newest lint dist bench bench-families bench-sim bench-soak bench-engine bench-litellm-proxy bench-cloud clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,11 @@ bench-litellm-proxy: $(STAMP) $(PROXY_STAMP)
 # online, batch, multi-turn and the LangChain path on it (docs/benchmarks.md, engine-suite).
 bench-engine: $(STAMP)
 	$(BIN)/python benchmarks/engine.py --write docs/benchmarks.md --plot docs/img/engine_suite.png
+
+# Hosted prompt caches (issue 25): input-token cost on the emulated Anthropic and OpenAI
+# caches, unmodified vs contextpilot_rag (docs/benchmarks.md, cloud); no API key, minutes.
+bench-cloud: $(STAMP)
+	$(BIN)/python benchmarks/cloud.py --write docs/benchmarks.md --plot docs/img/cloud.png
 
 # Tests against real engines (deselected by `make test`; each skips when its engine is absent).
 test-engine: $(STAMP)

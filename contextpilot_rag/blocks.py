@@ -320,6 +320,7 @@ class BlockRegistry:
         self._capacity = capacity
         self._entries: OrderedDict[str, RegisteredBlock] = OrderedDict()
         self._requests_with: dict[str, int] = {}
+        self._requests_counted = 0  # requests committed or carried, for popularity shares
         # keys counted for other pilots' requests (count_carried), least recent first
         self._carried: OrderedDict[str, None] = OrderedDict()
 
@@ -331,12 +332,18 @@ class BlockRegistry:
         key) while it stayed here."""
         return self._requests_with.get(block_id, 0)
 
+    @property
+    def requests_counted(self) -> int:
+        """How many requests :meth:`commit` and :meth:`count_carried` counted."""
+        return self._requests_counted
+
     def count_carried(self, keys: Iterable[str]) -> None:
         """Count a request another pilot committed (replayed from a shared store's
         index log) in the popularity of ``keys``. A key without an entry here is
         counted too; at most ``capacity`` such keys are remembered, the least recently
         counted forgotten first (with its count, unless it has an entry by then)."""
         counts, carried, stored = self._requests_with, self._carried, self._entries
+        self._requests_counted += 1
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
             carried[key] = None
@@ -429,6 +436,7 @@ class BlockRegistry:
         """Store (or refresh) the entries :meth:`resolve` returned for one request,
         under ``keys`` (default: the block ids)."""
         counts, stored = self._requests_with, self._entries
+        self._requests_counted += 1
         ids = [block.id for block in blocks] if keys is None else keys
         for block_id, entry in zip(ids, entries, strict=True):
             if block_id in stored:

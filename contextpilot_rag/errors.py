@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # as httpx types its errors' requests: for the checker only
 
 __all__ = [
     "BlockConflictError",
+    "CacheControlError",
     "ConfigError",
     "ContextPilotError",
     "ConversationConflictError",
@@ -59,6 +60,14 @@ class EmptyContextError(ContextPilotError, ValueError):
 class BlockConflictError(ContextPilotError, ValueError):
     """Two blocks share an id but not their text (within one call or across calls).
     Give distinct ids to distinct texts, or leave ``id`` unset to use content hashes."""
+
+
+class CacheControlError(ContextPilotError, ValueError):
+    """A request breaks a hosted provider's prompt-cache rules as the provider's API
+    would reject it: more than 4 ``cache_control`` breakpoints, a ``ttl`` other than
+    ``"5m"`` / ``"1h"``, a 1-hour breakpoint after a 5-minute one, an unknown
+    ``prompt_cache_retention``. Raised by the emulated caches in
+    :mod:`contextpilot_rag.sim.provider_cache`."""
 
 
 class OversizeBlockError(ContextPilotError, ValueError):

@@ -13,10 +13,12 @@ under the same *root* run (the top of its tree), provided exactly one such promp
 waits unclaimed. Prompts whose root run ended unclaimed (a retriever called on its own,
 a chain that only retrieves) wait as *orphans*; a model call whose root has none claims
 the orphan only when there is exactly one. Anything ambiguous is dropped and the model
-call counted ``unmatched``. A model call inside another model call (an LLM whose
-``chat`` calls its ``complete``) is the outer call's business and is ignored.
+call counted ``unmatched``. A model call whose own messages name their prompt
+(messages built from a pilot prompt) claims that prompt, and no other. A model call
+inside another model call (an LLM whose ``chat`` calls its ``complete``) is the outer
+call's business and is ignored.
 
-Invariants: a request id is claimed by at most one model call; every map is bounded by
+Invariants: a waiting request id is claimed by at most one model call; every map is bounded by
 ``max_runs`` (runs that never end are forgotten oldest first); a failure to observe is
 logged and counted, never raised into the framework.
 """
@@ -115,15 +117,20 @@ class CallFeedback:
                 _bounded_put(self._pending, root, waiting, self.max_runs)
             waiting[request_id] = None
 
-    def model_started(self, run: Run | None) -> None:
+    def model_started(self, run: Run | None, request_id: str | None = None) -> None:
         """Model run ``run`` (already :meth:`run_started`, when the framework tells
         parents) started: it claims the prompt its context came from, if one is
-        unambiguous."""
+        unambiguous. ``request_id``: the prompt its own messages name (messages built
+        from a pilot prompt), claimed as it is."""
         if run is None:
             return
         with self._lock:
             if self._inside_model_call(run):
                 _bounded_put(self._calls, run, _INNER, self.max_runs)
+                return
+            if request_id is not None:
+                self._forget(request_id)
+                _bounded_put(self._calls, run, request_id, self.max_runs)
                 return
             _bounded_put(self._calls, run, self._claim(self._root(run)), self.max_runs)
 
@@ -197,6 +204,12 @@ class CallFeedback:
                 return True
             ancestor = parents.get(ancestor)
         return False
+
+    def _forget(self, request_id: str) -> None:
+        """``request_id`` waits nowhere any more: a model call named it."""
+        self._orphans.pop(request_id, None)
+        for waiting in self._pending.values():
+            waiting.pop(request_id, None)
 
     def _claim(self, root: Run | None) -> str | None:
         """The one prompt waiting under ``root``, else the one orphan; ``None`` (and

@@ -50,6 +50,12 @@ from .blocks import (
     unique_label,
     validate_blocks,
 )
+from .cloud.breakpoints import plan_breakpoints
+from .cloud.config import CloudCacheConfig
+from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
+from .cloud.keys import conversation_cache_key, prefix_cache_key
+from .cloud.ledger import CacheLedger
+from .cloud.segments import SplitSpec
 from .conversations import (
     Conversation,
     ConversationStore,
@@ -138,6 +144,9 @@ class PilotConfig:
     ``index_log``: whether and how pilots on one shared store share their context
     index and popularity counts (:class:`~contextpilot_rag.index_sync.IndexLogConfig`,
     ``docs/stores.md``); the in-memory default has no log.
+
+    ``cloud``: cache breakpoints and ``prompt_cache_key`` for hosted APIs
+    (:class:`~contextpilot_rag.cloud.CloudCacheConfig`, ``docs/cloud.md``).
     """
 
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -160,6 +169,7 @@ class PilotConfig:
     label_style: LabelStyle = "short"
     tenants: TenantConfig = field(default_factory=TenantConfig)
     index_log: IndexLogConfig = field(default_factory=IndexLogConfig)
+    cloud: CloudCacheConfig = field(default_factory=CloudCacheConfig)
 
     def __post_init__(self) -> None:
         if self.remainder not in ("popularity", "retrieval"):
@@ -189,6 +199,8 @@ class PilotConfig:
             raise ConfigError("PilotConfig.tenants must be a TenantConfig")
         if not isinstance(self.index_log, IndexLogConfig):
             raise ConfigError("PilotConfig.index_log must be an IndexLogConfig")
+        if not isinstance(self.cloud, CloudCacheConfig):
+            raise ConfigError("PilotConfig.cloud must be a CloudCacheConfig")
 
     @property
     def block_char_limit(self) -> int | None:
@@ -265,6 +277,7 @@ class _Plan(NamedTuple):
     stored_version: int = 0  # the conversation's version the plan was made from
     keys: tuple[str, ...] | None = None  # the blocks' registry keys (None: their ids)
     placements: tuple[_Placement, ...] | None = None  # a tenant's; None: the main index
+    cached_prefixes: tuple[tuple[str, ...], ...] = ()  # ledger keys of its breakpoints
 
 
 class ContextPilot:
@@ -311,6 +324,13 @@ class ContextPilot:
         self._jitter = random.Random()
         self._guard = self.config.structure_guard()
         self._index = ContextIndex(self.config.index, clock=clock)
+        self._clock = clock
+        self._ledger = CacheLedger(self.config.cloud.ledger_size)
+        notes = self.config.notes
+        self._lead_ins = tuple(
+            template_lead_in(template)
+            for template in (notes.order, notes.location, self.config.question_template)
+        )
         tenants = self.config.tenants
         # Per tenant: its own index; the shared index holds the shared-block prefixes
         # of unsalted tenant prompts, keyed by content (docs/tenants.md).
@@ -740,6 +760,9 @@ class ContextPilot:
         # next turn's history starts with it.
         index_path = (*fixed_prefix, *block_ids, f"\x00tail:{request_id}")
         index_tokens = (*fixed_tokens, *block_tokens, prompt.stats.tail_tokens)
+        prompt, cached_prefixes = self._for_hosted_cache(
+            prompt, index_path, fixed_tokens, visible, _keys_by_id(blocks, keys)
+        )
         placements = None
         if tenant is not None:
             placements = self._placements(
@@ -755,6 +778,7 @@ class ContextPilot:
             stored_version=version,
             keys=keys,
             placements=placements,
+            cached_prefixes=cached_prefixes,
         )
 
     def _new_request_id(self, tenant: str | None) -> str:
@@ -998,14 +1022,16 @@ class ContextPilot:
             reusable_tokens=start_tokens + sum(block_tokens[:matched]),
             blocks_start_tokens=start_tokens,
         )
-        tail_id = f"\x00tail:{request_id}"
+        index_path = (*fixed_prefix, *block_ids, f"\x00tail:{request_id}")
+        prompt, cached_prefixes = self._for_hosted_cache(prompt, index_path, fixed_tokens, (), None)
         return _Plan(
             prompt=replace(prompt, index=index),
             blocks=blocks,
             entries=entries,
-            index_path=(*fixed_prefix, *block_ids, tail_id),
+            index_path=index_path,
             index_tokens=(*fixed_tokens, *block_tokens, prompt.stats.tail_tokens),
             conversation=None,
+            cached_prefixes=cached_prefixes,
         )
 
     def _load_conversation(
@@ -1213,6 +1239,7 @@ class ContextPilot:
             layout, rendered, len(messages), blocks_start_tokens
         )
         messages.append({"role": "user", "content": content})
+        split_specs = self._split_specs(layout) if self.config.cloud.enabled else ()
         end_tokens = boundaries[-1].token_end if boundaries else blocks_start_tokens
         tail_tokens = self._count_tail(layout)
         stats = PromptStats(
@@ -1238,7 +1265,122 @@ class ContextPilot:
             history_lost=layout.history_lost,
             tenant=tenant,
             cache_salt=cache_salt,
+            split_specs=split_specs,
         )
+
+    def _split_specs(self, layout: _Layout) -> tuple[SplitSpec | None, ...]:
+        """Per message, how its content blocks split
+        (:func:`~contextpilot_rag.cloud.segments.split_user_message`): a history
+        message splits as it did when it was sent."""
+        specs: list[SplitSpec | None] = [None] if layout.system_text else []
+        for _, turn in layout.visible:
+            suffix = self._question_suffix(turn.question, escaped=False)
+            specs.append(SplitSpec(turn.block_labels, self._lead_ins, suffix))
+            if turn.answer is not None:
+                specs.append(None)
+        labels = tuple(layout.relabeled.get(block.id, block.label) for block in layout.final)
+        suffix = self._question_suffix(layout.query, escaped=True)
+        specs.append(SplitSpec(labels, self._lead_ins, suffix))
+        return tuple(specs)
+
+    def _question_suffix(self, query: str, *, escaped: bool) -> str:
+        """The rendered question, which ends a user message; needed to find its tail
+        only when the question template has no literal lead-in."""
+        if self._lead_ins[-1]:
+            return ""
+        return self.config.question_template.format(
+            query=query if escaped else self._guard.escape(query)
+        )
+
+    def _for_hosted_cache(
+        self,
+        prompt: Prompt,
+        path: tuple[str, ...],
+        fixed_tokens: tuple[int, ...],
+        visible: Sequence[tuple[int, Turn]],
+        keys: Mapping[str, str] | None,
+    ) -> tuple[Prompt, tuple[tuple[str, ...], ...]]:
+        """``prompt`` with its cache plan and ``prompt_cache_key`` (``docs/cloud.md``),
+        and the ledger keys of its breakpoints (recorded on commit). ``keys``: a
+        tenant's blocks' registry keys (``None``: their ids)."""
+        cloud = self.config.cloud
+        if not cloud.enabled:
+            return prompt, ()
+        salt = prompt.cache_salt or ""
+
+        def ledger_key(depth: int) -> tuple[str, ...]:
+            # a system, tail or answer key names its whole path (it is unique to it)
+            last = path[depth - 1]
+            return (salt, last) if last.startswith("\x00") else (salt, *path[:depth])
+
+        now = self._clock()
+        signals = IndexSignals(
+            self._index if prompt.tenant is None else self._tenant_indexes.peek(prompt.tenant),
+            path,
+            since=now - cloud.ttl_s,
+            limit=cloud.max_counted,
+            shares=self._block_shares(prompt.blocks, keys),
+            ledger=self._ledger,
+            ledger_key=ledger_key,
+            now=now,
+            ttl_s=cloud.ttl_s,
+        )
+        shape = self._prompt_shape(prompt, path, fixed_tokens, visible)
+        candidates = reuse_candidates(shape, signals, cloud.next_turn_probability)
+        plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
+        cached = tuple(
+            ledger_key(kept.candidate.index_depth)
+            for kept in plan.breakpoints
+            if kept.candidate.index_depth
+        )
+        key = self._cache_key(prompt, path)
+        return replace(prompt, cache_plan=plan, prompt_cache_key=key), cached
+
+    def _block_shares(
+        self, blocks: Sequence[ContextBlock], keys: Mapping[str, str] | None
+    ) -> list[float]:
+        """Each block's share of the requests counted so far (its popularity)."""
+        counted = max(1, self._registry.requests_counted)
+        popularity = self._registry.popularity
+        if keys is None:
+            return [popularity(block.id) / counted for block in blocks]
+        return [popularity(keys.get(block.id, block.id)) / counted for block in blocks]
+
+    def _prompt_shape(
+        self,
+        prompt: Prompt,
+        path: tuple[str, ...],
+        fixed_tokens: tuple[int, ...],
+        visible: Sequence[tuple[int, Turn]],
+    ) -> PromptShape:
+        first = prompt.messages[0]
+        system_tokens = self._count_segment(first["content"]) if first["role"] == "system" else 0
+        header_tokens = self._count_segment(self.config.context_header)
+        previous_depth = previous_tokens = 0
+        if visible:
+            previous_depth = path.index(visible[-1][1].tail_id) + 1
+            previous_tokens = sum(fixed_tokens[:previous_depth])
+        return PromptShape(
+            system_tokens=system_tokens,
+            user_message_index=len(prompt.messages) - 1,
+            history_tokens=max(0, sum(fixed_tokens) - header_tokens),
+            previous_turn_tokens=previous_tokens,
+            previous_turn_depth=previous_depth,
+            block_ends=tuple(boundary.token_end for boundary in prompt.boundaries),
+            prompt_tokens=prompt.stats.prompt_tokens,
+            fixed_depth=len(fixed_tokens),
+            earlier_turns=len(visible),
+            conversation=prompt.conversation_id is not None,
+        )
+
+    def _cache_key(self, prompt: Prompt, path: tuple[str, ...]) -> str:
+        """``prompt_cache_key``: one per conversation, else per system prompt and
+        leading blocks (``docs/cloud.md``)."""
+        if prompt.conversation_id is not None:
+            store_key = conversation_key(prompt.tenant, prompt.conversation_id)
+            return conversation_cache_key(store_key, prompt.cache_salt)
+        leading = [block.id for block in prompt.blocks[: self.config.cloud.key_blocks]]
+        return prefix_cache_key(path[0], leading, prompt.cache_salt)
 
     def _render_user_message(
         self,
@@ -1355,6 +1497,10 @@ class ContextPilot:
         """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
         self._registry.commit(plan.blocks, plan.entries, plan.keys)
+        if plan.cached_prefixes:
+            now = self._clock()
+            for prefix in plan.cached_prefixes:
+                self._ledger.record(prefix, now)
         if plan.placements is None:
             self._index.insert(plan.index_path, plan.index_tokens, request_id)
         else:
@@ -1564,6 +1710,15 @@ def _turn(
         question=query,
         tail_tokens=prompt.stats.tail_tokens,
     )
+
+
+def _keys_by_id(
+    blocks: Sequence[ContextBlock], keys: Sequence[str] | None
+) -> dict[str, str] | None:
+    """Block id → registry key, for a tenant's request (``None``: ids are the keys)."""
+    if keys is None:
+        return None
+    return dict(zip((block.id for block in blocks), keys, strict=True))
 
 
 def _pick_system(

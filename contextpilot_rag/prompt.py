@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .blocks import ContextBlock
+
+if TYPE_CHECKING:
+    from .cloud.breakpoints import CachePlan
+    from .cloud.segments import SplitSpec
 
 __all__ = ["BlockBoundary", "Prompt", "PromptStats"]
 
@@ -60,7 +66,14 @@ class Prompt:
     ``cache_salt``) must get with it, so that no other tenant's request can reuse, or
     time, its cached prefix (``None``: send none; ``docs/tenants.md`` says when a tenant's
     prompt goes unsalted). :meth:`request_extras` has the fields to add to the
-    request body."""
+    request body.
+
+    For hosted APIs (``docs/cloud.md``): :attr:`segments` has, per message, the
+    offsets where its content blocks after the first start (:meth:`content_parts`),
+    computed on first use from ``split_specs`` (``None``: one block);
+    ``cache_plan`` says where cache breakpoints pay and why (``None``: not planned);
+    ``prompt_cache_key`` is the OpenAI ``prompt_cache_key`` (a digest).
+    :meth:`to_anthropic` and :meth:`to_openai_request` shape the request."""
 
     messages: tuple[Mapping[str, str], ...]
     blocks: tuple[ContextBlock, ...]
@@ -77,6 +90,9 @@ class Prompt:
     history_lost: bool = False
     tenant: str | None = None
     cache_salt: str | None = field(default=None, repr=False)
+    split_specs: tuple[SplitSpec | None, ...] = field(default=(), repr=False, compare=False)
+    cache_plan: CachePlan | None = field(default=None, repr=False)
+    prompt_cache_key: str | None = None
 
     def request_extras(self) -> dict[str, str]:
         """Top-level fields to add to the OpenAI request body that sends this prompt:
@@ -130,6 +146,47 @@ class Prompt:
     def to_openai(self) -> list[dict[str, str]]:
         """Fresh, mutable copies of ``messages`` for an OpenAI-compatible client."""
         return [dict(message) for message in self.messages]
+
+    @functools.cached_property
+    def segments(self) -> tuple[tuple[int, ...], ...]:
+        """Per message, the offsets where its content blocks after the first start."""
+        from .cloud.segments import split_user_message
+
+        return tuple(
+            () if spec is None else split_user_message(message["content"], *spec)
+            for message, spec in zip(self.messages, self.split_specs, strict=False)
+        )
+
+    def content_parts(self, message_index: int) -> tuple[str, ...]:
+        """The content blocks message ``message_index`` is sent as to a provider with
+        prompt caching: the context header with the first context block, each further
+        block, then the notes and question (a history message splits the same way as
+        when it was sent; other messages are one block)."""
+        content = self.messages[message_index]["content"]
+        cuts = self.segments[message_index] if message_index < len(self.segments) else ()
+        bounds = (0, *cuts, len(content))
+        return tuple(content[start:end] for start, end in itertools.pairwise(bounds) if start < end)
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """Keyword arguments ``system`` and ``messages`` of Anthropic's
+        ``client.messages.create`` (add ``model`` and ``max_tokens``), each context
+        block its own text block, ``cache_control`` where :attr:`cache_plan` placed
+        breakpoints."""
+        from .cloud.requests import anthropic_kwargs
+
+        return anthropic_kwargs(self)
+
+    def to_openai_request(
+        self, *, cache_control: bool = False, cache_key: bool = True
+    ) -> dict[str, Any]:
+        """Keyword arguments for an OpenAI-compatible ``chat.completions.create``:
+        ``messages`` and ``prompt_cache_key``. ``cache_control=True`` sends the messages
+        as content parts with the breakpoints of :attr:`cache_plan` marked, for LiteLLM
+        (which forwards them to Anthropic, Bedrock, Vertex); ``cache_key=False`` leaves
+        out ``prompt_cache_key`` (for servers that refuse it)."""
+        from .cloud.requests import openai_kwargs
+
+        return openai_kwargs(self, cache_control=cache_control, cache_key=cache_key)
 
     @property
     def text(self) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidInputError
 
-__all__ = ["CARRIERS", "CacheUsage", "parse_cache_usage"]
+__all__ = ["CARRIERS", "CacheUsage", "InputTokens", "parse_cache_usage", "parse_input_tokens"]
 
 CARRIERS = (
     "usage",
@@ -181,14 +181,12 @@ def _langchain(node: object) -> CacheUsage | None:
 
 
 def _anthropic(node: object) -> CacheUsage | None:
-    cache_read = _field(node, "cache_read_input_tokens")
-    if cache_read is None:
+    """Anthropic reports either cache field as ``None`` or leaves it out when caching
+    was not asked for; one of them present is enough (the other then counts 0)."""
+    details = _anthropic_input(node)
+    if details is None:
         return None
-    cached = _check_count("cache_read_input_tokens", cache_read)
-    uncached = _required(node, "input_tokens", "cache_read_input_tokens")
-    created = _field(node, "cache_creation_input_tokens")
-    written = 0 if created is None else _check_count("cache_creation_input_tokens", created)
-    return CacheUsage(cached, cached + uncached + written)
+    return CacheUsage(details.cache_read_tokens, details.prompt_tokens)
 
 
 def _gemini(node: object) -> CacheUsage | None:
@@ -220,4 +218,151 @@ _READERS: tuple[Callable[[object], CacheUsage | None], ...] = (
     _anthropic,
     _gemini,
     _flat,
+)
+
+
+@dataclass(frozen=True)
+class InputTokens:
+    """A request's input tokens as the provider bills them: ``uncached_tokens`` at the
+    base input price, ``cache_read_tokens`` read from the cache, and cache writes with
+    a 5-minute and a 1-hour lifetime; ``output_tokens`` when reported (``None``: not).
+    Guaranteed: all counts are non-negative ints."""
+
+    uncached_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "uncached_tokens",
+            "cache_read_tokens",
+            "cache_write_5m_tokens",
+            "cache_write_1h_tokens",
+        ):
+            _check_count(name, getattr(self, name))
+        if self.output_tokens is not None:
+            _check_count("output_tokens", self.output_tokens)
+
+    @property
+    def cache_write_tokens(self) -> int:
+        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every input token of the request, cached or not."""
+        return self.uncached_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+
+def parse_input_tokens(report: object) -> InputTokens:
+    """Read the billed split of a request's input from ``report`` (any shape
+    :func:`parse_cache_usage` reads, found the same way): Anthropic's
+    ``input_tokens`` / ``cache_read_input_tokens`` / ``cache_creation_input_tokens``
+    (and ``cache_creation.ephemeral_5m_input_tokens`` / ``ephemeral_1h_input_tokens``),
+    LangChain's ``input_token_details.cache_read`` / ``cache_creation``, LiteLLM's
+    ``cache_creation_input_tokens`` beside OpenAI's fields; elsewhere every cached
+    token is a read and nothing a write. Raises :class:`InvalidInputError` as
+    :func:`parse_cache_usage` does."""
+    for node in _carried(report):
+        for reader in _INPUT_READERS:
+            details = reader(node)
+            if details is not None:
+                return details
+    usage = parse_cache_usage(report)
+    return InputTokens(usage.prompt_tokens - usage.cached_tokens, usage.cached_tokens)
+
+
+def _count_or_zero(node: object, name: str) -> int:
+    value = _field(node, name)
+    return 0 if value is None else _check_count(name, value)
+
+
+def _output(node: object, *names: str) -> int | None:
+    for name in names:
+        value = _field(node, name)
+        if value is not None:
+            return _check_count(name, value)
+    return None
+
+
+def _write_split(node: object, written: int, details_field: str) -> tuple[int, int]:
+    """(5-minute, 1-hour) cache writes: from the breakdown under ``details_field``
+    when present, else all ``written`` as 5-minute writes."""
+    breakdown = _field(node, details_field)
+    if breakdown is None:
+        return written, 0
+    hour = _count_or_zero(breakdown, "ephemeral_1h_input_tokens")
+    five = _field(breakdown, "ephemeral_5m_input_tokens")
+    return (written - hour if five is None else _check_count("ephemeral_5m", five)), hour
+
+
+def _anthropic_input(node: object) -> InputTokens | None:
+    read = _field(node, "cache_read_input_tokens")
+    created = _field(node, "cache_creation_input_tokens")
+    if (read is None and created is None) or _field(node, "prompt_tokens") is not None:
+        return None
+    cache_field = "cache_read_input_tokens" if read is not None else "cache_creation_input_tokens"
+    uncached = _required(node, "input_tokens", cache_field)
+    written = _count_or_zero(node, "cache_creation_input_tokens")
+    five, hour = _write_split(node, written, "cache_creation")
+    return InputTokens(
+        uncached,
+        _count_or_zero(node, "cache_read_input_tokens"),
+        max(0, five),
+        hour,
+        _output(node, "output_tokens"),
+    )
+
+
+def _langchain_input(node: object) -> InputTokens | None:
+    details = _field(node, "input_token_details")
+    if details is None or _field(node, "input_tokens") is None:
+        return None
+    total = _check_count("input_tokens", _field(node, "input_tokens"))
+    read = _count_or_zero(details, "cache_read")
+    hour = _count_or_zero(details, "ephemeral_1h_input_tokens")
+    # langchain-anthropic zeroes cache_creation when it reports the 5m / 1h split
+    split = _count_or_zero(details, "ephemeral_5m_input_tokens") + hour
+    written = max(_count_or_zero(details, "cache_creation"), split)
+    if read + written > total:
+        raise InvalidInputError(f"usage reports {read + written} cached of {total} input tokens")
+    return InputTokens(
+        total - read - written,
+        read,
+        written - min(hour, written),
+        min(hour, written),
+        _output(node, "output_tokens"),
+    )
+
+
+def _openai_input(node: object) -> InputTokens | None:
+    """OpenAI's fields; LiteLLM adds Anthropic's ``cache_creation_input_tokens``, counted
+    in its ``prompt_tokens``."""
+    usage = _openai(node)
+    if usage is None:
+        return None
+    written = min(
+        _count_or_zero(node, "cache_creation_input_tokens"),
+        usage.prompt_tokens - usage.cached_tokens,
+    )
+    uncached = usage.prompt_tokens - usage.cached_tokens - written
+    return InputTokens(
+        uncached, usage.cached_tokens, written, 0, _output(node, "completion_tokens")
+    )
+
+
+def _gemini_input(node: object) -> InputTokens | None:
+    usage = _gemini(node)
+    if usage is None:
+        return None
+    output = _output(node, "candidates_token_count", "candidatesTokenCount")
+    return InputTokens(usage.prompt_tokens - usage.cached_tokens, usage.cached_tokens, 0, 0, output)
+
+
+_INPUT_READERS: tuple[Callable[[object], InputTokens | None], ...] = (
+    _openai_input,
+    _langchain_input,
+    _anthropic_input,
+    _gemini_input,
 )

@@ -1,9 +1,10 @@
-"""``contextpilot-rag demo`` on a real engine and ``contextpilot-rag bench --suite engine``.
+"""``contextpilot-rag demo`` on a real engine, ``contextpilot-rag bench --suite engine``
+and ``bench --suite cloud`` (input-token cost on emulated hosted prompt caches).
 
-Both take the engine the same way: the project's own (``--engine vllm`` or
-``llama-server``, installed on first use with progress shown, started on loopback and
-stopped on exit, Ctrl-C included) or any running OpenAI-compatible server
-(``--endpoint URL --model NAME``).
+``demo`` and ``bench --suite engine`` take the engine the same way: the project's own
+(``--engine vllm`` or ``llama-server``, installed on first use with progress shown,
+started on loopback and stopped on exit, Ctrl-C included) or any running
+OpenAI-compatible server (``--endpoint URL --model NAME``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from .engine_report import (
 from .engine_suite import EngineTarget, WorkloadRun, run_workload
 from .engine_workloads import SYSTEM, multiturn_workload, online_workload
 
-__all__ = ["add_bench_parser", "add_engine_arguments", "engine_session", "run_bench", "run_demo"]
+__all__ = [
+    "add_bench_parser",
+    "add_engine_arguments",
+    "engine_session",
+    "run_bench",
+    "run_cloud_bench",
+    "run_demo",
+]
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, sim: bool = False) -> None:
@@ -122,16 +130,42 @@ def _progress_arm(progress: Any) -> Callable[[str, int], Callable[[], None]]:
 def add_bench_parser(commands: Any) -> None:
     bench = commands.add_parser(
         "bench",
-        help="the real-engine benchmark: every mode, unmodified vs contextpilot_rag",
-        description="Runs online, batch, multi-turn and the LangChain path on a real engine "
-        "(one request at a time, cache reset per arm) and reports TTFT, the engine's "
-        "cached/computed tokens and the simulated prediction for the same prompts.",
+        help="the benchmarks: a real engine, or hosted prompt-cache cost (--suite cloud)",
+        description="--suite engine (default) runs online, batch, multi-turn and the "
+        "LangChain path on a real engine (one request at a time, cache reset per arm) and "
+        "reports TTFT, the engine's cached/computed tokens and the simulated prediction "
+        "for the same prompts. --suite cloud replays multi-turn, multi-session and "
+        "no-overlap workloads through emulated Anthropic and OpenAI prompt caches and "
+        "reports input-token cost, unmodified vs contextpilot_rag.",
         epilog="exit codes: 0 done; 1 the engine failed; 2 bad arguments",
     )
     bench.add_argument(
-        "--suite", choices=["engine"], default="engine", help="which suite (only: engine)"
+        "--suite",
+        choices=["engine", "cloud"],
+        default="engine",
+        help="engine: a real engine (default); cloud: input-token cost on hosted prompt "
+        "caches (Anthropic, OpenAI), unmodified vs contextpilot_rag, on their emulators",
     )
     add_engine_arguments(bench)
+    bench.add_argument(
+        "--provider",
+        choices=["anthropic", "openai", "both"],
+        default="both",
+        help="--suite cloud: whose cache rules and prices (default both)",
+    )
+    bench.add_argument(
+        "--emulated",
+        action="store_true",
+        default=True,
+        help="--suite cloud: replay on the emulated provider caches, no API key (the "
+        "default, and for now the only mode)",
+    )
+    bench.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="--suite cloud: workload size relative to the documented run (default 1)",
+    )
     bench.add_argument(
         "--workloads",
         default=",".join(SUITE_WORKLOADS),
@@ -144,6 +178,8 @@ def add_bench_parser(commands: Any) -> None:
 
 
 def run_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.suite == "cloud":
+        return run_cloud_bench(args, console)
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
     with engine_session(args, console) as engine, rich_step_progress() as progress:
         result = run_suite(engine, workloads, seed=args.seed, on_arm=_progress_arm(progress))
@@ -161,6 +197,30 @@ def _report(result: SuiteResult, args: argparse.Namespace, console: Console) -> 
         args.markdown.write_text(markdown(result) + "\n", encoding="utf-8")
     if args.plot and plot(result, args.plot):
         console.print(f"plot: {args.plot}")
+
+
+def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
+    """``bench --suite cloud``: the cost benchmark on the emulated provider caches."""
+    from .cloud_report import markdown, plot, rich_tables, write_json
+    from .cloud_suite import PROVIDERS, run_cloud_suite
+
+    providers = PROVIDERS if args.provider == "both" else (args.provider,)
+    console.print(
+        "Emulated from the providers' published cache rules (no API key, no network): "
+        "figures say what those rules predict, not what the providers' servers measure."
+    )
+    with rich_step_progress() as progress:
+        result = run_cloud_suite(providers, scale=args.scale, progress=_progress_arm(progress))
+    for table in rich_tables(result):
+        console.print(table)
+    if args.json:
+        write_json(result, args.json)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(result) + "\n", encoding="utf-8")
+    if args.plot and plot(result, args.plot):
+        console.print(f"plot: {args.plot}")
+    return 0
 
 
 # -- demo ---------------------------------------------------------------------------

@@ -191,6 +191,25 @@ class ContextIndex:
             stack += current.children.values()
         return found
 
+    def recent_sharing(
+        self, prefix: Sequence[str], since: float, *, limit: int = 32, budget: int = 256
+    ) -> int:
+        """How many indexed requests whose path starts with ``prefix`` were indexed (or
+        had their node passed by a later insert) at or after ``since``: at most
+        ``limit``, counted over at most ``budget`` nodes. A node is never touched later
+        than its parent, so older subtrees are skipped whole. Changes nothing."""
+        node, _, matched, _ = self._walk_fixed(prefix)
+        if not prefix or len(matched) < len(prefix):
+            return 0
+        count, stack = 0, [node]
+        while stack and budget > 0 and count < limit:
+            current = stack.pop()
+            budget -= 1
+            if current.last_access >= since:
+                count += len(current.request_ids)
+                stack.extend(current.children.values())
+        return min(count, limit)
+
     def search(
         self,
         blocks: Iterable[str],

@@ -3,10 +3,24 @@ without a GPU."""
 
 from .fleet import Replica, SimResult, SimSummary, default_fleet, simulate
 from .prefix_cache import CacheResult, PrefixCacheModel, distinct_block_tokens
+from .provider_cache import (
+    AnthropicCacheModel,
+    CacheBlock,
+    ManualClock,
+    OpenAICacheModel,
+    OpenAICacheRules,
+    OpenAIUsage,
+)
 from .traces import load_mooncake, load_scbench_kv
 
 __all__ = [
+    "AnthropicCacheModel",
+    "CacheBlock",
     "CacheResult",
+    "ManualClock",
+    "OpenAICacheModel",
+    "OpenAICacheRules",
+    "OpenAIUsage",
     "PrefixCacheModel",
     "Replica",
     "SimResult",

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, Literal, Protocol, cast
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
@@ -497,13 +497,17 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send_error(_RequestError("internal server error", status=500))
 
-    def _route(self, method: str, path: str) -> Callable[[bytes], None]:
-        routes: dict[tuple[str, str], Callable[[bytes], None]] = {
+    def _routes(self) -> dict[tuple[str, str], Callable[[bytes], None]]:
+        """(method, path) → the handler of the request body; subclasses serve others."""
+        return {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/chat/completions"): self._chat_completions,
             ("POST", "/v1/completions"): self._completions,
         }
+
+    def _route(self, method: str, path: str) -> Callable[[bytes], None]:
+        routes = self._routes()
         path = path.rstrip("/") or "/"
         handler = routes.get((method, path))
         if handler is not None:
@@ -567,14 +571,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _send_event_stream(self, payloads: Iterator[str]) -> None:
+        self._send_sse(f"data: {payload}\n\n".encode() for payload in payloads)
+
+    def _send_sse(self, frames: Iterator[bytes]) -> None:
+        """A 200 ``text/event-stream`` response of whole SSE frames, chunked."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self._streaming = True
-        for payload in payloads:
-            self._write_chunk(f"data: {payload}\n\n".encode())
+        for frame in frames:
+            self._write_chunk(frame)
         self._write_chunk(b"")  # the empty chunk ends the body
 
     def _write_chunk(self, data: bytes) -> None:
@@ -588,11 +596,13 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], engine: _Engine) -> None:
+    def __init__(
+        self, address: tuple[str, int], engine: Any, handler: type[_Handler] | None = None
+    ) -> None:
         self.engine = engine
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
+        super().__init__(address, handler or _Handler)
 
     def process_request(
         self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
@@ -624,52 +634,20 @@ class _HTTPServer6(_HTTPServer):
     address_family = socket.AF_INET6
 
 
-class OpenAICompatibleServer(Startable):
-    """An OpenAI-compatible server on loopback for tests and examples.
+class _LoopbackServer(Startable):
+    """Serves one engine over HTTP from a daemon thread: start, stop, port. Subclasses
+    give the engine and the handler type (a :class:`_Handler` subclass whose routes
+    call the engine); ``thread_name`` names the serving thread."""
 
-    ``reply(messages)`` makes the answer text (default: :func:`default_reply`); for
-    ``/v1/completions`` it receives ``[{"role": "user", "content": prompt}]``. Streamed
-    replies are sent one word per chunk, ``token_delay_s`` before each. ``max_tokens``
-    (or ``max_completion_tokens``) cuts the reply to whole words within that many
-    tokens, with ``finish_reason="length"``. Any ``model`` name is accepted and echoed.
+    thread_name: ClassVar[str] = "loopback-test-server"
 
-    ``requests`` lists the bodies of the completion requests answered (not of those
-    rejected), in the order their prompts were admitted to ``cache``.
-    """
-
-    def __init__(
-        self,
-        *,
-        model: str = "test-model",
-        host: str = "127.0.0.1",
-        port: int = 0,
-        block_size: int = 16,
-        cache_capacity_tokens: int | None = None,
-        reply: ReplyFunction | None = None,
-        tokenizer: Tokenizer | None = None,
-        token_delay_s: float = 0.0,
-    ) -> None:
-        _validate(model=model, host=host, port=port, reply=reply, token_delay_s=token_delay_s)
-        if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-            raise ConfigError("tokenizer must implement the Tokenizer protocol (encode, count)")
-        self.cache = PrefixCacheModel(block_size=block_size, capacity_tokens=cache_capacity_tokens)
-        self._engine = _Engine(
-            model=model,
-            cache=self.cache,
-            reply=reply or default_reply,
-            tokenizer=tokenizer or default_tokenizer(),
-            token_delay_s=float(token_delay_s),
-        )
+    def __init__(self, *, host: str, port: int, engine: Any, handler: type[_Handler]) -> None:
         self._host = host
         self._port = port
+        self._serving = (engine, handler)
         self._lifecycle_lock = threading.Lock()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
-
-    @property
-    def model(self) -> str:
-        """The model id served by ``/v1/models``."""
-        return self._engine.model
 
     @property
     def port(self) -> int:
@@ -677,43 +655,26 @@ class OpenAICompatibleServer(Startable):
         return int(self._running().server_address[1])
 
     @property
-    def base_url(self) -> str:
-        """``http://<host>:<port>/v1``. Raises ``RuntimeError`` when not running."""
+    def root_url(self) -> str:
+        """``http://<host>:<port>``. Raises ``RuntimeError`` when not running."""
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}/v1"
-
-    @property
-    def requests(self) -> list[dict[str, Any]]:
-        """A copy of the JSON bodies of the answered completion requests, in order."""
-        return self._engine.requests()
+        return f"http://{host}:{self.port}"
 
     @property
     def running(self) -> bool:
         """Whether the server is serving."""
         return self._httpd is not None
 
-    def reset(self) -> None:
-        """Forget the recorded requests and empty the prefix cache."""
-        self._engine.reset()
-
-    def disconnect_next(self, count: int = 1) -> None:
-        """Read the next ``count`` completion requests and close their connections
-        without an answer, as a server does that times out a keep-alive connection just
-        as a request arrives on it (the client sees it disconnect before any response)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ConfigError(f"count must be an integer >= 0, got {count!r}")
-        self._engine.disconnect_next(count)
-
-    def start(self) -> OpenAICompatibleServer:
+    def start(self: _S) -> _S:
         """Bind (port 0: a free port) and serve in a daemon thread. No-op if running."""
         with self._lifecycle_lock:
             if self._httpd is None:
                 server_type = _HTTPServer6 if ":" in self._host else _HTTPServer
-                httpd = server_type((self._host, self._port), self._engine)
+                httpd = server_type((self._host, self._port), *self._serving)
                 thread = threading.Thread(
                     target=httpd.serve_forever,
                     kwargs={"poll_interval": 0.05},
-                    name=f"openai-test-server-{httpd.server_address[1]}",
+                    name=f"{self.thread_name}-{httpd.server_address[1]}",
                     daemon=True,
                 )
                 thread.start()
@@ -738,6 +699,77 @@ class OpenAICompatibleServer(Startable):
         if httpd is None:
             raise RuntimeError("the server is not running; call start() or use it in a with block")
         return httpd
+
+
+_S = TypeVar("_S", bound=_LoopbackServer)
+
+
+class OpenAICompatibleServer(_LoopbackServer):
+    """An OpenAI-compatible server on loopback for tests and examples.
+
+    ``reply(messages)`` makes the answer text (default: :func:`default_reply`); for
+    ``/v1/completions`` it receives ``[{"role": "user", "content": prompt}]``. Streamed
+    replies are sent one word per chunk, ``token_delay_s`` before each. ``max_tokens``
+    (or ``max_completion_tokens``) cuts the reply to whole words within that many
+    tokens, with ``finish_reason="length"``. Any ``model`` name is accepted and echoed.
+
+    ``requests`` lists the bodies of the completion requests answered (not of those
+    rejected), in the order their prompts were admitted to ``cache``.
+    """
+
+    thread_name: ClassVar[str] = "openai-test-server"
+
+    def __init__(
+        self,
+        *,
+        model: str = "test-model",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        block_size: int = 16,
+        cache_capacity_tokens: int | None = None,
+        reply: ReplyFunction | None = None,
+        tokenizer: Tokenizer | None = None,
+        token_delay_s: float = 0.0,
+    ) -> None:
+        _validate(model=model, host=host, port=port, reply=reply, token_delay_s=token_delay_s)
+        if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+            raise ConfigError("tokenizer must implement the Tokenizer protocol (encode, count)")
+        self.cache = PrefixCacheModel(block_size=block_size, capacity_tokens=cache_capacity_tokens)
+        self._engine = _Engine(
+            model=model,
+            cache=self.cache,
+            reply=reply or default_reply,
+            tokenizer=tokenizer or default_tokenizer(),
+            token_delay_s=float(token_delay_s),
+        )
+        super().__init__(host=host, port=port, engine=self._engine, handler=_Handler)
+
+    @property
+    def model(self) -> str:
+        """The model id served by ``/v1/models``."""
+        return self._engine.model
+
+    @property
+    def base_url(self) -> str:
+        """``http://<host>:<port>/v1``. Raises ``RuntimeError`` when not running."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """A copy of the JSON bodies of the answered completion requests, in order."""
+        return self._engine.requests()
+
+    def reset(self) -> None:
+        """Forget the recorded requests and empty the prefix cache."""
+        self._engine.reset()
+
+    def disconnect_next(self, count: int = 1) -> None:
+        """Read the next ``count`` completion requests and close their connections
+        without an answer, as a server does that times out a keep-alive connection just
+        as a request arrives on it (the client sees it disconnect before any response)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"count must be an integer >= 0, got {count!r}")
+        self._engine.disconnect_next(count)
 
 
 def _validate(

@@ -25,6 +25,7 @@ from contextpilot_rag import ContextPilot
 from contextpilot_rag.errors import InvalidInputError
 from contextpilot_rag.feedback import CallFeedback, FeedbackCounts
 
+from ._cached_messages import annotation_of
 from ._documents import ANNOTATION_KEY
 
 __all__ = ["ContextPilotCallbackHandler"]
@@ -40,7 +41,9 @@ class ContextPilotCallbackHandler(BaseCallbackHandler):
         handler = ContextPilotCallbackHandler(pilot)
         chain.invoke(question, config={"callbacks": [handler]})
 
-    A model call is paired with the pilot prompt retrieved under the same root run, when
+    A model call whose messages were built by :class:`ContextPilotPromptBuilder` (or
+    :func:`build_cached_messages`) is paired with the prompt they name. Any other is
+    paired with the pilot prompt retrieved under the same root run, when
     exactly one waits; else with the single prompt retrieved in an earlier, finished
     run (a retriever invoked on its own), when exactly one waits; else it is counted
     ``unmatched``. Request ids are numbered per pilot: attach it to chains whose
@@ -198,7 +201,8 @@ class ContextPilotCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        self._model_started(run_id, parent_run_id)
+        self._feedback.run_started(run_id, parent_run_id)
+        self._feedback.model_started(run_id, _message_request_id(messages))
 
     @override
     def on_llm_start(
@@ -233,6 +237,21 @@ class ContextPilotCallbackHandler(BaseCallbackHandler):
     def _model_started(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         self._feedback.run_started(run_id, parent_run_id)
         self._feedback.model_started(run_id)
+
+
+def _message_request_id(messages: object) -> str | None:
+    """The request id built messages (:func:`build_cached_messages`) name, when the
+    model call's messages name exactly one."""
+    if not isinstance(messages, Sequence):
+        return None
+    found = {
+        annotation["request_id"]
+        for batch in messages
+        if isinstance(batch, Sequence)
+        for annotation in [annotation_of(batch)]
+        if annotation is not None
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 def _request_ids(documents: object) -> list[str]:

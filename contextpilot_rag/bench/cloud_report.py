@@ -1,0 +1,263 @@
+"""Presenting the cloud-cache cost benchmark: the targets of issue 25, rich tables for
+the terminal, markdown for ``docs/benchmarks.md``, a PNG and JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..cloud.prices import PRICES_READ_ON
+from .cloud_suite import CloudRun, CloudSuiteResult
+from .cloud_workloads import FAMILIES
+
+__all__ = ["TARGETS", "FamilyCheck", "checks", "markdown", "plot", "rich_tables", "write_json"]
+
+TARGETS = {"multi-turn": 1.6, "multi-session": 1.4, "no-overlap": 1.02}
+"""Multi-turn and multi-session: the smallest baseline / ours over the seeds must reach
+the figure; no-overlap: the largest ours / baseline must stay under it."""
+
+
+@dataclass(frozen=True)
+class FamilyCheck:
+    """One family on one provider: baseline cost / ours over its seeds, and the target."""
+
+    family: str
+    provider: str
+    model: str
+    seeds: int
+    ratios: tuple[float, ...]
+
+    @property
+    def worst_ours_over_baseline(self) -> float:
+        return max(1 / ratio for ratio in self.ratios)
+
+    @property
+    def target(self) -> str:
+        if self.family == "no-overlap":
+            return f"ours / baseline <= {TARGETS[self.family]:.2f}x"
+        return f"baseline / ours >= {TARGETS[self.family]:.1f}x (min)"
+
+    @property
+    def measured(self) -> str:
+        if self.family == "no-overlap":
+            return f"{self.worst_ours_over_baseline:.3f}x (max)"
+        return f"{min(self.ratios):.2f}x (min)"
+
+    @property
+    def met(self) -> bool:
+        if self.family == "no-overlap":
+            return self.worst_ours_over_baseline <= TARGETS[self.family]
+        return min(self.ratios) >= TARGETS[self.family]
+
+
+def checks(result: CloudSuiteResult) -> list[FamilyCheck]:
+    found = []
+    for family in FAMILIES:
+        for provider in result.providers:
+            runs = result.runs_of(family, provider)
+            if runs:
+                ratios = tuple(run.ratio for run in runs)
+                found.append(FamilyCheck(family, provider, runs[0].model, len(runs), ratios))
+    return found
+
+
+_SUMMARY = ("family", "provider (model)", "seeds", "min", "median", "max", "target", "met")
+_DETAIL = (
+    "family",
+    "seed",
+    "provider",
+    "baseline practice",
+    "baseline $",
+    "ours $",
+    "baseline / ours",
+    "prompt tokens, ours / baseline",
+    "baseline read / written",
+    "ours read / written",
+    "ours breakpoints / request (max)",
+)
+
+
+def _summary_rows(result: CloudSuiteResult) -> list[tuple[str, ...]]:
+    return [
+        (
+            check.family,
+            f"{check.provider} ({check.model})",
+            str(check.seeds),
+            f"{min(check.ratios):.2f}x",
+            f"{statistics.median(check.ratios):.2f}x",
+            f"{max(check.ratios):.2f}x",
+            check.target + ("; measured " + check.measured if check.family == "no-overlap" else ""),
+            "yes" if check.met else "no",
+        )
+        for check in checks(result)
+    ]
+
+
+def _tokens(read: int, written: int) -> str:
+    return f"{read:,} / {written:,}"
+
+
+def _detail_row(run: CloudRun) -> tuple[str, ...]:
+    base, ours = run.baseline, run.ours
+    breakpoints = (
+        f"{ours.breakpoints_per_request:.2f} ({ours.max_breakpoints})"
+        if run.provider == "anthropic"
+        else "—"
+    )
+    return (
+        run.family,
+        str(run.seed),
+        run.provider,
+        base.name,
+        f"{base.cost_usd:.3f}",
+        f"{ours.cost_usd:.3f}",
+        f"{run.ratio:.2f}x",
+        f"{ours.prompt_tokens / max(1, base.prompt_tokens):.1%}",
+        _tokens(base.cache_read_tokens, base.cache_write_tokens),
+        _tokens(ours.cache_read_tokens, ours.cache_write_tokens),
+        breakpoints,
+    )
+
+
+def rich_tables(result: CloudSuiteResult) -> list[Any]:
+    """Per run, then the summary against the targets."""
+    from rich.table import Table
+
+    detail = Table(title="input-token cost per workload (emulated)")
+    for column in _DETAIL:
+        detail.add_column(column, justify="left" if column in _DETAIL[:4] else "right")
+    for run in result.runs:
+        detail.add_row(*_detail_row(run))
+    summary = Table(title="baseline cost / ours, over seeds (issue 25 targets)")
+    for column in _SUMMARY:
+        summary.add_column(column, justify="left" if column in _SUMMARY[:2] else "right")
+    for row in _summary_rows(result):
+        summary.add_row(*row)
+    return [detail, summary]
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _prices(result: CloudSuiteResult) -> str:
+    rows = []
+    for price in result.prices:
+        writes = (
+            f"{price.cache_write_5m} / {price.cache_write_1h}"
+            if price.cache_write_5m is not None
+            else "— (no write premium)"
+        )
+        rows.append(
+            (
+                price.provider,
+                f"`{price.model}`",
+                f"{price.input}",
+                f"{price.cache_read}",
+                writes,
+                f"{price.read_on}, {price.source}",
+            )
+        )
+    headers = ("provider", "model", "input", "cache read", "cache write 5m / 1h", "read on, from")
+    return _md_table(headers, rows)
+
+
+def _workloads(result: CloudSuiteResult) -> str:
+    seen: dict[tuple[str, int], str] = {}
+    for run in result.runs:
+        seen.setdefault((run.family, run.seed), run.description)
+    return "\n".join(f"- {family}, seed {seed}: {text}" for (family, seed), text in seen.items())
+
+
+def markdown(result: CloudSuiteResult) -> str:
+    """The price assumptions, the summary against the targets, every run."""
+    failed = [c for c in checks(result) if not c.met]
+    verdict = (
+        "Every target is met."
+        if not failed
+        else "Not met: "
+        + "; ".join(f"{c.family} on {c.provider} ({c.measured})" for c in failed)
+        + "."
+    )
+    return "\n\n".join(
+        [
+            "**Emulated, not measured on the providers' servers.** Every request is replayed "
+            "through `contextpilot_rag.sim.provider_cache` (`AnthropicCacheModel`, "
+            "`OpenAICacheModel`: the providers' published cache rules, read on "
+            f"{PRICES_READ_ON}; see [cloud_emulator.md](cloud_emulator.md)) at its "
+            "simulated send time, tokens counted with the offline cl100k tokenizer, and "
+            "billed with `contextpilot_rag.cloud.input_cost` at the list prices below "
+            "(USD per million input tokens; output tokens are not counted). Ratios are "
+            "input-token cost, baseline / ours (> 1: ours is cheaper).",
+            _prices(result),
+            "Baseline: the same requests unmodified (documents in retrieval order, every "
+            "turn's documents kept in the conversation, no de-duplication), with the "
+            "cheaper, per workload, of two common practices — Anthropic: a breakpoint on "
+            "the system prompt, or on the system prompt and the last user message; OpenAI: "
+            "no `prompt_cache_key`, or one per user. Ours: the pilot's prompts (reorder, "
+            "de-duplication, notes, cache plan on) sent as `Prompt.to_anthropic()` / "
+            "`Prompt.to_openai_request()`. Never more than 4 breakpoints in a request "
+            "(checked on every request).",
+            _workloads(result),
+            "### Summary against the targets\n\n"
+            + _md_table(_SUMMARY, _summary_rows(result))
+            + "\n\n"
+            + verdict,
+            "### Every workload\n\n"
+            + _md_table(_DETAIL, [_detail_row(run) for run in result.runs])
+            + "\n\nread / written: cache-read and cache-write input tokens (OpenAI writes "
+            "nothing billable: a write is an uncached input token). Run time "
+            f"{result.elapsed_s:.0f} s.",
+        ]
+    )
+
+
+def plot(result: CloudSuiteResult, path: Path) -> bool:
+    """Baseline / ours per family and provider (each seed a dot, targets dashed); ``False``
+    when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    found = checks(result)
+    figure, axis = plt.subplots(figsize=(7.5, 4))
+    for position, check in enumerate(found):
+        color = "tab:orange" if check.provider == "anthropic" else "tab:green"
+        axis.bar(position, statistics.median(check.ratios), color=color, alpha=0.6)
+        axis.scatter([position] * len(check.ratios), check.ratios, color="black", s=12, zorder=3)
+        target = TARGETS[check.family]
+        goal = 1 / target if check.family == "no-overlap" else target
+        axis.hlines(goal, position - 0.4, position + 0.4, colors="red", linestyles="dashed")
+    axis.set_xticks(range(len(found)), [f"{c.family}\n{c.provider}" for c in found], fontsize=8)
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set_ylabel("input cost, baseline / ours")
+    axis.set_title("Hosted prompt caches, emulated (bars: median; dots: seeds; dashed: target)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_json(result: CloudSuiteResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "elapsed_s": result.elapsed_s,
+        "scale": result.scale,
+        "models": dict(result.models),
+        "runs": [
+            {**asdict(run), "ratio": run.ratio, "baseline": run.baseline.name}
+            for run in result.runs
+        ],
+        "checks": [{**asdict(c), "met": c.met} for c in checks(result)],
+    }
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

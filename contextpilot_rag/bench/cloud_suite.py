@@ -1,0 +1,453 @@
+"""The cloud-cache cost benchmark (``contextpilot-rag bench --suite cloud``): what the
+same requests cost in input tokens on a hosted API, sent unmodified with common caching
+practices or as the pilot's prompts.
+
+Every arm replays one :class:`~.cloud_workloads.CloudWorkload` in send order through a
+fresh provider emulator (:mod:`contextpilot_rag.sim.provider_cache`, the providers'
+published rules) at the request's simulated second, and bills each request's usage
+with :func:`contextpilot_rag.cloud.input_cost` at one model's list price:
+
+* **Anthropic** — ``system breakpoint``: the unmodified request (documents in
+  retrieval order, every turn's documents kept in the conversation, each message one
+  text block) with ``cache_control`` on the system prompt; ``system + last message
+  breakpoints``: the same with one more on the last user message; ``contextpilot``:
+  the pilot's prompt (reorder, de-duplication, notes) as :meth:`Prompt.to_anthropic`
+  sends it, breakpoints where its cache plan put them.
+* **OpenAI** (automatic caching) — ``no prompt_cache_key`` and ``per-user
+  prompt_cache_key``: the unmodified messages; ``contextpilot``:
+  :meth:`Prompt.to_openai_request` (the pilot's messages and key).
+
+The baseline of a workload is its cheaper unmodified practice. Figures are emulated
+from published rules, not measured on the providers' servers.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..blocks import ContextBlock
+from ..cloud import DEFAULT_PRICES, CloudCacheConfig, ModelPrice, input_cost, rules_for
+from ..errors import ConfigError
+from ..experiment import baseline_config
+from ..pilot import ContextPilot, PilotConfig
+from ..prompt import Prompt
+from ..sim.provider_cache import (
+    AnthropicCacheModel,
+    CacheBlock,
+    ManualClock,
+    OpenAICacheModel,
+)
+from ..sim.replay import synthetic_answer
+from ..tokenizers import Tokenizer, default_tokenizer
+from ..usage import InputTokens
+from .cloud_workloads import FAMILIES, CloudWorkload, TimedRequest, cloud_workload
+
+__all__ = [
+    "ANTHROPIC_BASELINES",
+    "DEFAULT_MODELS",
+    "OPENAI_BASELINES",
+    "OURS",
+    "PROVIDERS",
+    "ArmCost",
+    "CloudRun",
+    "CloudSuiteResult",
+    "run_cloud_suite",
+    "run_cloud_workload",
+]
+
+PROVIDERS = ("anthropic", "openai")
+DEFAULT_MODELS: Mapping[str, str] = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-5.4"}
+OURS = "contextpilot"
+ANTHROPIC_BASELINES = ("system breakpoint", "system + last message breakpoints")
+OPENAI_BASELINES = ("no prompt_cache_key", "per-user prompt_cache_key")
+
+Progress = Callable[[str, int], Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class ArmCost:
+    """One arm's replay: tokens as billed, their cost (USD, input side only) and the
+    breakpoints its requests carried (Anthropic; 0 on OpenAI)."""
+
+    name: str
+    requests: int
+    prompt_tokens: int
+    uncached_tokens: int
+    cache_read_tokens: int
+    cache_write_5m_tokens: int
+    cache_write_1h_tokens: int
+    cost_usd: float
+    breakpoints: int
+    max_breakpoints: int
+
+    @property
+    def cache_write_tokens(self) -> int:
+        return self.cache_write_5m_tokens + self.cache_write_1h_tokens
+
+    @property
+    def breakpoints_per_request(self) -> float:
+        return self.breakpoints / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class CloudRun:
+    """One workload on one provider: every arm, the baseline practices named."""
+
+    family: str
+    seed: int
+    provider: str
+    model: str
+    description: str
+    arms: tuple[ArmCost, ...]
+    baselines: tuple[str, ...]
+
+    def arm(self, name: str) -> ArmCost:
+        return next(arm for arm in self.arms if arm.name == name)
+
+    @property
+    def ours(self) -> ArmCost:
+        return self.arm(OURS)
+
+    @property
+    def baseline(self) -> ArmCost:
+        """The cheaper unmodified practice on this workload."""
+        return min((self.arm(name) for name in self.baselines), key=lambda arm: arm.cost_usd)
+
+    @property
+    def ratio(self) -> float:
+        """Baseline input cost / ours (> 1: ours is cheaper)."""
+        return self.baseline.cost_usd / self.ours.cost_usd if self.ours.cost_usd else 0.0
+
+
+@dataclass(frozen=True)
+class CloudSuiteResult:
+    runs: tuple[CloudRun, ...]
+    seeds: Mapping[str, tuple[int, ...]]
+    models: Mapping[str, str]
+    scale: float
+    elapsed_s: float = 0.0
+    prices: tuple[ModelPrice, ...] = field(default=())
+
+    def runs_of(self, family: str, provider: str) -> list[CloudRun]:
+        return [run for run in self.runs if run.family == family and run.provider == provider]
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        return tuple(p for p in PROVIDERS if any(run.provider == p for run in self.runs))
+
+
+class _TokenCache:
+    """Token ids of the texts requests are made of (content blocks, whole messages),
+    each encoded once per workload. A message of several content blocks is the
+    concatenation of its blocks' ids, so every arm counts the same text alike."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._ids: dict[str, array[int]] = {}
+
+    def ids(self, text: str) -> array[int]:
+        found = self._ids.get(text)
+        if found is None:
+            found = array("i", self._tokenizer.encode(text))
+            self._ids[text] = found
+        return found
+
+    def learn(self, prompt: Prompt) -> None:
+        """Encode ``prompt``'s messages from their content blocks."""
+        for index, message in enumerate(prompt.messages):
+            content = message["content"]
+            if content in self._ids:
+                continue
+            joined: array[int] = array("i")
+            for part in prompt.content_parts(index):
+                joined.extend(self.ids(part))
+            self._ids[content] = joined
+
+
+@dataclass
+class _Tally:
+    name: str
+    price: ModelPrice
+    requests: int = 0
+    tokens: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    cost_usd: float = 0.0
+    breakpoints: int = 0
+    max_breakpoints: int = 0
+
+    def add(self, usage: InputTokens, breakpoints: int) -> None:
+        self.requests += 1
+        counts = (
+            usage.uncached_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_5m_tokens,
+            usage.cache_write_1h_tokens,
+        )
+        self.tokens = [a + b for a, b in zip(self.tokens, counts, strict=True)]
+        self.cost_usd += input_cost(usage, self.price).total
+        self.breakpoints += breakpoints
+        self.max_breakpoints = max(self.max_breakpoints, breakpoints)
+
+    def result(self) -> ArmCost:
+        uncached, read, write_5m, write_1h = self.tokens
+        total = uncached + read + write_5m + write_1h
+        return ArmCost(
+            self.name,
+            self.requests,
+            total,
+            uncached,
+            read,
+            write_5m,
+            write_1h,
+            self.cost_usd,
+            self.breakpoints,
+            self.max_breakpoints,
+        )
+
+
+Shape = Callable[[Prompt, TimedRequest], dict[str, Any]]
+
+
+def _anthropic_cache_blocks(
+    request: Mapping[str, Any], tokens: _TokenCache, ttl_s: Mapping[str, float]
+) -> list[CacheBlock]:
+    """The cache blocks of Anthropic ``messages.create`` keyword arguments (``system``,
+    ``messages``), as the API caches them: one per content block, in order."""
+    blocks: list[CacheBlock] = []
+    messages = [("system", request.get("system", ()))]
+    messages += [(message["role"], message["content"]) for message in request["messages"]]
+    for role, content in messages:
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for number, part in enumerate(parts):
+            marker = part.get("cache_control")
+            ttl = None if marker is None else ttl_s[marker.get("ttl", "5m")]
+            key = f"{role}\n{number == 0}\n{part['text']}"
+            blocks.append(CacheBlock(key, len(tokens.ids(part["text"])), ttl))
+    return blocks
+
+
+class _AnthropicArm:
+    def __init__(self, name: str, shape: Shape, model: str, tokens: _TokenCache) -> None:
+        self.rules = rules_for("anthropic")
+        self._shape, self._model, self._tokens = shape, model, tokens
+        self._cache = AnthropicCacheModel(self.rules)
+        self.tally = _Tally(name, DEFAULT_PRICES.price(model))
+
+    def send(self, prompt: Prompt, timed: TimedRequest) -> None:
+        blocks = _anthropic_cache_blocks(self._shape(prompt, timed), self._tokens, self.rules.ttl_s)
+        marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
+        if marked > self.rules.max_breakpoints:
+            raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
+        usage = self._cache.request(blocks, now_s=timed.at_s, model=self._model)
+        self.tally.add(usage, marked)
+
+
+class _OpenAIArm:
+    def __init__(self, name: str, shape: Shape, model: str, tokens: _TokenCache) -> None:
+        self._shape, self._model, self._tokens = shape, model, tokens
+        self._cache = OpenAICacheModel()
+        self.tally = _Tally(name, DEFAULT_PRICES.price(model))
+
+    def send(self, prompt: Prompt, timed: TimedRequest) -> None:
+        request = self._shape(prompt, timed)
+        ids: array[int] = array("i")
+        for message in request["messages"]:
+            ids.extend(self._tokens.ids(f"<|{message['role']}|>\n"))
+            ids.extend(self._tokens.ids(message["content"]))
+        usage = self._cache.request(
+            ids,
+            now_s=timed.at_s,
+            prompt_cache_key=request.get("prompt_cache_key"),
+            model=self._model,
+        )
+        self.tally.add(usage.input_tokens, 0)
+
+
+def _unmodified_anthropic(mark_last: bool) -> Shape:
+    """The unmodified messages, one text block each, the system prompt marked (and the
+    last user message when ``mark_last``)."""
+
+    def shape(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
+        marker = {"type": "ephemeral"}
+        system = [m["content"] for m in prompt.messages if m["role"] == "system"]
+        turns: list[dict[str, Any]] = [
+            {"role": m["role"], "content": m["content"]}
+            for m in prompt.messages
+            if m["role"] != "system"
+        ]
+        if mark_last:
+            last = turns[-1]["content"]
+            turns[-1]["content"] = [{"type": "text", "text": last, "cache_control": marker}]
+        request: dict[str, Any] = {"messages": turns}
+        if system:
+            request["system"] = [{"type": "text", "text": system[0], "cache_control": marker}]
+        return request
+
+    return shape
+
+
+def _unmodified_openai(per_user_key: bool) -> Shape:
+    def shape(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
+        request: dict[str, Any] = {"messages": prompt.to_openai()}
+        if per_user_key:
+            request["prompt_cache_key"] = timed.user
+        return request
+
+    return shape
+
+
+def _to_anthropic(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
+    return prompt.to_anthropic()
+
+
+def _to_openai(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
+    return prompt.to_openai_request()
+
+
+def _prompts(
+    workload: CloudWorkload, config: PilotConfig, tokenizer: Tokenizer
+) -> Iterator[tuple[Prompt, TimedRequest]]:
+    """The pilot's prompts for ``workload``, built in send order at each request's
+    simulated second (a conversation's answer recorded right away)."""
+    clock = ManualClock()
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=clock)
+    blocks = {doc_id: ContextBlock(text, id=doc_id) for doc_id, text in workload.corpus.items()}
+    for timed in workload.requests:
+        clock.advance(max(0.0, timed.at_s - clock.now_s))
+        request = timed.request
+        prompt = pilot.optimize(
+            [blocks[doc_id] for doc_id in request.doc_ids],
+            request.query,
+            conversation_id=request.session,
+            system=workload.system_prompt,
+        )
+        if request.session is not None:
+            pilot.record_answer(prompt, synthetic_answer(request))
+        yield prompt, timed
+
+
+def _replay(
+    prompts: Iterable[tuple[Prompt, TimedRequest]],
+    arms: Sequence[_AnthropicArm | _OpenAIArm],
+    tokens: _TokenCache,
+    tick: Callable[[], None],
+) -> None:
+    for prompt, timed in prompts:
+        tokens.learn(prompt)
+        for arm in arms:
+            arm.send(prompt, timed)
+        tick()
+
+
+def _pilot_config(provider: str, model: str) -> PilotConfig:
+    return PilotConfig(cloud=CloudCacheConfig(enabled=True, rules=rules_for(provider), model=model))
+
+
+def _baseline_arms(
+    providers: Sequence[str], models: Mapping[str, str], tokens: _TokenCache
+) -> list[_AnthropicArm | _OpenAIArm]:
+    arms: list[_AnthropicArm | _OpenAIArm] = []
+    if "anthropic" in providers:
+        model = models["anthropic"]
+        for name, mark_last in zip(ANTHROPIC_BASELINES, (False, True), strict=True):
+            arms.append(_AnthropicArm(name, _unmodified_anthropic(mark_last), model, tokens))
+    if "openai" in providers:
+        model = models["openai"]
+        for name, per_user in zip(OPENAI_BASELINES, (False, True), strict=True):
+            arms.append(_OpenAIArm(name, _unmodified_openai(per_user), model, tokens))
+    return arms
+
+
+def run_cloud_workload(
+    workload: CloudWorkload,
+    providers: Sequence[str] = PROVIDERS,
+    models: Mapping[str, str] = DEFAULT_MODELS,
+    *,
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> list[CloudRun]:
+    """Every arm of ``workload`` on each of ``providers``, one :class:`CloudRun` per
+    provider."""
+    tokenizer = tokenizer or default_tokenizer()
+    tokens = _TokenCache(tokenizer)
+    label = f"{workload.family} seed {workload.seed}"
+    baselines = _baseline_arms(providers, models, tokens)
+    # the baseline pilot plans with cloud rules on only so its messages split into the
+    # same content blocks as ours (token counts alike); its plan is not sent
+    unmodified = baseline_config(_pilot_config("anthropic", models.get("anthropic", "")))
+    prompts = _prompts(workload, unmodified, tokenizer)
+    _replay(prompts, baselines, tokens, _ticker(progress, f"{label}: unmodified", workload))
+    ours: dict[str, _AnthropicArm | _OpenAIArm] = {}
+    for provider in providers:
+        model = models[provider]
+        arm: _AnthropicArm | _OpenAIArm
+        if provider == "anthropic":
+            arm = _AnthropicArm(OURS, _to_anthropic, model, tokens)
+        else:
+            arm = _OpenAIArm(OURS, _to_openai, model, tokens)
+        prompts = _prompts(workload, _pilot_config(provider, model), tokenizer)
+        _replay(prompts, [arm], tokens, _ticker(progress, f"{label}: ours, {provider}", workload))
+        ours[provider] = arm
+    return [
+        _run(workload, provider, models[provider], baselines, ours[provider])
+        for provider in providers
+    ]
+
+
+def _run(
+    workload: CloudWorkload,
+    provider: str,
+    model: str,
+    baselines: Sequence[_AnthropicArm | _OpenAIArm],
+    ours: _AnthropicArm | _OpenAIArm,
+) -> CloudRun:
+    names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
+    arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
+    return CloudRun(
+        workload.family,
+        workload.seed,
+        provider,
+        model,
+        workload.description,
+        (*arms, ours.tally.result()),
+        names,
+    )
+
+
+def _ticker(progress: Progress | None, label: str, workload: CloudWorkload) -> Callable[[], None]:
+    if progress is None:
+        return lambda: None
+    return progress(label, len(workload.requests))
+
+
+def run_cloud_suite(
+    providers: Sequence[str] = PROVIDERS,
+    *,
+    seeds: Mapping[str, Sequence[int]] | None = None,
+    scale: float = 1.0,
+    models: Mapping[str, str] = DEFAULT_MODELS,
+    progress: Progress | None = None,
+) -> CloudSuiteResult:
+    """Every family of :data:`~.cloud_workloads.FAMILIES` for its seeds (default: 0–3
+    for multi-turn, one per re-retrieval share; 0–2 otherwise) on ``providers``."""
+    unknown = sorted(set(providers) - set(PROVIDERS))
+    if unknown or not providers:
+        raise ConfigError(f"providers must be among {', '.join(PROVIDERS)}; got {list(providers)}")
+    chosen = {family: tuple(range(4 if family == "multi-turn" else 3)) for family in FAMILIES}
+    chosen.update({family: tuple(s) for family, s in (seeds or {}).items()})
+    tokenizer = default_tokenizer()
+    started = time.perf_counter()
+    runs: list[CloudRun] = []
+    for family, family_seeds in chosen.items():
+        for seed in family_seeds:
+            workload = cloud_workload(family, seed, scale)
+            runs += run_cloud_workload(
+                workload, providers, models, tokenizer=tokenizer, progress=progress
+            )
+    prices = tuple(DEFAULT_PRICES.price(models[provider]) for provider in providers)
+    return CloudSuiteResult(
+        tuple(runs), chosen, dict(models), scale, time.perf_counter() - started, prices
+    )

@@ -1,0 +1,233 @@
+"""Cache breakpoints that pay (Anthropic-style explicit prompt caching).
+
+A breakpoint asks the provider to cache the prompt up to it. Writing costs more than
+sending the tokens uncached (1.25× for 5 minutes, 2× for 1 hour); a later read costs
+0.1×. So a breakpoint pays only where later requests will read the prefix before it
+expires. The pilot proposes candidates where its index and the conversation predict
+reuse (:class:`ReuseCandidate`: the end of the system prompt, the end of the leading
+blocks other requests are expected to share, the end of the conversation history, the
+end of this turn for the next one); :func:`plan_breakpoints` keeps the ones whose
+expected saving beats the write premium, at most ``max_breakpoints``, and says why
+for every candidate (:class:`CachePlan`).
+
+The saving of a candidate, in base-price input tokens, with ``covered`` the tokens up
+to the previous breakpoint kept:
+
+- ``read_now``: the part of the prefix after ``covered`` that an earlier request
+  already cached (``cached_tokens``) is read now at a ``read_saving`` discount;
+- ``new``: the part after both is written, at ``write_premium``, and read by
+  ``expected_reads`` later requests: ``new × (read_saving × expected_reads −
+  write_premium)``.
+
+A candidate is kept when the sum is positive and its prefix reaches the model's
+minimum cacheable length. Candidates of one ``kind`` are alternatives (the shared
+blocks may end after any block): the best of them is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import InvalidInputError
+from .rules import ProviderRules
+
+__all__ = [
+    "KINDS",
+    "Breakpoint",
+    "BreakpointKind",
+    "CachePlan",
+    "ReuseCandidate",
+    "SkippedBreakpoint",
+    "plan_breakpoints",
+]
+
+BreakpointKind = Literal["system", "shared_blocks", "history", "tail"]
+KINDS: tuple[BreakpointKind, ...] = ("system", "shared_blocks", "history", "tail")
+"""Candidate kinds, in prompt order."""
+
+
+@dataclass(frozen=True)
+class ReuseCandidate:
+    """A place a breakpoint could go, and what the pilot predicts of its reuse.
+
+    ``message_index`` indexes :attr:`Prompt.messages`; ``part`` the message's content
+    blocks (:meth:`Prompt.content_parts`; -1: its last). ``prefix_tokens``: the
+    prompt's tokens up to here (pilot tokenizer). ``expected_reads``: later requests
+    expected to read this prefix within the lifetime. ``cached_tokens``: the tokens
+    of this prefix an earlier request is believed to have cached, readable from here.
+    ``basis`` says where the numbers come from; ``index_depth`` the length of the
+    pilot's index path up to here (0: unknown)."""
+
+    kind: BreakpointKind
+    message_index: int
+    part: int
+    prefix_tokens: int
+    expected_reads: float
+    cached_tokens: int = 0
+    basis: str = ""
+    index_depth: int = 0
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """A kept candidate and the saving that justified it (base-price input tokens)."""
+
+    candidate: ReuseCandidate
+    saving_tokens: float
+    reason: str
+
+    @property
+    def kind(self) -> BreakpointKind:
+        return self.candidate.kind
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(message_index, part)``."""
+        return self.candidate.message_index, self.candidate.part
+
+
+@dataclass(frozen=True)
+class SkippedBreakpoint:
+    """A candidate left out, and why."""
+
+    candidate: ReuseCandidate
+    saving_tokens: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """Where a prompt's cache breakpoints go (at most ``rules.max_breakpoints``, in
+    prompt order) and why; ``skipped`` the candidates left out, with reasons.
+    ``min_tokens`` is the model's minimum cacheable prefix."""
+
+    provider: str
+    model: str | None
+    ttl: str
+    min_tokens: int
+    breakpoints: tuple[Breakpoint, ...]
+    skipped: tuple[SkippedBreakpoint, ...]
+
+    @property
+    def positions(self) -> tuple[tuple[int, int], ...]:
+        return tuple(breakpoint.position for breakpoint in self.breakpoints)
+
+    @property
+    def expected_saving_tokens(self) -> float:
+        """The planned breakpoints' predicted saving, in base-price input tokens."""
+        return sum(breakpoint.saving_tokens for breakpoint in self.breakpoints)
+
+    def expected_saving_usd(self, input_usd_per_million: float) -> float:
+        """:attr:`expected_saving_tokens` in USD at a base input price (USD per million
+        tokens, e.g. ``DEFAULT_PRICES.price(model).input``)."""
+        return self.expected_saving_tokens * input_usd_per_million / 1_000_000
+
+
+def plan_breakpoints(
+    candidates: Iterable[ReuseCandidate],
+    rules: ProviderRules,
+    *,
+    model: str | None = None,
+    ttl: str = "5m",
+) -> CachePlan:
+    """Keep the candidates whose breakpoint pays (see the module docstring), at most
+    ``rules.max_breakpoints``, the best of each kind."""
+    premium = rules.write_premium(ttl)
+    min_tokens = rules.min_tokens(model)
+    by_kind = _grouped(candidates)
+    kept: list[Breakpoint] = []
+    skipped: list[SkippedBreakpoint] = []
+    covered = 0
+    for kind in KINDS:
+        group = by_kind.get(kind, ())
+        if not group:
+            continue
+        scored = [(_saving(c, covered, rules.read_saving, premium), c) for c in group]
+        # an end that cannot be kept (under the minimum, say) must not beat one that can
+        eligible = [
+            pair
+            for pair in scored
+            if _refusal(pair[1], pair[0], covered, min_tokens, rules) is None
+        ]
+        best_saving, best = max(
+            eligible or scored, key=lambda pair: (pair[0], -pair[1].prefix_tokens)
+        )
+        for saving, candidate in scored:
+            if candidate is not best:
+                why = "another end of it pays more"
+                if saving > best_saving:  # it lost only because it cannot be kept
+                    why = _refusal(candidate, saving, covered, min_tokens, rules) or why
+                skipped.append(SkippedBreakpoint(candidate, saving, why))
+        reason = _refusal(best, best_saving, covered, min_tokens, rules)
+        if reason is not None:
+            skipped.append(SkippedBreakpoint(best, best_saving, reason))
+            continue
+        kept.append(Breakpoint(best, best_saving, _justification(best, best_saving)))
+        covered = best.prefix_tokens
+    kept, over = _within_limit(kept, rules.max_breakpoints)
+    skipped.extend(over)
+    return CachePlan(rules.provider, model, ttl, min_tokens, tuple(kept), tuple(skipped))
+
+
+def _grouped(candidates: Iterable[ReuseCandidate]) -> dict[str, list[ReuseCandidate]]:
+    by_kind: dict[str, list[ReuseCandidate]] = {}
+    for candidate in candidates:
+        if not isinstance(candidate, ReuseCandidate) or candidate.kind not in KINDS:
+            raise InvalidInputError(f"not a ReuseCandidate of a known kind: {candidate!r}")
+        by_kind.setdefault(candidate.kind, []).append(candidate)
+    return by_kind
+
+
+def _saving(candidate: ReuseCandidate, covered: int, read_saving: float, premium: float) -> float:
+    """Expected saving of a breakpoint here, in base-price input tokens."""
+    cached = min(candidate.cached_tokens, candidate.prefix_tokens)
+    read_now = max(0, cached - covered) * read_saving
+    new = candidate.prefix_tokens - max(covered, cached)
+    return read_now + max(0, new) * (read_saving * candidate.expected_reads - premium)
+
+
+def _refusal(
+    candidate: ReuseCandidate,
+    saving: float,
+    covered: int,
+    min_tokens: int,
+    rules: ProviderRules,
+) -> str | None:
+    if rules.max_breakpoints == 0:
+        return f"{rules.provider} caches automatically (no breakpoints)"
+    if candidate.prefix_tokens < min_tokens:
+        return f"prefix of {candidate.prefix_tokens} tokens is under the minimum {min_tokens}"
+    if candidate.prefix_tokens <= covered:
+        return "adds nothing after the previous breakpoint"
+    if saving <= 0:
+        return (
+            f"write would not pay: {candidate.expected_reads:.2f} expected reads × "
+            f"{rules.read_saving:.2f} <= write premium"
+        )
+    return None
+
+
+def _justification(candidate: ReuseCandidate, saving: float) -> str:
+    parts = [f"saves ~{saving:.0f} input tokens"]
+    if candidate.cached_tokens:
+        parts.append(f"reads {candidate.cached_tokens} cached tokens")
+    if candidate.expected_reads:
+        parts.append(f"{candidate.expected_reads:.2f} expected reads")
+    return ", ".join(parts)
+
+
+def _within_limit(
+    kept: Sequence[Breakpoint], limit: int
+) -> tuple[list[Breakpoint], list[SkippedBreakpoint]]:
+    """The ``limit`` best breakpoints (by saving), back in prompt order."""
+    if len(kept) <= limit:
+        return list(kept), []
+    ranked = sorted(range(len(kept)), key=lambda i: kept[i].saving_tokens, reverse=True)
+    chosen = sorted(ranked[:limit])
+    dropped = [
+        SkippedBreakpoint(kept[i].candidate, kept[i].saving_tokens, f"over the limit of {limit}")
+        for i in sorted(ranked[limit:])
+    ]
+    return [kept[i] for i in chosen], dropped

@@ -1,0 +1,55 @@
+"""How a :class:`~contextpilot_rag.ContextPilot` prepares prompts for hosted caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .rules import ANTHROPIC_RULES, ProviderRules
+
+__all__ = ["CloudCacheConfig"]
+
+
+@dataclass(frozen=True)
+class CloudCacheConfig:
+    """``enabled``: plan cache breakpoints and derive ``prompt_cache_key`` for every
+    prompt (:attr:`Prompt.cache_plan`, :attr:`Prompt.prompt_cache_key`). ``rules``:
+    the provider's cache rules (:data:`~.rules.ANTHROPIC_RULES` by default; any
+    :class:`~.rules.ProviderRules`), ``model`` the model the prompts go to (its
+    minimum cacheable length), ``ttl`` the breakpoints' lifetime (``"5m"`` or
+    ``"1h"``). ``next_turn_probability``: the chance a conversation sends another turn
+    within the lifetime (``None``: ``(t + 1) / (t + 2)`` after ``t`` earlier turns).
+    ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``.
+    ``max_counted``: the most recent sharing requests counted per prefix (a bound on
+    the work). ``ledger_size``: the breakpoint prefixes remembered as cached.
+
+    Off by default: planning reads the index for every prompt and makes ``optimize``
+    several times slower, which a self-hosted engine (whose prefix cache needs no
+    breakpoints) would pay for nothing. Turn it on for hosted APIs."""
+
+    enabled: bool = False
+    rules: ProviderRules = field(default=ANTHROPIC_RULES)
+    model: str | None = None
+    ttl: str = "5m"
+    next_turn_probability: float | None = None
+    key_blocks: int = 1
+    max_counted: int = 8
+    ledger_size: int = 65_536
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rules, ProviderRules):
+            raise ConfigError("CloudCacheConfig.rules must be a ProviderRules")
+        self.rules.check_ttl(self.ttl)
+        if self.model is not None and not isinstance(self.model, str):
+            raise ConfigError("CloudCacheConfig.model must be a str or None")
+        probability = self.next_turn_probability
+        if probability is not None and not 0 <= probability <= 1:
+            raise ConfigError("CloudCacheConfig.next_turn_probability must be in [0, 1] or None")
+        for name in ("key_blocks", "max_counted", "ledger_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"CloudCacheConfig.{name} must be a positive int")
+
+    @property
+    def ttl_s(self) -> float:
+        return self.rules.ttl_s[self.ttl]

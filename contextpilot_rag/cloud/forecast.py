@@ -1,0 +1,194 @@
+"""Where a prompt's prefix will be read again: the breakpoint candidates the pilot
+proposes (:class:`~.breakpoints.ReuseCandidate`), from its index and the conversation.
+
+- **system**: read by the other requests with this system prompt; their recent
+  number (within the lifetime) predicts the next window's.
+- **shared_blocks** (a prompt without history): after each leading block ``k``, read
+  by the requests that will start with the same ``k`` blocks. The index counts the
+  recent ones that did; block popularity predicts the ones that will, as placing a
+  block first *because* others carry it is the point of the reorder: the system
+  prompt's recent requests × the smallest share of requests that carried any of the
+  ``k`` blocks.
+- **history**: the end of the conversation's history, from where the previous turn's
+  cached prefix is read back (and the answer written for the next turn).
+- **tail**: the end of this turn, read by the conversation's next turn.
+
+Every candidate also says whether a breakpoint is believed cached at that exact prefix
+(the pilot's :class:`~.ledger.CacheLedger`): writing it again is then a read.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .breakpoints import ReuseCandidate
+from .ledger import CacheLedger
+
+if TYPE_CHECKING:
+    from ..index import ContextIndex
+
+__all__ = ["IndexSignals", "PromptShape", "ReuseSignals", "reuse_candidates"]
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """Token and index positions of one prompt. Tokens count from the prompt's start
+    (pilot tokenizer); depths are lengths of its index path (system prompt key,
+    history, blocks, tail)."""
+
+    system_tokens: int  # 0: no system message
+    user_message_index: int
+    history_tokens: int  # before the current user message
+    previous_turn_tokens: int  # through the last history user message (0: none)
+    previous_turn_depth: int  # index depth through the last history turn's tail
+    block_ends: tuple[int, ...]  # each block's end, in final order
+    prompt_tokens: int
+    fixed_depth: int  # index depth before this turn's blocks
+    earlier_turns: int
+    conversation: bool
+
+
+class ReuseSignals(Protocol):
+    """What the pilot's state says about reuse (lock held)."""
+
+    def recent_sharing(self, depth: int) -> int:
+        """Other requests, recent within the lifetime, that share the prompt's index
+        path up to ``depth``."""
+        ...
+
+    def block_share(self, count: int) -> float:
+        """The expected share of requests that carry the prompt's first ``count``
+        blocks, in [0, 1]."""
+        ...
+
+    def cached(self, depth: int) -> bool:
+        """Whether a breakpoint is believed cached at the index path up to ``depth``."""
+        ...
+
+
+def reuse_candidates(
+    shape: PromptShape, signals: ReuseSignals, next_turn_probability: float | None
+) -> list[ReuseCandidate]:
+    """The breakpoint candidates of one prompt, in prompt order."""
+    candidates: list[ReuseCandidate] = []
+    system_reads = 0
+    if shape.system_tokens:
+        system_reads = signals.recent_sharing(1)
+        cached = shape.system_tokens if signals.cached(1) else 0
+        basis = f"{system_reads} recent requests share the system prompt"
+        candidates.append(
+            ReuseCandidate("system", 0, 0, shape.system_tokens, system_reads, cached, basis, 1)
+        )
+    if shape.earlier_turns == 0:
+        candidates += _shared_blocks(shape, signals, system_reads)
+    p_next = _next_turn(shape, next_turn_probability)
+    if shape.earlier_turns:
+        cached = shape.previous_turn_tokens if signals.cached(shape.previous_turn_depth) else 0
+        candidates.append(
+            ReuseCandidate(
+                "history",
+                shape.user_message_index - 1,
+                -1,
+                shape.history_tokens,
+                p_next,
+                cached,
+                "the conversation's previous turn cached its prefix"
+                if cached
+                else "the conversation's next turn",
+                shape.fixed_depth,
+            )
+        )
+    if shape.conversation:
+        candidates.append(
+            ReuseCandidate(
+                "tail",
+                shape.user_message_index,
+                -1,
+                shape.prompt_tokens,
+                p_next,
+                0,
+                f"next turn of the conversation (p={p_next:.2f})",
+                shape.fixed_depth + len(shape.block_ends) + 1,
+            )
+        )
+    return candidates
+
+
+def _shared_blocks(
+    shape: PromptShape, signals: ReuseSignals, system_reads: int
+) -> list[ReuseCandidate]:
+    candidates = []
+    for count, end_tokens in enumerate(shape.block_ends, start=1):
+        depth = shape.fixed_depth + count
+        seen = signals.recent_sharing(depth)
+        predicted = system_reads * signals.block_share(count)
+        reads = max(float(seen), predicted)
+        if reads <= 0 and not signals.cached(depth):
+            continue
+        basis = f"{seen} recent requests share these blocks; popularity predicts {predicted:.2f}"
+        cached = end_tokens if signals.cached(depth) else 0
+        candidates.append(
+            ReuseCandidate(
+                "shared_blocks",
+                shape.user_message_index,
+                count - 1,
+                end_tokens,
+                reads,
+                cached,
+                basis,
+                depth,
+            )
+        )
+    return candidates
+
+
+def _next_turn(shape: PromptShape, fixed: float | None) -> float:
+    if not shape.conversation:
+        return 0.0
+    if fixed is not None:
+        return fixed
+    return (shape.earlier_turns + 1) / (shape.earlier_turns + 2)
+
+
+class IndexSignals:
+    """:class:`ReuseSignals` read from a context index, block popularity and the
+    cache ledger, for one prompt whose index path is ``path``.
+
+    ``shares``: each block's share of requests (popularity / requests counted), in
+    final order. ``ledger_key`` turns a path prefix into the ledger's key (a tenant's
+    salt goes in it)."""
+
+    def __init__(
+        self,
+        index: ContextIndex | None,
+        path: Sequence[str],
+        *,
+        since: float,
+        limit: int,
+        shares: Sequence[float],
+        ledger: CacheLedger,
+        ledger_key: Callable[[int], Hashable],
+        now: float,
+        ttl_s: float,
+    ) -> None:
+        self._index, self._path, self._since, self._limit = index, path, since, limit
+        self._ledger, self._ledger_key, self._now, self._ttl_s = ledger, ledger_key, now, ttl_s
+        self._smallest_share = list(itertools.accumulate(shares, min))
+
+    def recent_sharing(self, depth: int) -> int:
+        if self._index is None:
+            return 0
+        return self._index.recent_sharing(
+            self._path[:depth], self._since, limit=self._limit, budget=8 * self._limit
+        )
+
+    def block_share(self, count: int) -> float:
+        if not 0 < count <= len(self._smallest_share):
+            return 0.0
+        return min(1.0, self._smallest_share[count - 1])
+
+    def cached(self, depth: int) -> bool:
+        return self._ledger.fresh(self._ledger_key(depth), self._now, self._ttl_s)

@@ -1,0 +1,137 @@
+"""A :class:`~contextpilot_rag.Prompt` in a hosted provider's request shape.
+
+- :func:`anthropic_kwargs`: the ``system`` and ``messages`` keyword arguments of
+  ``anthropic.Anthropic().messages.create``: every message a list of text content
+  blocks (:meth:`Prompt.content_parts`: each context block its own), with
+  ``cache_control`` on the blocks where the prompt's :class:`~.breakpoints.CachePlan`
+  put a breakpoint;
+- :func:`openai_kwargs`: ``messages`` (and ``prompt_cache_key``) for an OpenAI-compatible
+  client; with ``cache_control=True`` the messages carry the same content parts and
+  markers, which LiteLLM forwards to Anthropic, Bedrock and Vertex.
+
+:func:`cache_prefix_bytes` serializes a request's text as the provider's cache sees
+it (every content block with its role, in order; the markers excluded, as they are
+not part of the cached content), with the offset at which each marked block ends: a
+request reuses an earlier one's cache entry only if that entry's bytes are a prefix
+of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ..prompt import Prompt
+
+__all__ = ["anthropic_kwargs", "cache_control_of", "cache_prefix_bytes", "openai_kwargs"]
+
+
+def cache_control_of(ttl: str) -> dict[str, str]:
+    """The ``cache_control`` value of a breakpoint with lifetime ``ttl``."""
+    if ttl == "5m":
+        return {"type": "ephemeral"}
+    if ttl == "1h":
+        return {"type": "ephemeral", "ttl": "1h"}
+    raise InvalidInputError(f"cache lifetime must be '5m' or '1h', got {ttl!r}")
+
+
+def _marked_parts(prompt: Prompt) -> dict[int, set[int]]:
+    """Message index → the indexes of its content parts that carry a breakpoint."""
+    marked: dict[int, set[int]] = {}
+    plan = prompt.cache_plan
+    if plan is None:
+        return marked
+    for message_index, part in plan.positions:
+        count = len(prompt.content_parts(message_index))
+        index = part if part >= 0 else count + part
+        if 0 <= index < count:
+            marked.setdefault(message_index, set()).add(index)
+    return marked
+
+
+def _text_blocks(prompt: Prompt, message_index: int, marked: set[int]) -> list[dict[str, Any]]:
+    ttl = prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m"
+    blocks: list[dict[str, Any]] = []
+    for number, text in enumerate(prompt.content_parts(message_index)):
+        block: dict[str, Any] = {"type": "text", "text": text}
+        if number in marked:
+            block["cache_control"] = cache_control_of(ttl)
+        blocks.append(block)
+    return blocks
+
+
+def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
+    """``system`` (when the prompt has one) and ``messages`` for Anthropic's Messages
+    API; the caller adds ``model`` and ``max_tokens``. A prompt from a pilot without
+    ``CloudCacheConfig(enabled=True)`` has no plan: one text block per message, no
+    ``cache_control``."""
+    marked = _marked_parts(prompt)
+    system: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for index, message in enumerate(prompt.messages):
+        blocks = _text_blocks(prompt, index, marked.get(index, set()))
+        if message["role"] == "system":
+            system.extend(blocks)
+        else:
+            messages.append({"role": message["role"], "content": blocks})
+    kwargs: dict[str, Any] = {"messages": messages}
+    if system:
+        kwargs["system"] = system
+    return kwargs
+
+
+def openai_kwargs(
+    prompt: Prompt, *, cache_control: bool = False, cache_key: bool = True
+) -> dict[str, Any]:
+    """``messages`` for an OpenAI-compatible client, plus ``prompt_cache_key`` (when
+    ``cache_key`` and the prompt has one). ``cache_control``: every message as content
+    parts with the prompt's breakpoints marked (for LiteLLM and other gateways that
+    forward them); otherwise plain string contents. Without a plan
+    (``CloudCacheConfig(enabled=False)``, the default) there are no markers and no key."""
+    messages: list[dict[str, Any]] = []
+    marked = _marked_parts(prompt) if cache_control else {}
+    for index, message in enumerate(prompt.messages):
+        if cache_control:
+            content: Any = _text_blocks(prompt, index, marked.get(index, set()))
+        else:
+            content = message["content"]
+        messages.append({"role": message["role"], "content": content})
+    kwargs: dict[str, Any] = {"messages": messages}
+    if cache_key and prompt.prompt_cache_key is not None:
+        kwargs["prompt_cache_key"] = prompt.prompt_cache_key
+    return kwargs
+
+
+def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ...]]:
+    """The cached text of an Anthropic-shaped (``system`` + ``messages``) or
+    OpenAI-shaped request, and the byte offset where each block marked with
+    ``cache_control`` ends, in order."""
+    out = bytearray()
+    ends: list[int] = []
+    for role, block in _content_blocks(request):
+        text = block.get("text") if isinstance(block, Mapping) else block
+        if not isinstance(text, str):
+            raise InvalidInputError(f"content block without text: {block!r}")
+        out += json.dumps([role, text], ensure_ascii=False).encode("utf-8", "surrogatepass")
+        out += b"\n"
+        if isinstance(block, Mapping) and block.get("cache_control") is not None:
+            ends.append(len(out))
+    return bytes(out), tuple(ends)
+
+
+def _content_blocks(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    blocks: list[tuple[str, Any]] = []
+    system = request.get("system")
+    if system is not None:
+        blocks += [("system", block) for block in _as_list(system)]
+    for message in request.get("messages", ()):
+        blocks += [(message["role"], block) for block in _as_list(message["content"])]
+    return blocks
+
+
+def _as_list(content: Any) -> list[Any]:
+    return [content] if isinstance(content, str) else list(content)

@@ -1,0 +1,143 @@
+"""Hosted providers' prompt-cache rules, as data.
+
+Each :class:`ProviderRules` states what a provider documents about its prompt cache:
+how many explicit breakpoints a request may carry, the shortest prefix it caches per
+model, how far back from a breakpoint it looks for an earlier cached prefix, the
+lifetimes it offers and what a write and a read cost relative to the base input price.
+The breakpoint planner (:mod:`.breakpoints`) reads nothing else, so a user with other
+terms (a new model, a negotiated price) passes other rules. Sources: ``docs/cloud.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import ConfigError
+
+__all__ = ["ANTHROPIC_RULES", "OPENAI_RULES", "CacheTtl", "ProviderRules", "rules_for"]
+
+CacheTtl = Literal["5m", "1h"]
+
+
+@dataclass(frozen=True)
+class ProviderRules:
+    """One provider's prompt-cache rules.
+
+    ``max_breakpoints``: explicit cache breakpoints a request may carry (0: the cache
+    is automatic, as OpenAI's). ``min_cacheable_tokens``: the shortest prefix cached;
+    ``model_min_tokens`` overrides it per model, matched by the longest model-name
+    prefix (``"claude-haiku-4-5"`` matches ``"claude-haiku-4-5-20251001"``).
+    ``lookback_blocks``: content blocks before a breakpoint searched for an earlier
+    cached prefix. ``ttl_s``: the lifetimes on offer, by name. ``write_multiplier``
+    (by lifetime) and ``read_multiplier``: a cache write and read as multiples of the
+    base input price. Guaranteed after construction: counts >= 0, multipliers > 0,
+    every lifetime priced."""
+
+    provider: str
+    max_breakpoints: int = 4
+    min_cacheable_tokens: int = 1024
+    model_min_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
+    lookback_blocks: int = 20
+    ttl_s: Mapping[str, float] = field(
+        default_factory=lambda: {"5m": 300.0, "1h": 3600.0}, hash=False
+    )
+    write_multiplier: Mapping[str, float] = field(
+        default_factory=lambda: {"5m": 1.25, "1h": 2.0}, hash=False
+    )
+    read_multiplier: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.provider, str) or not self.provider:
+            raise ConfigError("ProviderRules.provider must be a non-empty str")
+        for name in ("max_breakpoints", "min_cacheable_tokens", "lookback_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"ProviderRules.{name} must be an int >= 0, got {value!r}")
+        for model, tokens in self.model_min_tokens.items():
+            if not isinstance(model, str) or not isinstance(tokens, int) or tokens < 0:
+                raise ConfigError("ProviderRules.model_min_tokens maps model names to ints >= 0")
+        if not self.ttl_s or any(not seconds > 0 for seconds in self.ttl_s.values()):
+            raise ConfigError("ProviderRules.ttl_s must name at least one lifetime > 0 s")
+        if set(self.write_multiplier) != set(self.ttl_s):
+            raise ConfigError("ProviderRules.write_multiplier must price every lifetime of ttl_s")
+        multipliers = (*self.write_multiplier.values(), self.read_multiplier)
+        if any(not multiplier > 0 for multiplier in multipliers):
+            raise ConfigError("ProviderRules multipliers must be > 0")
+        # private copies: a caller's later change to its dict cannot change the rules
+        for name in ("model_min_tokens", "ttl_s", "write_multiplier"):
+            object.__setattr__(self, name, dict(getattr(self, name)))
+
+    def min_tokens(self, model: str | None) -> int:
+        """The shortest cacheable prefix for ``model`` (the default for ``None`` or an
+        unlisted model)."""
+        if model:
+            matches = [name for name in self.model_min_tokens if model.startswith(name)]
+            if matches:
+                return self.model_min_tokens[max(matches, key=len)]
+        return self.min_cacheable_tokens
+
+    def check_ttl(self, ttl: str) -> float:
+        """The lifetime ``ttl`` in seconds; :class:`ConfigError` if not offered."""
+        seconds = self.ttl_s.get(ttl)
+        if seconds is None:
+            raise ConfigError(
+                f"{self.provider} offers cache lifetimes {sorted(self.ttl_s)}, not {ttl!r}"
+            )
+        return seconds
+
+    def write_premium(self, ttl: str) -> float:
+        """What a cache write costs above an uncached input token (0.25 for a 5-minute
+        write at 1.25×), as a fraction of the base input price."""
+        self.check_ttl(ttl)
+        return self.write_multiplier[ttl] - 1.0
+
+    @property
+    def read_saving(self) -> float:
+        """What a cache read saves against an uncached input token (0.9 at 0.1×)."""
+        return 1.0 - self.read_multiplier
+
+
+ANTHROPIC_RULES = ProviderRules(
+    provider="anthropic",
+    max_breakpoints=4,
+    min_cacheable_tokens=1024,
+    model_min_tokens={
+        "claude-opus-5": 512,
+        "claude-fable-5": 512,
+        "claude-mythos-5": 512,
+        "claude-opus-4-6": 4096,
+        "claude-opus-4-5": 4096,
+        "claude-haiku-4-5": 4096,
+        "claude-3-5-haiku": 2048,
+        "claude-3-haiku": 2048,
+    },
+    lookback_blocks=20,
+)
+"""Anthropic's Messages API (``docs/cloud.md`` cites the pages): 4 breakpoints, 1,024
+tokens minimum (512, 2,048 or 4,096 on the models listed), 20-block lookback, 5-minute
+(refreshed on use) and 1-hour lifetimes, writes 1.25× / 2×, reads 0.1×."""
+
+OPENAI_RULES = ProviderRules(
+    provider="openai",
+    max_breakpoints=0,
+    min_cacheable_tokens=1024,
+    lookback_blocks=0,
+    ttl_s={"5m": 300.0},
+    write_multiplier={"5m": 1.0},
+    read_multiplier=0.5,
+)
+"""OpenAI's automatic cache: no breakpoints, prompts of 1,024 tokens and more, no write
+premium; the read price varies by model (0.1×–0.5×), so money comes from the price
+table (:mod:`.prices`), not from ``read_multiplier``."""
+
+_BY_PROVIDER = {"anthropic": ANTHROPIC_RULES, "openai": OPENAI_RULES}
+
+
+def rules_for(provider: str) -> ProviderRules:
+    """The built-in rules of ``provider`` (``"anthropic"``, ``"openai"``)."""
+    rules = _BY_PROVIDER.get(provider)
+    if rules is None:
+        raise ConfigError(f"no built-in cache rules for {provider!r}; pass ProviderRules(...)")
+    return rules

@@ -1,0 +1,494 @@
+"""A loopback emulator of hosted APIs' prompt caches, for tests and benchmarks.
+
+:class:`CloudCacheServer` speaks the Anthropic Messages API (``POST /v1/messages``) and
+OpenAI Chat Completions (``POST /v1/chat/completions``), streamed (SSE) or not, and
+answers every request with a fixed short text and the usage the provider's *published*
+cache rules give it (:mod:`contextpilot_rag.sim.provider_cache`): Anthropic's
+``cache_creation_input_tokens`` / ``cache_read_input_tokens`` from explicit
+``cache_control`` breakpoints, OpenAI's ``prompt_tokens_details.cached_tokens`` from
+automatic caching with ``prompt_cache_key`` routing. The figures are emulated, not
+measured. The official SDKs run unchanged against it::
+
+    with CloudCacheServer() as server:
+        claude = anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="test")
+        gpt = openai.OpenAI(base_url=server.openai_base_url, api_key="test")
+
+Request and response shapes follow the API references: Messages
+(https://platform.claude.com/docs/en/api/messages, streaming events
+https://platform.claude.com/docs/en/build-with-claude/streaming: ``message_start``,
+``content_block_start``, ``ping``, ``content_block_delta``, ``content_block_stop``,
+``message_delta`` with the cumulative usage, ``message_stop``) and Chat Completions
+(https://platform.openai.com/docs/api-reference/chat, the usage chunk of
+``stream_options.include_usage``). Errors are the providers' JSON error objects: a request
+with five breakpoints is an HTTP 400 ``invalid_request_error``, as the API answers it.
+
+Tokens are counted with the project's default tokenizer (offline), the same for both
+APIs: a text block counts its text, any other block (a tool, an image, a tool result)
+its JSON. Time is the ``clock`` callable's seconds (a
+:class:`~contextpilot_rag.sim.provider_cache.ManualClock` in tests, so TTLs expire
+without sleeping).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from ..cloud.rules import ProviderRules
+from ..errors import CacheControlError, ConfigError
+from ..sim.provider_cache import (
+    AnthropicCacheModel,
+    CacheBlock,
+    OpenAICacheModel,
+    OpenAICacheRules,
+    OpenAIUsage,
+)
+from ..tokenizers import Tokenizer, default_tokenizer
+from ..usage import InputTokens
+from .openai_server import (
+    _Answer,
+    _ChatFormat,
+    _Envelope,
+    _Handler,
+    _json_body,
+    _limit_answer,
+    _LoopbackServer,
+    _Outcome,
+    _parse_chat,
+    _RequestError,
+    _split_words,
+    _stream_payloads,
+)
+
+__all__ = ["DEFAULT_ANSWER", "CloudCacheServer", "EmulatedRequest", "cache_control_paths"]
+
+DEFAULT_ANSWER = "Emulated answer."
+"""The text every request is answered with unless the server is given another."""
+
+_JSON = dict[str, Any]
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+}
+
+
+@dataclass(frozen=True)
+class EmulatedRequest:
+    """One answered request: which API, its JSON body as received, the ``usage`` object
+    sent back, and the ``anthropic-version`` / ``anthropic-beta`` headers (None if
+    absent; API keys are never recorded)."""
+
+    api: Literal["anthropic", "openai"]
+    body: dict[str, Any]
+    usage: dict[str, Any]
+    anthropic_version: str | None = None
+    anthropic_beta: str | None = None
+
+    @property
+    def cache_control_paths(self) -> list[str]:
+        """Where the body carries ``cache_control`` markers (see :func:`cache_control_paths`)."""
+        return cache_control_paths(self.body)
+
+
+def cache_control_paths(body: Mapping[str, Any]) -> list[str]:
+    """The places of ``cache_control`` in a request body, in cache order, spelled like
+    ``"system[1]"``, ``"messages[2].content[0]"``, ``"tools[0]"`` or ``"cache_control"``
+    (Anthropic's top-level automatic caching). Works on Anthropic and OpenAI-format
+    bodies alike."""
+    paths = [f"tools[{i}]" for i, tool in _items(body.get("tools")) if "cache_control" in tool]
+    paths += [f"system[{i}]" for i, block in _items(body.get("system")) if "cache_control" in block]
+    for m, message in _items(body.get("messages")):
+        if "cache_control" in message:
+            paths.append(f"messages[{m}]")
+        for b, block in _items(message.get("content")):
+            if "cache_control" in block:
+                paths.append(f"messages[{m}].content[{b}]")
+    if "cache_control" in body:
+        paths.append("cache_control")
+    return paths
+
+
+def _items(value: object) -> list[tuple[int, Mapping[str, Any]]]:
+    if not isinstance(value, list):
+        return []
+    return [(i, item) for i, item in enumerate(value) if isinstance(item, Mapping)]
+
+
+def _anthropic_error(error: _RequestError) -> _JSON:
+    kind = _ANTHROPIC_ERROR_TYPES.get(error.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+class _BlockReader:
+    """Turns an Anthropic request body into :class:`CacheBlock` s in cache order;
+    ``ttl_s`` maps the ``cache_control.ttl`` names on offer to seconds (no ``ttl``:
+    ``"5m"``)."""
+
+    def __init__(self, tokenizer: Tokenizer, ttl_s: Mapping[str, float]) -> None:
+        self._tokenizer = tokenizer
+        self._ttl_s = ttl_s
+
+    def read(self, body: _JSON) -> list[CacheBlock]:
+        blocks = [
+            self._block(tool, "tools", f"tools[{i}]", opens=True)
+            for i, tool in enumerate(_list(body.get("tools"), "tools"))
+        ]
+        blocks += self._content(body.get("system"), "system", "system")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _RequestError("messages: must be a non-empty list of message objects")
+        for m, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+                raise _RequestError(f"messages.{m}.role: Input should be 'user' or 'assistant'")
+            blocks += self._content(message.get("content"), message["role"], f"messages.{m}")
+        return self._with_automatic_breakpoint(blocks, body)
+
+    def _content(self, content: object, role: str, where: str) -> list[CacheBlock]:
+        if content is None and role == "system":
+            return []
+        if isinstance(content, str):
+            return [self._block({"type": "text", "text": content}, role, where, opens=True)]
+        parts = _list(content, f"{where}.content")
+        return [
+            self._block(part, role, f"{where}.content.{i}", opens=i == 0)
+            for i, part in enumerate(parts)
+        ]
+
+    def _block(self, part: object, role: str, where: str, *, opens: bool) -> CacheBlock:
+        if not isinstance(part, dict):
+            raise _RequestError(f"{where}: Input should be an object")
+        content = {key: value for key, value in part.items() if key != "cache_control"}
+        text = content.get("text") if content.get("type") == "text" else None
+        counted = text if isinstance(text, str) else json.dumps(content, sort_keys=True)
+        key = json.dumps({"role": role, "opens": opens, "block": content}, sort_keys=True)
+        ttl_s = self._ttl(part["cache_control"], where) if "cache_control" in part else None
+        return CacheBlock(key, self._tokenizer.count(counted), ttl_s)
+
+    def _ttl(self, cache_control: object, where: str) -> float:
+        if not isinstance(cache_control, dict) or cache_control.get("type") != "ephemeral":
+            raise _RequestError(f"{where}.cache_control.type: Input should be 'ephemeral'")
+        ttl = cache_control.get("ttl", "5m")
+        if ttl not in self._ttl_s:
+            offered = " or ".join(repr(name) for name in sorted(self._ttl_s, reverse=True))
+            raise _RequestError(f"{where}.cache_control.ttl: Input should be {offered}")
+        return self._ttl_s[ttl]
+
+    def _with_automatic_breakpoint(self, blocks: list[CacheBlock], body: _JSON) -> list[CacheBlock]:
+        """A top-level ``cache_control`` (automatic caching) marks the last block."""
+        if "cache_control" not in body or not blocks:
+            return blocks
+        ttl_s = self._ttl(body["cache_control"], "cache_control")
+        last = blocks[-1]
+        if last.breakpoint_ttl_s is not None:
+            return blocks
+        return [*blocks[:-1], CacheBlock(last.key, last.tokens, ttl_s)]
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _RequestError(f"{where}: Input should be a valid list")
+    return value
+
+
+@dataclass(frozen=True)
+class _AnthropicOptions:
+    model: str
+    max_tokens: int
+    stream: bool
+
+
+def _anthropic_options(body: _JSON) -> _AnthropicOptions:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _RequestError("model: Field required (a non-empty string)")
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise _RequestError("max_tokens: Field required (an integer >= 1)")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _RequestError("stream: Input should be a valid boolean")
+    return _AnthropicOptions(model, max_tokens, stream)
+
+
+@dataclass(frozen=True)
+class _OpenAICacheOptions:
+    key: str | None
+    retention: Literal["in_memory", "24h"]
+
+
+def _openai_cache_options(body: _JSON) -> _OpenAICacheOptions:
+    key = body.get("prompt_cache_key")
+    if key is not None and not isinstance(key, str):
+        raise _RequestError("'prompt_cache_key' must be a string")
+    retention = body.get("prompt_cache_retention")
+    if retention == "24h":
+        return _OpenAICacheOptions(key, "24h")
+    if retention not in (None, "in_memory"):
+        raise _RequestError("'prompt_cache_retention' must be 'in_memory' or '24h'")
+    return _OpenAICacheOptions(key, "in_memory")
+
+
+class _CloudEngine:
+    """Both emulated caches, the clock and the record of requests. Thread-safe.
+
+    Invariant: ``_requests[i]`` is the i-th request admitted to a cache model since the
+    last reset (both change together, under ``_lock``)."""
+
+    token_delay_s = 0.0
+
+    def __init__(
+        self,
+        *,
+        anthropic: AnthropicCacheModel,
+        openai: OpenAICacheModel,
+        tokenizer: Tokenizer,
+        clock: Callable[[], float],
+        answer: str,
+    ) -> None:
+        self.anthropic = anthropic
+        self.openai = openai
+        self._tokenizer = tokenizer
+        self._blocks = _BlockReader(tokenizer, anthropic.rules.ttl_s)
+        self._clock = clock
+        self._answer = answer
+        self._lock = threading.Lock()
+        self._requests: list[EmulatedRequest] = []
+
+    def take_disconnect(self) -> bool:
+        return False
+
+    def requests(self) -> list[EmulatedRequest]:
+        with self._lock:
+            return copy.deepcopy(self._requests)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._requests.clear()
+            self.anthropic.reset()
+            self.openai.reset()
+
+    def messages(self, body: _JSON, version: str | None, beta: str | None) -> tuple[_Answer, _JSON]:
+        """Answer a Messages request: the reply and its ``usage`` object. ``version``
+        and ``beta`` are the ``anthropic-version`` / ``anthropic-beta`` headers."""
+        options = _anthropic_options(body)
+        blocks = self._blocks.read(body)
+        answer = _limit_answer(self._answer, self._tokenizer, options.max_tokens)
+        with self._lock:
+            try:
+                usage = self.anthropic.request(blocks, now_s=self._clock(), model=options.model)
+            except CacheControlError as exc:
+                raise _RequestError(str(exc)) from None
+            api_usage = _anthropic_usage(usage, answer.completion_tokens)
+            self._requests.append(
+                EmulatedRequest("anthropic", copy.deepcopy(body), api_usage, version, beta)
+            )
+        return answer, api_usage
+
+    def chat(self, body: _JSON) -> tuple[_Outcome, str, bool]:
+        """Answer a Chat Completions request: outcome, model name, include_usage."""
+        request = _parse_chat(body)
+        cache = _openai_cache_options(body)
+        tools = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
+        tokens = [
+            t for segment in (*tools, *request.segments) for t in self._tokenizer.encode(segment)
+        ]
+        model = request.options.model or "gpt-emulated"
+        answer = _limit_answer(self._answer, self._tokenizer, request.options.max_tokens)
+        with self._lock:
+            usage = self.openai.request(
+                tokens,
+                now_s=self._clock(),
+                prompt_cache_key=cache.key,
+                retention=cache.retention,
+                model=model,
+            )
+            api_usage = _openai_usage(usage, answer.completion_tokens)
+            self._requests.append(EmulatedRequest("openai", copy.deepcopy(body), api_usage))
+        return _Outcome(answer, api_usage), model, request.options.include_usage
+
+
+def _anthropic_usage(tokens: InputTokens, output_tokens: int) -> _JSON:
+    """The Messages API's ``usage`` object."""
+    return {
+        "input_tokens": tokens.uncached_tokens,
+        "cache_creation_input_tokens": tokens.cache_write_tokens,
+        "cache_read_input_tokens": tokens.cache_read_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": tokens.cache_write_5m_tokens,
+            "ephemeral_1h_input_tokens": tokens.cache_write_1h_tokens,
+        },
+        "output_tokens": output_tokens,
+        "service_tier": "standard",
+    }
+
+
+def _openai_usage(usage: OpenAIUsage, completion_tokens: int) -> _JSON:
+    """The Chat Completions ``usage`` object."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": usage.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+    }
+
+
+def _message_events(model: str, answer: _Answer, usage: _JSON) -> Iterator[tuple[str, _JSON]]:
+    """The Messages streaming events of one text answer, in the API's order."""
+    start_usage = {**usage, "output_tokens": 1}
+    message = _message_object(model, [], None, start_usage)
+    yield "message_start", {"type": "message_start", "message": message}
+    block = {"type": "text", "text": ""}
+    yield "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
+    yield "ping", {"type": "ping"}
+    for piece in _split_words(answer.text):
+        delta = {"type": "text_delta", "text": piece}
+        yield "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    stop = {"stop_reason": _stop_reason(answer), "stop_sequence": None}
+    yield "message_delta", {"type": "message_delta", "delta": stop, "usage": usage}
+    yield "message_stop", {"type": "message_stop"}
+
+
+def _message_object(
+    model: str, content: list[_JSON], stop_reason: str | None, usage: _JSON
+) -> _JSON:
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def _stop_reason(answer: _Answer) -> str:
+    return "max_tokens" if answer.finish_reason == "length" else "end_turn"
+
+
+class _CloudHandler(_Handler):
+    """Routes the two APIs; errors on ``/v1/messages`` are Anthropic-shaped."""
+
+    server_version = "contextpilot-cloud-emulator"
+
+    def _routes(self) -> dict[tuple[str, str], Callable[[bytes], None]]:
+        return {
+            ("GET", "/health"): self._health,
+            ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/chat/completions"): self._chat,
+        }
+
+    def _send_error(self, error: _RequestError) -> None:
+        if self.path.startswith("/v1/messages"):
+            self._send_json(error.status, _anthropic_error(error))
+        else:
+            super()._send_error(error)
+
+    def _require_key(self) -> None:
+        if not (self.headers.get("x-api-key") or self.headers.get("authorization")):
+            raise _RequestError("missing API key: send x-api-key or Authorization", status=401)
+
+    def _messages(self, raw: bytes) -> None:
+        self._require_key()
+        body = _json_body(raw)
+        engine: _CloudEngine = self.server.engine
+        answer, usage = engine.messages(
+            body, self.headers.get("anthropic-version"), self.headers.get("anthropic-beta")
+        )
+        model = body["model"]
+        if not body.get("stream"):
+            content = [{"type": "text", "text": answer.text}]
+            self._send_json(200, _message_object(model, content, _stop_reason(answer), usage))
+            return
+        frames = _message_events(model, answer, usage)
+        self._send_sse(
+            f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in frames
+        )
+
+    def _chat(self, raw: bytes) -> None:
+        self._require_key()
+        engine: _CloudEngine = self.server.engine
+        body = _json_body(raw)
+        outcome, model, include_usage = engine.chat(body)
+        fmt = _ChatFormat(_Envelope.new(_ChatFormat.id_prefix, model))
+        if not body.get("stream"):
+            self._send_json(200, fmt.response(outcome.answer, outcome.usage))
+            return
+        payloads = _stream_payloads(fmt, outcome, include_usage=include_usage, delay_s=0.0)
+        self._send_event_stream(payloads)
+
+
+class CloudCacheServer(_LoopbackServer):
+    """Anthropic Messages and OpenAI Chat Completions on loopback, with emulated prompt
+    caches (module docstring). ``clock`` gives the simulated seconds of each request
+    (default: ``time.monotonic``); ``answer`` is every reply's text (cut to
+    ``max_tokens`` whole words). The caches are public as :attr:`anthropic_cache` and
+    :attr:`openai_cache`; ``requests`` lists the answered requests, in order.
+    """
+
+    thread_name: ClassVar[str] = "cloud-emulator"
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        anthropic_rules: ProviderRules | None = None,
+        openai_rules: OpenAICacheRules | None = None,
+        clock: Callable[[], float] | None = None,
+        tokenizer: Tokenizer | None = None,
+        answer: str = DEFAULT_ANSWER,
+    ) -> None:
+        if not isinstance(host, str) or not host:
+            raise ConfigError(f"host must be a non-empty string, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(
+                f"port must be an integer in 0..65535 (0: any free port), got {port!r}"
+            )
+        if clock is not None and not callable(clock):
+            raise ConfigError("clock must be a callable returning seconds, or None")
+        if not isinstance(answer, str) or not answer:
+            raise ConfigError("answer must be a non-empty string")
+        self.anthropic_cache = AnthropicCacheModel(anthropic_rules)
+        self.openai_cache = OpenAICacheModel(openai_rules)
+        self._engine = _CloudEngine(
+            anthropic=self.anthropic_cache,
+            openai=self.openai_cache,
+            tokenizer=tokenizer or default_tokenizer(),
+            clock=clock or time.monotonic,
+            answer=answer,
+        )
+        super().__init__(host=host, port=port, engine=self._engine, handler=_CloudHandler)
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """``http://<host>:<port>``: the Anthropic SDK's ``base_url`` (it adds ``/v1/messages``)."""
+        return self.root_url
+
+    @property
+    def openai_base_url(self) -> str:
+        """``http://<host>:<port>/v1``: the OpenAI SDK's ``base_url``."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def requests(self) -> list[EmulatedRequest]:
+        """A copy of the answered requests, in the order the caches saw them."""
+        return self._engine.requests()
+
+    def reset(self) -> None:
+        """Forget the recorded requests and empty both caches."""
+        self._engine.reset()

@@ -1,0 +1,75 @@
+"""The cloud-cache cost benchmark (``bench --suite cloud``) on tiny workloads: its
+invariants, not its figures (those are in docs/benchmarks.md, section ``cloud``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contextpilot_rag.bench.cloud_report import checks, markdown
+from contextpilot_rag.bench.cloud_suite import (
+    ANTHROPIC_BASELINES,
+    OPENAI_BASELINES,
+    OURS,
+    CloudRun,
+    run_cloud_suite,
+    run_cloud_workload,
+)
+from contextpilot_rag.bench.cloud_workloads import FAMILIES, cloud_workload
+from contextpilot_rag.cli import main
+
+
+@pytest.fixture(scope="module")
+def multiturn_runs() -> list[CloudRun]:
+    return run_cloud_workload(cloud_workload("multi-turn", 0, scale=0.04))
+
+
+def test_workloads_are_seeded_and_in_send_order() -> None:
+    for family in FAMILIES:
+        workload = cloud_workload(family, 1, scale=0.02)
+        assert workload == cloud_workload(family, 1, scale=0.02)
+        times = [timed.at_s for timed in workload.requests]
+        assert times == sorted(times) and len(times) >= 2
+
+
+def test_every_arm_is_billed_and_carries_at_most_four_breakpoints(
+    multiturn_runs: list[CloudRun],
+) -> None:
+    assert [run.provider for run in multiturn_runs] == ["anthropic", "openai"]
+    for run in multiturn_runs:
+        names = ANTHROPIC_BASELINES if run.provider == "anthropic" else OPENAI_BASELINES
+        assert [arm.name for arm in run.arms] == [*names, OURS]
+        for arm in run.arms:
+            assert arm.cost_usd > 0 and arm.requests == run.arms[0].requests > 0
+            assert arm.prompt_tokens == (
+                arm.uncached_tokens + arm.cache_read_tokens + arm.cache_write_tokens
+            )
+            assert arm.max_breakpoints <= 4
+        assert run.ours.cache_read_tokens > 0  # later turns read what earlier ones cached
+
+
+def test_the_baseline_is_the_cheaper_unmodified_practice(multiturn_runs: list[CloudRun]) -> None:
+    for run in multiturn_runs:
+        assert run.baseline.cost_usd == min(run.arm(name).cost_usd for name in run.baselines)
+        assert run.ratio == pytest.approx(run.baseline.cost_usd / run.ours.cost_usd)
+
+
+def test_a_workload_without_overlap_costs_what_the_baseline_costs() -> None:
+    for run in run_cloud_workload(cloud_workload("no-overlap", 0, scale=0.05)):
+        assert run.ours.cache_read_tokens == 0
+        assert 1 / 1.02 <= run.ratio <= 1.02
+
+
+def test_the_report_states_the_targets_and_that_figures_are_emulated() -> None:
+    result = run_cloud_suite(("anthropic",), seeds={f: (0,) for f in FAMILIES}, scale=0.02)
+    assert {check.family for check in checks(result)} == set(FAMILIES)
+    text = markdown(result)
+    assert "Emulated, not measured" in text and "claude-sonnet-4-6" in text
+
+
+def test_the_command_runs_the_cloud_suite(tmp_path: Path) -> None:
+    out = tmp_path / "cloud.md"
+    args = ["bench", "--suite", "cloud", "--provider", "openai", "--scale", "0.01"]
+    assert main([*args, "--markdown", str(out)]) == 0
+    assert "gpt-5.4" in out.read_text(encoding="utf-8")

@@ -1,0 +1,192 @@
+"""Breakpoints that pay (docs/cloud.md): a write that will not be read back costs
+more than no cache, so the planner keeps a candidate only when its expected reads
+× the read saving beat the write premium, above the model's minimum, at most 4."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
+from contextpilot_rag.cloud import (
+    ANTHROPIC_RULES,
+    OPENAI_RULES,
+    CloudCacheConfig,
+    ProviderRules,
+    ReuseCandidate,
+    plan_breakpoints,
+    rules_for,
+)
+from contextpilot_rag.errors import ConfigError, InvalidInputError
+
+
+def _candidate(
+    kind: str = "system", tokens: int = 2000, reads: float = 1.0, **more: int
+) -> ReuseCandidate:
+    return ReuseCandidate(kind, 0, 0, tokens, reads, **more)  # type: ignore[arg-type]
+
+
+def test_a_write_nobody_reads_is_skipped() -> None:
+    plan = plan_breakpoints([_candidate(reads=0)], ANTHROPIC_RULES)
+    assert plan.breakpoints == () and "would not pay" in plan.skipped[0].reason
+
+
+def test_one_expected_read_pays_for_a_five_minute_write() -> None:
+    plan = plan_breakpoints([_candidate(reads=1)], ANTHROPIC_RULES)
+    (kept,) = plan.breakpoints
+    assert kept.saving_tokens == pytest.approx(2000 * (0.9 - 0.25))
+
+
+def test_a_one_hour_write_needs_more_reads() -> None:
+    assert plan_breakpoints([_candidate(reads=1)], ANTHROPIC_RULES, ttl="1h").breakpoints == ()
+    assert plan_breakpoints([_candidate(reads=2)], ANTHROPIC_RULES, ttl="1h").breakpoints
+
+
+def test_a_prefix_under_the_models_minimum_is_skipped() -> None:
+    candidate = _candidate(tokens=2000, reads=5)
+    assert plan_breakpoints([candidate], ANTHROPIC_RULES, model="claude-sonnet-4-5").breakpoints
+    plan = plan_breakpoints([candidate], ANTHROPIC_RULES, model="claude-haiku-4-5-20251001")
+    assert plan.breakpoints == () and "minimum 4096" in plan.skipped[0].reason
+
+
+def test_a_cached_prefix_is_kept_even_without_later_reads() -> None:
+    plan = plan_breakpoints([_candidate(reads=0, cached_tokens=2000)], ANTHROPIC_RULES)
+    (kept,) = plan.breakpoints
+    assert kept.saving_tokens == pytest.approx(2000 * 0.9)
+
+
+def test_the_best_end_of_the_shared_blocks_wins() -> None:
+    shallow = ReuseCandidate("shared_blocks", 1, 0, 2000, 3.0)
+    deep = ReuseCandidate("shared_blocks", 1, 2, 4000, 0.2)
+    plan = plan_breakpoints([shallow, deep], ANTHROPIC_RULES)
+    assert [kept.candidate for kept in plan.breakpoints] == [shallow]
+    assert plan.skipped[0].reason == "another end of it pays more"
+
+
+def test_an_end_under_the_minimum_does_not_hide_one_that_pays() -> None:
+    short = ReuseCandidate("shared_blocks", 1, 2, 900, 8.0)  # saves more, cannot be cached
+    long = ReuseCandidate("shared_blocks", 1, 3, 1100, 2.0)
+    plan = plan_breakpoints([short, long], ANTHROPIC_RULES)
+    assert [kept.candidate for kept in plan.breakpoints] == [long]
+    assert "under the minimum" in plan.skipped[0].reason
+
+
+def test_never_more_breakpoints_than_the_provider_allows() -> None:
+    rules = ProviderRules("strict", max_breakpoints=2)
+    candidates = [
+        ReuseCandidate(kind, n, 0, 2000 * (n + 1), 5.0)  # type: ignore[arg-type]
+        for n, kind in enumerate(("system", "shared_blocks", "history", "tail"))
+    ]
+    plan = plan_breakpoints(candidates, rules)
+    assert len(plan.breakpoints) == 2
+    assert sum("over the limit" in skipped.reason for skipped in plan.skipped) == 2
+    assert len(plan_breakpoints(candidates, ANTHROPIC_RULES).breakpoints) == 4
+
+
+def test_openai_rules_place_no_breakpoints() -> None:
+    plan = plan_breakpoints([_candidate(reads=9)], OPENAI_RULES)
+    assert plan.breakpoints == () and "automatically" in plan.skipped[0].reason
+
+
+def test_rules_are_data_with_per_model_minimums() -> None:
+    assert rules_for("anthropic") is ANTHROPIC_RULES
+    assert ANTHROPIC_RULES.min_tokens("claude-opus-4-1-20250805") == 1024
+    assert ANTHROPIC_RULES.min_tokens("claude-3-5-haiku-20241022") == 2048
+    assert ANTHROPIC_RULES.min_tokens(None) == 1024
+    assert ANTHROPIC_RULES.write_premium("5m") == pytest.approx(0.25)
+    assert ANTHROPIC_RULES.write_premium("1h") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_breakpoints": -1},
+        {"ttl_s": {"5m": 300.0}, "write_multiplier": {"1h": 2.0}},
+        {"read_multiplier": 0},
+        {"model_min_tokens": {"m": -5}},
+    ],
+)
+def test_bad_rules_are_config_errors(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        ProviderRules("p", **bad)  # type: ignore[arg-type]
+
+
+def test_unknown_provider_and_bad_candidates_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        rules_for("nobody")
+    with pytest.raises(InvalidInputError):
+        plan_breakpoints(["system"], ANTHROPIC_RULES)  # type: ignore[list-item]
+
+
+def _docs(*names: str) -> list[ContextBlock]:
+    return [ContextBlock(f"Document {n}. " + f"{n} fact. " * 300, id=n) for n in names]
+
+
+@pytest.fixture
+def cloud_pilot(tokenizer: Tokenizer) -> ContextPilot:
+    config = PilotConfig(system_prompt="Rules. " * 1200, cloud=CloudCacheConfig(enabled=True))
+    return ContextPilot(config, tokenizer=tokenizer)
+
+
+def test_the_first_request_writes_nothing_it_cannot_expect_to_read(
+    cloud_pilot: ContextPilot,
+) -> None:
+    prompt = cloud_pilot.optimize(_docs("a", "b"), "Q?")
+    assert prompt.cache_plan is not None and prompt.cache_plan.breakpoints == ()
+    assert {skipped.candidate.kind for skipped in prompt.cache_plan.skipped} == {"system"}
+
+
+def test_popular_blocks_get_a_breakpoint_before_any_request_repeats_them(
+    cloud_pilot: ContextPilot,
+) -> None:
+    """Blocks carried by many requests are placed first and get a breakpoint for the
+    requests expected to share them, even when this exact order is new."""
+    for query in ("Q1?", "Q2?", "Q3?"):
+        cloud_pilot.optimize(_docs("p", f"x{query}"), query)
+    prompt = cloud_pilot.optimize(_docs("new", "p"), "Q4?")
+    assert prompt.blocks[0].id == "p" and prompt.stats.blocks_matched == 1
+    plan = prompt.cache_plan
+    assert plan is not None
+    shared = [kept for kept in plan.breakpoints if kept.kind == "shared_blocks"]
+    assert shared and shared[0].candidate.part == 0  # after p, not after "new"
+
+
+def test_a_conversation_places_history_and_tail_breakpoints(cloud_pilot: ContextPilot) -> None:
+    first = cloud_pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    cloud_pilot.record_answer(first, "A1")
+    second = cloud_pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
+    plan = second.cache_plan
+    assert plan is not None
+    kinds = [kept.kind for kept in plan.breakpoints]
+    assert "history" in kinds and "tail" in kinds
+    history = next(kept for kept in plan.breakpoints if kept.kind == "history")
+    assert history.candidate.cached_tokens > 0  # the first turn's tail breakpoint
+    assert history.position == (len(second.messages) - 2, -1)
+
+
+def test_the_plan_is_exposed_with_its_inputs(cloud_pilot: ContextPilot) -> None:
+    cloud_pilot.optimize(_docs("a"), "Q1?")
+    prompt = cloud_pilot.optimize(_docs("a"), "Q2?")
+    plan = prompt.cache_plan
+    assert plan is not None and plan.provider == "anthropic" and plan.ttl == "5m"
+    system = plan.breakpoints[0]
+    assert system.kind == "system" and system.candidate.expected_reads == 1
+    assert "recent requests share the system prompt" in system.candidate.basis
+    assert plan.expected_saving_tokens > 0
+    assert plan.expected_saving_usd(3.0) == pytest.approx(plan.expected_saving_tokens * 3e-6)
+
+
+def test_the_index_counts_recent_requests_sharing_a_prefix() -> None:
+    from contextpilot_rag.index import ContextIndex, RequestId
+
+    now = [0.0]
+    index = ContextIndex(clock=lambda: now[0])
+    index.insert(["s", "a", "b"], [1, 1, 1], RequestId("old"))
+    now[0] = 100.0
+    index.insert(["s", "a", "c"], [1, 1, 1], RequestId("r1"))
+    index.insert(["s", "x"], [1, 1], RequestId("r2"))
+    assert index.recent_sharing(["s"], since=0.0) == 3
+    assert index.recent_sharing(["s"], since=50.0) == 2
+    assert index.recent_sharing(["s", "a"], since=50.0) == 1
+    assert index.recent_sharing(["s", "a"], since=50.0, limit=1) == 1
+    assert index.recent_sharing(["s", "z"], since=0.0) == 0
+    assert index.recent_sharing([], since=0.0) == 0
