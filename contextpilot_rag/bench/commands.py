@@ -183,19 +183,29 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
     with engine_session(args, console) as engine, rich_step_progress() as progress:
         result = run_suite(engine, workloads, seed=args.seed, on_arm=_progress_arm(progress))
-    _report(result, args, console)
+    _report(result, args, console, _ENGINE_REPORT)
     return 0
 
 
-def _report(result: SuiteResult, args: argparse.Namespace, console: Console) -> None:
-    for table in rich_tables(result):
+class _Report:
+    """A suite's report functions: rich tables, JSON, markdown, plot."""
+
+    def __init__(self, tables: Any, json: Any, text: Any, png: Any) -> None:
+        self.tables, self.json, self.text, self.png = tables, json, text, png
+
+
+_ENGINE_REPORT = _Report(rich_tables, write_json, markdown, plot)
+
+
+def _report(result: Any, args: argparse.Namespace, console: Console, report: _Report) -> None:
+    for table in report.tables(result):
         console.print(table)
     if args.json:
-        write_json(result, args.json)
+        report.json(result, args.json)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(result) + "\n", encoding="utf-8")
-    if args.plot and plot(result, args.plot):
+        args.markdown.write_text(report.text(result) + "\n", encoding="utf-8")
+    if args.plot and report.png(result, args.plot):
         console.print(f"plot: {args.plot}")
 
 
@@ -211,15 +221,7 @@ def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     )
     with rich_step_progress() as progress:
         result = run_cloud_suite(providers, scale=args.scale, progress=_progress_arm(progress))
-    for table in rich_tables(result):
-        console.print(table)
-    if args.json:
-        write_json(result, args.json)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(result) + "\n", encoding="utf-8")
-    if args.plot and plot(result, args.plot):
-        console.print(f"plot: {args.plot}")
+    _report(result, args, console, _Report(rich_tables, write_json, markdown, plot))
     return 0
 
 

@@ -24,7 +24,7 @@ class CloudCacheConfig:
     the work). ``ledger_size``: the breakpoint prefixes remembered as cached.
 
     Off by default: planning reads the index for every prompt and makes ``optimize``
-    several times slower, which a self-hosted engine (whose prefix cache needs no
+    markedly slower, which a self-hosted engine (whose prefix cache needs no
     breakpoints) would pay for nothing. Turn it on for hosted APIs."""
 
     enabled: bool = False

@@ -177,13 +177,19 @@ class IndexSignals:
         self._index, self._path, self._since, self._limit = index, path, since, limit
         self._ledger, self._ledger_key, self._now, self._ttl_s = ledger, ledger_key, now, ttl_s
         self._smallest_share = list(itertools.accumulate(shares, min))
+        # the shallowest depth found shared by no recent request: a longer prefix of
+        # the same path is shared by a subset of those requests, so it is not read again
+        self._none_from = len(path) + 1
 
     def recent_sharing(self, depth: int) -> int:
-        if self._index is None:
+        if self._index is None or depth >= self._none_from:
             return 0
-        return self._index.recent_sharing(
+        seen = self._index.recent_sharing(
             self._path[:depth], self._since, limit=self._limit, budget=8 * self._limit
         )
+        if seen == 0:
+            self._none_from = depth
+        return seen
 
     def block_share(self, count: int) -> float:
         if not 0 < count <= len(self._smallest_share):
