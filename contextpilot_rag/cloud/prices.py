@@ -167,11 +167,9 @@ def input_cost(
     )
 
 
-_ANTHROPIC_PRICING = "https://docs.anthropic.com/en/docs/about-claude/pricing"
-_ANTHROPIC_NEWER = (
-    "https://docs.electronhub.ai/guides/prompt-caching"  # reproduces Anthropic's table
-)
-_ANTHROPIC_46 = "https://claudecodeguides.com/claude-prompt-caching-pricing-and-cost-savings/"
+# Anthropic's own pricing page ("Model pricing" table: base input, 5 m / 1 h cache
+# writes, cache hits, output); every Anthropic row below matches it
+_ANTHROPIC_PRICING = "https://platform.claude.com/docs/en/about-claude/pricing"
 _OPENAI_54 = "https://benchlm.ai/blog/posts/openai-api-pricing"  # quotes OpenAI's pricing page
 _OPENAI_4O = "https://chatgptpricing-akr.pages.dev/api-pricing"  # quotes OpenAI's pricing page
 
@@ -192,15 +190,15 @@ def _anthropic(model: str, base: float, output: float, source: str) -> ModelPric
 
 DEFAULT_PRICES = PriceTable(
     [
-        _anthropic("claude-opus-4-6", 5.0, 25.0, _ANTHROPIC_46),
-        _anthropic("claude-sonnet-4-6", 3.0, 15.0, _ANTHROPIC_46),
-        _anthropic("claude-opus-4-5", 5.0, 25.0, _ANTHROPIC_NEWER),
+        _anthropic("claude-opus-4-6", 5.0, 25.0, _ANTHROPIC_PRICING),
+        _anthropic("claude-sonnet-4-6", 3.0, 15.0, _ANTHROPIC_PRICING),
+        _anthropic("claude-opus-4-5", 5.0, 25.0, _ANTHROPIC_PRICING),
         _anthropic("claude-opus-4-1", 15.0, 75.0, _ANTHROPIC_PRICING),
         _anthropic("claude-opus-4", 15.0, 75.0, _ANTHROPIC_PRICING),
-        _anthropic("claude-sonnet-4-5", 3.0, 15.0, _ANTHROPIC_NEWER),
+        _anthropic("claude-sonnet-4-5", 3.0, 15.0, _ANTHROPIC_PRICING),
         _anthropic("claude-sonnet-4", 3.0, 15.0, _ANTHROPIC_PRICING),
         _anthropic("claude-3-7-sonnet", 3.0, 15.0, _ANTHROPIC_PRICING),
-        _anthropic("claude-haiku-4-5", 1.0, 5.0, _ANTHROPIC_NEWER),
+        _anthropic("claude-haiku-4-5", 1.0, 5.0, _ANTHROPIC_PRICING),
         _anthropic("claude-3-5-haiku", 0.8, 4.0, _ANTHROPIC_PRICING),
         ModelPrice("anthropic", "claude-3-haiku", 0.25, 0.03, 0.30, 0.50, 1.25, _ANTHROPIC_PRICING),
         ModelPrice("openai", "gpt-5.4", 2.50, 0.25, output=15.0, source=_OPENAI_54),
@@ -212,7 +210,6 @@ DEFAULT_PRICES = PriceTable(
     ]
 )
 """List prices read on :data:`PRICES_READ_ON` (USD per million tokens). Anthropic's
-older models from its pricing page; its newer ones (Opus 4.5 / 4.6, Sonnet 4.5 / 4.6,
-Haiku 4.5)
-and OpenAI's from pages that reproduce the providers' tables (the ``source`` of each
-row): check them against the providers' own pages before relying on them."""
+from its own pricing page; OpenAI's from pages that reproduce OpenAI's table (the
+``source`` of each row): check those against OpenAI's pricing page before relying on
+them, and override any row with :meth:`PriceTable.with_overrides`."""
