@@ -119,6 +119,7 @@ bench-engine: $(STAMP)
 # caches, unmodified vs contextpilot_rag (docs/benchmarks.md, cloud); no API key, minutes.
 bench-cloud: $(STAMP)
 	$(BIN)/python benchmarks/cloud.py --write docs/benchmarks.md --plot docs/img/cloud.png
+	$(BIN)/python benchmarks/cloud_overhead.py --write docs/benchmarks.md
 
 # Tests against real engines (deselected by `make test`; each skips when its engine is absent).
 test-engine: $(STAMP)
