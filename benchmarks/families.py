@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from lib.batch import SegmentEncoder, _codes, _reference_arm
 from lib.report import progress_bars, save_figure
-from lib.sections import markdown_table, provenance, write_or_print
+from lib.sections import markdown_table, provenance, pyplot, write_or_print
 from lib.suite import REFERENCE, reference_arms
 
 from contextpilot_rag.batch import plan_batch
@@ -736,12 +736,8 @@ def _family_note(family: str) -> list[str]:
 def plot_families(outcomes: Sequence[Outcome], small: Sequence[SmallInstances], path: Path) -> bool:
     """One panel per family (ours per workload, bound, reference, unmodified) and one
     for ours / optimum on small instances. False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, axes = plt.subplots(2, 2, figsize=(13, 8))
     for axis, family in zip(axes.flat, FAMILIES, strict=False):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from contextpilot_rag.batch.progress import rich_step_progress
 from contextpilot_rag.experiment import ExperimentResult
 
 from .batch import BatchArm, BatchResult
-from .sections import spread
+from .sections import pyplot, save_figure, spread
 from .suite import LatencyResult
 
 __all__ = [
@@ -98,12 +97,8 @@ def plot_hit_ratios(results: Sequence[ExperimentResult], path: Path) -> bool:
     """Per experiment, two bar charts over its arms: prefix-cache hit ratio and
     computed (uncached) prompt tokens relative to the unmodified prompts. False
     without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, axes = plt.subplots(len(results), 2, figsize=(12, 3.2 * len(results)), squeeze=False)
     for row, result in zip(axes, results, strict=True):
@@ -158,14 +153,3 @@ def batch_markdown(result: BatchResult) -> str:
     lines = ["| " + " | ".join(_BATCH_COLUMNS) + " |", "|" + "---|" * len(_BATCH_COLUMNS)]
     lines += ["| " + " | ".join(_batch_row(arm)) + " |" for arm in result.arms]
     return "\n".join(lines)
-
-
-def save_figure(figure: Any, path: Path) -> bool:
-    """Lay out, write (creating the folder) and close a matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True

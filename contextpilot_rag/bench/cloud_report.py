@@ -13,6 +13,7 @@ from typing import Any
 from ..cloud.prices import PRICES_READ_ON
 from .cloud_suite import CloudRun, CloudSuiteResult
 from .cloud_workloads import FAMILIES
+from .sections import pyplot, save_figure
 
 __all__ = ["TARGETS", "FamilyCheck", "checks", "markdown", "plot", "rich_tables", "write_json"]
 
@@ -221,12 +222,8 @@ def markdown(result: CloudSuiteResult) -> str:
 def plot(result: CloudSuiteResult, path: Path) -> bool:
     """Baseline / ours per family and provider (each seed a dot, targets dashed); ``False``
     when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     found = checks(result)
     figure, axis = plt.subplots(figsize=(7.5, 4))
@@ -241,11 +238,7 @@ def plot(result: CloudSuiteResult, path: Path) -> bool:
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set_ylabel("input cost, baseline / ours")
     axis.set_title("Hosted prompt caches, emulated (bars: median; dots: seeds; dashed: target)")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return save_figure(figure, path)
 
 
 def write_json(result: CloudSuiteResult, path: Path) -> None:

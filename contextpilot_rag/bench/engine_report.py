@@ -34,6 +34,7 @@ from .engine_workloads import (
     multiturn_workload,
     online_workload,
 )
+from .sections import pyplot, save_figure
 
 __all__ = [
     "SUITE_WORKLOADS",
@@ -478,12 +479,8 @@ def markdown(result: SuiteResult) -> str:
 def plot(result: SuiteResult, path: Path) -> bool:
     """Mean TTFT per arm and workload, and engine vs simulated computed tokens, as a
     PNG; ``False`` when matplotlib is missing (the ``bench`` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     runs = result.runs
     figure, axes = plt.subplots(2, len(runs), figsize=(4.2 * len(runs), 7), squeeze=False)
@@ -509,11 +506,7 @@ def plot(result: SuiteResult, path: Path) -> bool:
         for axis in (top, bottom):
             axis.tick_params(axis="x", labelsize=7)
     figure.suptitle(f"{result.engine['model']} on {result.engine.get('kind', 'engine')}")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return save_figure(figure, path)
 
 
 def write_json(result: SuiteResult, path: Path) -> None:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "begin_marker",
@@ -30,6 +31,8 @@ __all__ = [
     "machine",
     "markdown_table",
     "provenance",
+    "pyplot",
+    "save_figure",
     "spread",
     "write_or_print",
     "write_section",
@@ -121,3 +124,27 @@ def write_or_print(text: str, name: str, path: Path | None) -> None:
         print(f"wrote {path}", file=sys.stderr)
     else:
         print(text)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or ``None`` when
+    matplotlib is not installed (the ``bench`` and ``eval`` extras bring it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(figure: Any, path: Path) -> bool:
+    """Lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True

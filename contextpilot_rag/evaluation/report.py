@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bench.sections import pyplot, save_figure
 from .arms import BASELINE
 from .run import ArmRun, EvalRun
 from .stats import Estimate, bootstrap_mean, paired_difference, significant_drop
@@ -353,12 +354,8 @@ def write_json(data: dict[str, Any], path: Path) -> None:
 def plot(summary: EvalSummary, path: Path, title: str) -> bool:
     """One panel per metric: each arm's mean with its interval. ``False`` when
     matplotlib is missing (the ``eval`` or ``bench`` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     names = [arm.name for arm in summary.arms]
     figure, axes = plt.subplots(1, len(METRICS), figsize=(4.0 * len(METRICS), 4.2))
@@ -375,8 +372,4 @@ def plot(summary: EvalSummary, path: Path, title: str) -> bool:
         axis.set_ylim(0, 1.05)
         axis.set_title(label)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return save_figure(figure, path)
