@@ -405,7 +405,7 @@ class ContextPilot:
         requests: Iterable[BatchRequest | _BatchTuple],
         *,
         system: str | None = None,
-        method: BatchMethod = "greedy",
+        method: BatchMethod = "auto",
         schedule: BatchSchedule = "prefix-tree",
         progress: bool = False,
     ) -> list[Prompt]:

@@ -25,6 +25,7 @@ from contextpilot_rag.batch import (
     grouped_schedule,
     plan_batch,
     prefix_tree_schedule,
+    shared_tokens,
 )
 from contextpilot_rag.batch.requests import BatchRequest
 from contextpilot_rag.batch.trie import PrefixTrie
@@ -93,6 +94,54 @@ def test_lookahead_prefers_the_split_that_shares_more_in_total() -> None:
     requests = [[0, 1, 5], [0, 1, 6], [0, 7]]
     plan = greedy_plan(requests, weights=[1, 100, 1, 1, 1, 1, 1, 1])
     assert [requests[0][p] for p in plan.orders[0]][:2] == [0, 1]
+
+
+def test_shared_tokens_counts_blocks_sent_after_a_prefix_already_sent() -> None:
+    requests = [[1, 2, 3], [2, 1, 4], [5]]
+    orders = [(0, 1, 2), (1, 0, 2), (0,)]  # 1 2 3 / 1 2 4 / 5
+    assert shared_tokens(requests, orders) == 2
+    assert shared_tokens(requests, orders, weights=[0, 10, 3, 0, 0, 0]) == 13
+    assert shared_tokens(requests, [(0, 1, 2), (0, 1, 2), (0,)]) == 0  # 1 2 3 / 2 1 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests_strategy, st.randoms(use_true_random=False))
+def test_shared_tokens_do_not_depend_on_the_execution_order(
+    requests: list[list[int]], rng: object
+) -> None:
+    plan = plan_batch(requests)
+    order = list(range(len(requests)))
+    rng.shuffle(order)  # type: ignore[attr-defined]
+    shuffled = shared_tokens([requests[i] for i in order], [plan.orders[i] for i in order])
+    assert shuffled == shared_tokens(requests, plan.orders)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests_strategy)
+def test_auto_plan_is_valid_and_shares_as_much_as_the_better_builder(
+    requests: list[list[int]],
+) -> None:
+    auto = plan_batch(requests)  # "auto" is the default
+    check_plan(auto, [len(request) for request in requests])
+    best = max(
+        shared_tokens(requests, plan_batch(requests, method=method).orders)
+        for method in ("greedy", "cluster")
+    )
+    assert shared_tokens(requests, auto.orders) == best
+
+
+def test_auto_takes_the_clustering_on_near_duplicate_requests() -> None:
+    from contextpilot_rag.bench.workloads import intent_workload
+
+    workload = intent_workload(n_docs=600, n_requests=400, k=10, n_intents=60, swap=0.3)
+    codes: dict[str, int] = {}
+    requests = [[codes.setdefault(d, len(codes)) for d in r.doc_ids] for r in workload.requests]
+    shared = {
+        method: shared_tokens(requests, plan_batch(requests, method=method).orders)
+        for method in ("greedy", "cluster", "auto")
+    }
+    assert shared["cluster"] > shared["greedy"]  # why "auto" builds both
+    assert shared["auto"] == shared["cluster"]
 
 
 def test_empty_batch_plans_to_nothing() -> None:

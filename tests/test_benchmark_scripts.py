@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import bench
+import families
 import soak
 from lib.sections import begin_marker, end_marker
 
@@ -28,6 +29,24 @@ def test_quick_bench_writes_its_generated_section(tmp_path: Path) -> None:
     assert "hit ratio" in text.lower() and "latency" in text.lower()
     assert "### Batch mode" in text and "#### 75 requests" in text
     assert "2 runs)" in text  # timings show their spread over the runs
+
+
+def test_small_families_run_writes_targets_bounds_and_every_family(tmp_path: Path) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--count", "2", "--requests", "80", "--turns", "30", "--shape-requests", "120"]
+    argv += ["--small-instances", "2", "--no-reference", "--jobs", "1"]
+    assert families.main([*argv, "--write", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    assert begin_marker("families") in text and text.rstrip().endswith(end_marker("families"))
+    for family in families.FAMILIES:
+        assert f"### {family}: every workload" in text
+    assert "batch, D=2,000 k=15: batch hit ratio, worst held-out | >= 38.0%" in text
+    assert "build + schedule, 2,000 requests, slowest held-out | <= 2.00 s" in text
+    assert "120 requests, D = 2,000, k = 15" in text
+    # every workload's ours stays within its bound: "ours of bound" never passes 100%
+    shares = re.findall(r"\| (\d+\.\d)% \| (?:not run|no multi-turn mode) \|", text)
+    assert shares and all(float(share) <= 100.0 for share in shares)
 
 
 SMALL_SOAK = ["--calls", "600", "--windows", "6", "--warmup", "0.5", "--active", "10"]

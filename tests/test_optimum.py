@@ -9,6 +9,7 @@ import pytest
 
 from contextpilot_rag.batch import plan_batch
 from contextpilot_rag.bench.optimum import (
+    best_partner_bound,
     optimal_hits,
     plan_hits,
     random_instance,
@@ -73,3 +74,30 @@ def test_ours_never_exceeds_the_optimum_nor_the_optimum_the_bound(seed: int) -> 
 
 def test_duplicate_requests_hit_in_full() -> None:
     assert optimal_hits([(3, 1, 2), (2, 3, 1)]).hits == 3
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_best_partner_bound_holds_and_can_be_tighter_than_seen_before(seed: int) -> None:
+    requests = random_instance(seed, n_requests=6, blocks_per_request=3, vocabulary=7)
+    weights = {block: float(1 + (block * 7 + seed) % 5) for block in range(7)}
+    optimum = optimal_hits(requests, weights).hits
+    assert optimum <= best_partner_bound(requests, weights)
+    # arrival order fixed: the given sequences in the given order stay within it too
+    assert plan_hits(requests, weights) <= best_partner_bound(requests, weights, earlier_only=True)
+
+
+def test_best_partner_bound_by_hand() -> None:
+    # {1,2,3} shares 2 blocks with {1,2,4}, 1 with {3,5}; the first to run hits nothing
+    requests = [(1, 2, 3), (1, 2, 4), (3, 5)]
+    assert best_partner_bound(requests) == (2 + 2 + 1) - 1
+    assert best_partner_bound(requests, earlier_only=True) == 0 + 2 + 1
+    # four copies of one pair: every block occurs 4 times, both bounds agree on 6
+    assert best_partner_bound([(1, 2)] * 4) == seen_before_bound([(1, 2)] * 4) == 6
+    # three requests pairwise sharing one distinct block: seen-before allows 3, the
+    # partner bound 2 (each shares one block with its best partner, the first hits
+    # nothing); the optimum is 1 (two of them can start with their common block)
+    triangle = [(1, 2), (2, 3), (3, 1)]
+    assert seen_before_bound(triangle) == 3
+    assert best_partner_bound(triangle) == 2
+    assert optimal_hits(triangle).hits == 1
+    assert best_partner_bound([]) == 0

@@ -10,6 +10,7 @@ from contextpilot_rag.bench import (
     SYSTEM_PROMPT,
     Workload,
     WorkloadRequest,
+    intent_workload,
     multiturn_workload,
     online_workload,
     top_share,
@@ -270,3 +271,54 @@ def test_topic_queries_are_unique(topics: Workload) -> None:
 def test_topic_workload_rejects_bad_sizes(arguments: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         topic_workload(**arguments)
+
+
+@pytest.fixture(scope="module")
+def intents() -> Workload:
+    return intent_workload(n_docs=400, n_requests=300, k=6, n_intents=20, swap=0.2)
+
+
+def test_intent_workload_has_the_requested_sizes(intents: Workload) -> None:
+    assert intents.name == "intents"
+    assert len(intents.corpus) == 400
+    assert len(intents.requests) == 300
+    assert all(len(set(r.doc_ids)) == len(r.doc_ids) == 6 for r in intents.requests)
+    assert all(r.session is None and r.turn == 0 for r in intents.requests)
+    assert len({r.query for r in intents.requests}) == 300
+
+
+def test_intent_requests_come_in_near_duplicate_groups(intents: Workload) -> None:
+    # with 20% of documents swapped, most requests share >= 5 of 6 documents with
+    # another request; independent draws from the same corpus rarely do
+    def near_duplicates(workload: Workload) -> int:
+        sets = [set(r.doc_ids) for r in workload.requests]
+        return sum(
+            any(len(a & b) >= 5 for j, b in enumerate(sets) if j != i) for i, a in enumerate(sets)
+        )
+
+    independent = online_workload(n_docs=400, n_requests=300, k=6)
+    assert near_duplicates(intents) >= 0.7 * len(intents.requests)
+    assert near_duplicates(independent) <= 0.05 * len(independent.requests)
+
+
+def test_intent_swap_bounds_the_sharing() -> None:
+    def distinct(swap: float) -> int:
+        workload = intent_workload(n_docs=400, n_requests=200, k=6, n_intents=10, swap=swap)
+        return len({d for r in workload.requests for d in r.doc_ids})
+
+    assert distinct(0.0) <= 10 * 6  # only the intents' own documents
+    assert distinct(0.0) < distinct(0.5)
+
+
+def test_intent_workload_is_deterministic_for_a_seed() -> None:
+    assert intent_workload(n_requests=30, seed=2) == intent_workload(n_requests=30, seed=2)
+    assert intent_workload(n_requests=30, seed=2) != intent_workload(n_requests=30, seed=3)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"n_intents": 0}, {"swap": -0.1}, {"swap": 1.5}, {"n_requests": -1}, {"k": 0}],
+)
+def test_intent_workload_rejects_bad_arguments(arguments: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        intent_workload(**arguments)  # type: ignore[arg-type]

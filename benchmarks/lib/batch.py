@@ -108,8 +108,9 @@ def run_batch(
     seed: int = 0,
     capacity_fraction: float = 0.25,
     arms: Sequence[tuple[str, BatchMethod, BatchSchedule]] = (
-        ("ours", "greedy", "prefix-tree"),
-        ("ours, Alg. 5 schedule", "greedy", "grouped"),
+        ("ours", "auto", "prefix-tree"),
+        ("ours, greedy build only", "greedy", "prefix-tree"),
+        ("ours, Alg. 5 schedule", "auto", "grouped"),
         ("ours, Alg. 4 clustering", "cluster", "prefix-tree"),
     ),
     reference_timeout_s: float | None = 120.0,
@@ -277,7 +278,7 @@ def _codes(workload: Workload) -> dict[str, int]:
 def measure_plan_memory(
     n_requests: int,
     *,
-    method: BatchMethod = "greedy",
+    method: BatchMethod = "auto",
     schedule: BatchSchedule = "prefix-tree",
     n_docs: int = 2000,
     k: int = 15,

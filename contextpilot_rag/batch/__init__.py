@@ -8,7 +8,7 @@ holds the planners, which work on integer block codes and know nothing of prompt
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import ConfigError
 from .greedy import greedy_plan
@@ -26,30 +26,36 @@ __all__ = [
     "no_progress",
     "plan_batch",
     "prefix_tree_schedule",
+    "shared_tokens",
 ]
 
-BatchMethod = Literal["greedy", "cluster"]
+BatchMethod = Literal["auto", "greedy", "cluster"]
 BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
 
 def plan_batch(
     requests: Sequence[Sequence[int]],
     *,
-    method: BatchMethod = "greedy",
+    method: BatchMethod = "auto",
     schedule: BatchSchedule = "prefix-tree",
     weights: Sequence[float] | None = None,
     progress: Progress = no_progress,
 ) -> BatchPlan:
     """Block order and execution order for ``requests`` (distinct non-negative block
-    codes each). ``method``: ``"greedy"`` splits groups on their most shared block
-    (default: best hit ratio per second on the benchmark); ``"cluster"`` is the paper's
-    Alg. 4 (sparse pairwise distances, hierarchical clustering). ``schedule``:
+    codes each). ``method``: ``"greedy"`` splits groups on their most shared block;
+    ``"cluster"`` is the paper's Alg. 4 (sparse pairwise distances, hierarchical
+    clustering); ``"auto"`` (default) builds both and keeps the one whose block orders
+    share more tokens (:func:`shared_tokens`; ties: greedy). Neither wins everywhere:
+    greedy by a point or less on independent Zipf draws, clustering by several on
+    workloads whose requests come in near-duplicate groups (topics, query templates),
+    measured in the ``families`` section of docs/benchmarks.md. ``schedule``:
     ``"prefix-tree"`` (depth first over the final sequences, default), ``"grouped"``
     (Alg. 5), or ``"builder"`` (the builder's own order). ``weights[code]``: the
     block's size in tokens, so the greedy planner prefers sharing long blocks."""
     builders: dict[str, Callable[[], BatchPlan]] = {
         "greedy": lambda: greedy_plan(requests, weights=weights, progress=progress),
         "cluster": lambda: _cluster(requests, progress),
+        "auto": lambda: _better(requests, weights, progress),
     }
     if method not in builders:
         raise ConfigError(f"unknown batch method {method!r}; choose one of {sorted(builders)}")
@@ -66,6 +72,43 @@ def plan_batch(
         for request, order in zip(requests, plan.orders, strict=True)
     ]
     return BatchPlan(plan.orders, schedulers[schedule](sequences))
+
+
+def shared_tokens(
+    requests: Sequence[Sequence[int]],
+    orders: Sequence[Sequence[int]],
+    weights: Sequence[float] | None = None,
+) -> float:
+    """The block tokens a plan's block orders let requests share in an unbounded prefix
+    cache: every block sent again after a prefix an earlier request already sent, by
+    ``weights[code]`` (default 1 per block). The same in every execution order (it is
+    the total weight less the weight of the prefix tree of the final sequences), so
+    it compares builders before scheduling. O(total blocks)."""
+    root: dict[int, Any] = {}
+    shared = 0.0
+    for request, order in zip(requests, orders, strict=True):
+        node = root
+        for position in order:
+            code = request[position]
+            child = node.get(code)
+            if child is None:
+                child = node[code] = {}
+            else:
+                shared += 1.0 if weights is None else float(weights[code])
+            node = child
+    return shared
+
+
+def _better(
+    requests: Sequence[Sequence[int]], weights: Sequence[float] | None, progress: Progress
+) -> BatchPlan:
+    greedy = greedy_plan(requests, weights=weights, progress=progress)
+    cluster = _cluster(requests, progress)
+    if shared_tokens(requests, cluster.orders, weights) > shared_tokens(
+        requests, greedy.orders, weights
+    ):
+        return cluster
+    return greedy
 
 
 def _cluster(requests: Sequence[Sequence[int]], progress: Progress) -> BatchPlan:

@@ -16,6 +16,10 @@ online and multi-turn results are measured over the same documents.
 * :func:`topic_workload` splits the corpus into topics (knowledge bases), each with its
   own small document pool: a request picks a topic by popularity and retrieves only
   from its pool, so requests of one topic share most of their documents.
+* :func:`intent_workload` draws requests from a set of popular *intents* (one question
+  asked by many users in other words): a request retrieves its intent's documents with
+  each one swapped, with some probability, for another document drawn by popularity,
+  so requests come in near-duplicate groups.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "ZIPF_EXPONENT",
     "Workload",
     "WorkloadRequest",
+    "intent_workload",
     "multiturn_workload",
     "online_workload",
     "top_share",
@@ -333,6 +338,54 @@ def topic_workload(
             )
         )
     return Workload(name="topics", corpus=corpus, requests=tuple(requests))
+
+
+def intent_workload(
+    *,
+    n_docs: int = 2000,
+    n_requests: int = 2000,
+    k: int = 15,
+    n_intents: int = 300,
+    swap: float = 0.3,
+    seed: int = 0,
+    zipf_exponent: float = ZIPF_EXPONENT,
+) -> Workload:
+    """Independent single-turn requests that paraphrase ``n_intents`` underlying
+    questions: each intent has ``k`` documents drawn by document popularity; a request
+    picks an intent by Zipf popularity over the intents (``zipf_exponent``), keeps each
+    of its documents with probability ``1 - swap`` and replaces the others by distinct
+    documents drawn by popularity, in a random relevance order.
+
+    Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range.
+    """
+    _validate_common(n_docs, k, seed, zipf_exponent)
+    _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
+    _require(n_intents >= 1, f"n_intents must be >= 1, got {n_intents}")
+    _require(0.0 <= swap <= 1.0, f"swap must be between 0 and 1, got {swap}")
+    corpus_rng, popularity_rng, rng = _generators(seed)
+    language = _language()
+    doc_ids = _doc_ids(n_docs)
+    corpus = _corpus(corpus_rng, doc_ids, language)
+    popularity = _log_popularity(popularity_rng, n_docs, zipf_exponent)
+    intent_popularity = _log_popularity(popularity_rng, n_intents, zipf_exponent)
+    intents = [_draw_docs(popularity_rng, popularity, k) for _ in range(n_intents)]
+    seen: set[str] = set()
+    requests = []
+    for _ in range(n_requests):
+        intent = intents[_draw_docs(rng, intent_popularity, 1)[0]]
+        swapped = rng.random(k) < swap
+        kept = [doc for doc, gone in zip(intent, swapped.tolist(), strict=True) if not gone]
+        if len(kept) < k:
+            kept += _draw_docs(rng, popularity, k - len(kept), exclude=kept)
+        requests.append(
+            WorkloadRequest(
+                doc_ids=_relevance_order(rng, kept, doc_ids),
+                query=_query(rng, language, seen),
+                session=None,
+                turn=0,
+            )
+        )
+    return Workload(name="intents", corpus=corpus, requests=tuple(requests))
 
 
 def _session_docs(
