@@ -6,6 +6,9 @@ simulator.
 - :func:`load_scbench_kv`: SCBench-style KV lookups (``{id, context, multi_turns:
   [{input, answer}]}``); one request per turn, prompted with SCBench's template, the
   turns of a record sharing its context as a prefix (and a session).
+- :func:`conversation_trace`: a generated multi-turn conversation trace of the shape
+  Mooncake publishes for its FAST'25 conversation workload (an hour of requests, long
+  inputs, sessions whose later turns extend earlier ones), for families of traces.
 - :func:`from_workload`: a workload of requests (e.g. the core's benchmark workloads,
   online / multi-turn) through a prompt builder (an arm of :mod:`.replay`). Any object
   with a ``name`` and ``requests`` that carry a ``session`` will do
@@ -14,6 +17,8 @@ simulator.
 
 from __future__ import annotations
 
+import math
+import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -33,6 +38,7 @@ __all__ = [
     "SessionRequest",
     "WorkloadLike",
     "chained_block_hashes",
+    "conversation_trace",
     "detect_language",
     "from_workload",
     "length_bucket",
@@ -282,3 +288,131 @@ def from_workload(
             )
         )
     return requests
+
+
+def conversation_trace(
+    *,
+    seed: int = 0,
+    n_requests: int = 12_031,
+    duration_s: float = 3600.0,
+    mean_input_tokens: float = 12_035.0,
+    mean_output_tokens: float = 343.0,
+    mean_turns: float = 1.45,
+    max_turns: int = 10,
+    think_s: float = 60.0,
+    apps: int = 20,
+    app_prefix_tokens: tuple[int, int] = (512, 2048),
+    spread: float = 1.0,
+    block_tokens: int = 512,
+) -> list[RouteRequest]:
+    """A multi-turn conversation trace with Mooncake's published conversation-workload
+    statistics as defaults (12,031 requests in an hour, mean input 12,035 and output 343
+    tokens, 512-token blocks; about a third of the blocks reused), ordered by arrival.
+
+    Sessions arrive as a Poisson process over ``duration_s``; each has a geometric
+    number of turns (mean ``mean_turns``, at most ``max_turns``) separated by
+    exponential think times (mean ``think_s``). A session belongs to one of ``apps``
+    applications (Zipf popularity) whose system prompt (``app_prefix_tokens`` range)
+    every session of the app shares; a later turn's prompt is the previous prompt, the
+    previous answer and a new message, so its block hashes extend the previous turn's.
+    Message lengths are log-normal (``spread``: the log standard deviation), scaled so
+    the mean input is ``mean_input_tokens``. Block hashes are chained ids as in the
+    Mooncake format (equal id = equal prefix up to that block); every block end is a
+    boundary. Deterministic in its arguments."""
+    if n_requests < 1 or duration_s <= 0 or block_tokens < 1 or apps < 1:
+        raise ConfigError("n_requests, duration_s, block_tokens and apps must be positive")
+    if not 1.0 <= mean_turns <= max_turns:
+        raise ConfigError(f"mean_turns must be in [1, max_turns={max_turns}], got {mean_turns}")
+    if mean_input_tokens < block_tokens or mean_output_tokens < 1 or think_s < 0 or spread < 0:
+        raise ConfigError("token means, think_s and spread out of range")
+    low, high = app_prefix_tokens
+    if not 0 <= low <= high:
+        raise ConfigError(f"app_prefix_tokens must be an ordered range, got {app_prefix_tokens}")
+    rng = random.Random(seed)
+    app_weights = [1.0 / (rank + 1) for rank in range(apps)]
+    app_prefix = [rng.randint(low, high) for _ in range(apps)]
+    sessions = _sessions(rng, n_requests, mean_turns, max_turns)
+    # message lengths before scaling: a first message, then the later messages
+    shapes = [[rng.lognormvariate(0.0, spread) for _ in range(turns)] for turns in sessions]
+    outputs = [[rng.expovariate(1.0 / mean_output_tokens) for _ in range(t)] for t in sessions]
+    scale = _message_scale(sessions, shapes, outputs, app_prefix, mean_input_tokens)
+    hashes = _HashIds()
+    app_blocks = [hashes.fresh(size // block_tokens) for size in app_prefix]
+    requests: list[RouteRequest] = []
+    for number, turns in enumerate(sessions):
+        app = rng.choices(range(apps), weights=app_weights)[0]
+        at = rng.uniform(0.0, duration_s)
+        prompt = app_prefix[app]
+        blocks = list(app_blocks[app])
+        for turn in range(turns):
+            if turn:
+                at += rng.expovariate(1.0 / think_s) if think_s else 0.0
+                prompt += round(outputs[number][turn - 1])
+            prompt += max(1, round(shapes[number][turn] * scale))
+            full = prompt // block_tokens
+            blocks += hashes.fresh(full - len(blocks))
+            requests.append(
+                RouteRequest(
+                    request_id=f"conversation-{number}-{turn}",
+                    prompt_tokens=prompt,
+                    block_hashes=tuple(blocks),
+                    block_tokens=block_tokens,
+                    expected_output_tokens=max(1, round(outputs[number][turn])),
+                    boundaries=tuple(range(1, full + 1)),
+                    session=f"conversation-{number}",
+                    arrival_s=at,
+                )
+            )
+    requests.sort(key=lambda r: r.arrival_s)
+    return requests[:n_requests]
+
+
+def _sessions(rng: random.Random, n_requests: int, mean_turns: float, max_turns: int) -> list[int]:
+    """Turn counts (geometric, mean about ``mean_turns``, capped) until they reach
+    ``n_requests`` requests in all."""
+    stop = 1.0 / mean_turns
+    sessions: list[int] = []
+    total = 0
+    while total < n_requests:
+        turns = 1
+        while turns < max_turns and rng.random() >= stop:
+            turns += 1
+        sessions.append(turns)
+        total += turns
+    return sessions
+
+
+def _message_scale(
+    sessions: Sequence[int],
+    shapes: Sequence[Sequence[float]],
+    outputs: Sequence[Sequence[float]],
+    app_prefix: Sequence[int],
+    mean_input: float,
+) -> float:
+    """The message-length scale that makes the mean prompt ``mean_input`` tokens: a
+    turn's prompt is linear in it (the app prefix (its mean used) and earlier answers
+    are fixed)."""
+    fixed = scaled = 0.0
+    count = 0
+    prefix = sum(app_prefix) / len(app_prefix)
+    for turns, shape, answers in zip(sessions, shapes, outputs, strict=True):
+        messages = answered = 0.0
+        for turn in range(turns):
+            messages += shape[turn]
+            answered += answers[turn - 1] if turn else 0.0
+            fixed += prefix + answered
+            scaled += messages
+            count += 1
+    return max(1.0, (mean_input * count - fixed) / max(scaled, math.ulp(1.0)))
+
+
+class _HashIds:
+    """Fresh block ids: every new block of every prompt gets its own."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def fresh(self, count: int) -> list[int]:
+        ids = list(range(self._next, self._next + max(0, count)))
+        self._next += max(0, count)
+        return ids

@@ -1,0 +1,330 @@
+"""Routing on multi-turn conversation traces: a family of generated traces, the
+held-out worst case against the baselines and the published routers.
+
+    python benchmarks/conversation_routing.py --write docs/benchmarks.md \
+        --plot docs/img/conversation_routing.png
+
+Each trace comes from :func:`contextpilot_rag.sim.traces.conversation_trace` (the
+shape Mooncake publishes for its FAST'25 conversation workload: 12,031 requests in
+about an hour, long inputs, later turns extending earlier ones) with its parameters
+drawn per trace: turns per session, think time, message-length spread, mean input and
+application-prompt length. Every policy routes the held-out second half of every trace
+(route-sim, ``lib/route_sim.py``) on 3 regions x 1 replica; even-numbered traces are
+the tuning half, odd-numbered ones the held-out half, and the targets of issue 22
+(item 5) apply to the held-out worst. Writes the ``conversation-routing`` generated
+section of ``--write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lib.report import progress_bars
+from lib.route_sim import _result_row, route_sim_results
+from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
+
+from contextpilot_rag.sim.traces import conversation_trace
+
+SECTION = "conversation-routing"
+BASELINES = ("random", "round-robin", "least-request", "least-load", "session", "prefix")
+PEERS = ("ranvier", "gorgo", "gorgo-lb", "laar")
+REGIONS = 3
+FAIR_SHARE_LIMIT = 1.5  # a replica may carry at most this many times its fair share
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One trace's parameters (``index`` even: tuning half; odd: held-out half)."""
+
+    index: int
+    seed: int
+    mean_turns: float
+    think_s: float
+    spread: float
+    mean_input_tokens: float
+    app_prefix_max: int
+
+    @property
+    def held_out(self) -> bool:
+        return self.index % 2 == 1
+
+    def trace_arguments(self, n_requests: int) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "n_requests": n_requests,
+            "mean_turns": self.mean_turns,
+            "think_s": self.think_s,
+            "spread": self.spread,
+            "mean_input_tokens": self.mean_input_tokens,
+            "app_prefix_tokens": (512, self.app_prefix_max),
+        }
+
+
+def draw_traces(count: int, seed: int) -> list[Draw]:
+    rng = np.random.default_rng([seed, 22])
+    return [
+        Draw(
+            index,
+            int(rng.integers(2**31)),
+            float(rng.uniform(1.2, 2.5)),
+            float(rng.uniform(20.0, 120.0)),
+            float(rng.uniform(0.7, 1.2)),
+            float(rng.uniform(8_000.0, 16_000.0)),
+            int(rng.integers(1024, 4097)),
+        )
+        for index in range(count)
+    ]
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    draw: Draw
+    requests: int
+    block_reuse: float
+    rows: tuple[Row, ...]
+
+    def row(self, policy: str) -> Row:
+        return next(r for r in self.rows if r["policy"] == policy)
+
+    def change(self, metric: str, policy: str = "combined") -> float:
+        """``policy``'s ``metric`` relative to the best baseline's (negative: better)."""
+        best = min(r[metric] for r in self.rows if r["policy"] in BASELINES)
+        return float(self.row(policy)[metric] / best - 1)
+
+    def peer_margin(self) -> tuple[float, str]:
+        """The smallest margin by which a published router is slower than combined
+        (p95 TTFT or E2E; negative: that router is faster), and which."""
+        ours = self.row("combined")
+        margins = [
+            (r[m] / ours[m] - 1, f"{r['policy']} {m.split('_')[0]}")
+            for r in self.rows
+            if r["policy"] in PEERS
+            for m in ("ttft_p95_ms", "e2e_p95_s")
+        ]
+        return min(margins) if margins else (0.0, "-")
+
+
+def _block_reuse(requests: Sequence[Any]) -> float:
+    seen: set[int] = set()
+    reused = total = 0
+    for request in requests:
+        for block in request.block_hashes:
+            total += 1
+            reused += block in seen
+            seen.add(block)
+    return reused / max(1, total)
+
+
+def run_trace(job: tuple[Draw, int]) -> TraceResult:
+    draw, n_requests = job
+    requests = conversation_trace(**draw.trace_arguments(n_requests))
+    results = route_sim_results(requests, regions=REGIONS, replicas_per_region=1)
+    rows = tuple(_result_row(result.policy, result) for result in results)
+    return TraceResult(draw, len(requests), _block_reuse(requests), rows)
+
+
+def run_all(draws: Sequence[Draw], n_requests: int, jobs: int) -> list[TraceResult]:
+    work = [(draw, n_requests) for draw in draws]
+    with progress_bars() as progress:
+        tick = progress("conversation traces", len(work))
+        if jobs <= 1:
+            results = []
+            for item in work:
+                results.append(run_trace(item))
+                tick()
+            return results
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results = []
+            for result in pool.imap(run_trace, work):
+                results.append(result)
+                tick()
+            return results
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.1%}"
+
+
+def target_rows(held_out: Sequence[TraceResult]) -> list[list[str]]:
+    limit = FAIR_SHARE_LIMIT / REGIONS
+    worst_ttft = max(r.change("ttft_p95_ms") for r in held_out)
+    worst_e2e = max(r.change("e2e_p95_s") for r in held_out)
+    margin, closest = min(r.peer_margin() for r in held_out)
+    share = max(r.row("combined")["max_replica_share"] for r in held_out)
+    return [
+        ["p95 TTFT vs best baseline, worst held-out", "<= -10%", _pct(worst_ttft),
+         _yes(worst_ttft <= -0.10)],
+        ["p95 E2E vs best baseline, worst held-out", "<= -15%", _pct(worst_e2e),
+         _yes(worst_e2e <= -0.15)],
+        [f"p95 TTFT and E2E vs {', '.join(PEERS)}, worst held-out", "not worse",
+         f"closest: {closest}, {margin:+.1%} slower than combined", _yes(margin >= 0)],
+        [f"busiest replica's share, worst held-out ({FAIR_SHARE_LIMIT}x a fair third)",
+         f"<= {limit:.0%}", f"{share:.1%}", _yes(share <= limit)],
+    ]  # fmt: skip
+
+
+def _yes(met: bool) -> str:
+    return "yes" if met else "no"
+
+
+def trace_rows(results: Sequence[TraceResult]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        d = r.draw
+        margin, closest = r.peer_margin()
+        rows.append(
+            [
+                str(d.index),
+                "held-out" if d.held_out else "tuning",
+                f"{r.requests:,}",
+                f"{d.mean_turns:.2f}",
+                f"{d.think_s:.0f} s",
+                f"{d.mean_input_tokens:,.0f}",
+                f"{r.block_reuse:.0%}",
+                _pct(r.change("ttft_p95_ms")),
+                _pct(r.change("e2e_p95_s")),
+                f"{closest} {margin:+.1%}",
+                f"{r.row('combined')['max_replica_share']:.0%}",
+            ]
+        )
+    return rows
+
+
+def policy_rows(results: Sequence[TraceResult]) -> list[list[str]]:
+    """Per policy, median over the held-out traces of p95 TTFT / E2E relative to the
+    best baseline of each trace."""
+    held_out = [r for r in results if r.draw.held_out]
+    policies = [row["policy"] for row in held_out[0].rows]
+    return [
+        [
+            policy,
+            _pct(statistics.median(r.change("ttft_p95_ms", policy) for r in held_out)),
+            _pct(statistics.median(r.change("e2e_p95_s", policy) for r in held_out)),
+            f"{statistics.median(r.row(policy)['max_replica_share'] for r in held_out):.0%}",
+        ]
+        for policy in policies
+    ]
+
+
+def report(command: str, results: Sequence[TraceResult], seconds: float, image: Path | None) -> str:
+    held_out = [r for r in results if r.draw.held_out]
+    lines = [
+        "## Routing on conversation traces: held-out worst case "
+        "(`benchmarks/conversation_routing.py`)",
+        "",
+        provenance(command, 1, "one run; every figure is simulated time, deterministic (seeded)"),
+        f"- traces: `conversation_trace` (Mooncake's published conversation-workload shape), "
+        f"{len(results)} drawn: turns per session 1.2–2.5 (mean of a geometric, at most 10), "
+        "think time 20–120 s, log-normal message spread 0.7–1.2, mean input 8,000–16,000 "
+        "tokens, application prompts 512–1,024…4,096 tokens, 512-token blocks; even-numbered "
+        "traces are the tuning half, odd-numbered the held-out half",
+        f"- fleet: {REGIONS} regions × 1 replica (`default_fleet`, RTT 37 / 279 / 456 ms); "
+        "every policy routes the held-out second half of each trace; `gorgo` tunes its "
+        "weights on the first half",
+        f"- whole run: {seconds:.0f} s",
+        "",
+        "### Targets (issue 22, item 5), on the held-out half",
+        "",
+        *markdown_table(("measure", "target", "measured", "met"), target_rows(held_out)),
+        "",
+        "### Every trace: `combined` against the best baseline of that trace",
+        "",
+        *markdown_table(
+            (
+                "#",
+                "half",
+                "requests",
+                "turns (mean)",
+                "think",
+                "mean input",
+                "blocks reused",
+                "p95 TTFT",
+                "p95 E2E",
+                "closest published router (slower by)",
+                "busiest replica",
+            ),
+            trace_rows(results),
+        ),
+        "",
+        "### Every policy, median over the held-out traces (relative to each trace's best "
+        "baseline)",
+        "",
+        *markdown_table(("policy", "p95 TTFT", "p95 E2E", "busiest replica"), policy_rows(results)),
+    ]
+    if image is not None:
+        lines += ["", f"![p95 TTFT and E2E per trace]({image.as_posix()})"]
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[TraceResult], path: Path) -> bool:
+    """p95 TTFT and E2E change vs the best baseline per trace: combined and the best
+    published router. False without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(results))
+    for axis, metric, target, title in (
+        (axes[0], "ttft_p95_ms", -0.10, "p95 TTFT vs best baseline"),
+        (axes[1], "e2e_p95_s", -0.15, "p95 E2E vs best baseline"),
+    ):
+        ours = [r.change(metric) * 100 for r in results]
+        peers = [min(r.change(metric, p) for p in PEERS if _has(r, p)) * 100 for r in results]
+        axis.bar(x - 0.2, ours, 0.4, label="combined")
+        axis.bar(x + 0.2, peers, 0.4, label="best published router", color="#dd8452")
+        axis.axhline(target * 100, color="black", linestyle="--", label="target")
+        axis.set_xticks(x, [f"{r.draw.index}{'*' if r.draw.held_out else ''}" for r in results])
+        axis.set_xlabel("trace (* held-out)")
+        axis.set_ylabel("% change (negative: faster)")
+        axis.set_title(title)
+        axis.legend(fontsize="small")
+    return save_figure(figure, path)
+
+
+def _has(result: TraceResult, policy: str) -> bool:
+    return any(row["policy"] == policy for row in result.rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=8, help="traces (8)")
+    parser.add_argument("--requests", type=int, default=12_031, help="per trace (12,031)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
+    args = parser.parse_args(argv)
+    if args.count < 2 or args.requests < 10:
+        parser.error("--count must be >= 2 (a tuning and a held-out trace), --requests >= 10")
+    started = time.perf_counter()
+    results = run_all(draw_traces(args.count, args.seed), args.requests, args.jobs)
+    image = None
+    if args.plot and plot(results, args.plot) and args.write:
+        image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
+    text = report(
+        ("python benchmarks/conversation_routing.py " + " ".join(argv)).strip(),
+        results,
+        time.perf_counter() - started,
+        image,
+    )
+    write_or_print(text, SECTION, args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The generated multi-turn conversation trace (sim.traces.conversation_trace) and the
+benchmark that routes a family of them."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import conversation_routing
+import pytest
+from lib.sections import begin_marker, end_marker
+
+from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.sim.traces import conversation_trace
+
+
+@pytest.fixture(scope="module")
+def trace() -> list:  # type: ignore[type-arg]
+    return conversation_trace(seed=3, n_requests=3000)
+
+
+def test_defaults_follow_the_published_conversation_statistics() -> None:
+    requests = conversation_trace()
+    assert len(requests) == 12_031
+    assert statistics.mean(r.prompt_tokens for r in requests) == pytest.approx(12_035, rel=0.03)
+    assert statistics.mean(r.expected_output_tokens for r in requests) == pytest.approx(
+        343, rel=0.05
+    )
+    seen: set[int] = set()
+    reused = total = 0
+    for request in requests:
+        for block in request.block_hashes:
+            total, reused = total + 1, reused + (block in seen)
+            seen.add(block)
+    assert 0.3 <= reused / total <= 0.45  # published: about 37% of 512-token blocks
+    assert requests[-1].arrival_s <= 3600 * 1.25  # about an hour
+
+
+def test_later_turns_extend_the_previous_turn_of_their_session(trace: list) -> None:  # type: ignore[type-arg]
+    last: dict[str, object] = {}
+    extended = 0
+    for request in trace:
+        previous = last.get(request.session)
+        if previous is not None:
+            assert request.arrival_s >= previous.arrival_s  # type: ignore[attr-defined]
+            before = previous.block_hashes  # type: ignore[attr-defined]
+            assert request.block_hashes[: len(before)] == before
+            assert request.prompt_tokens > previous.prompt_tokens  # type: ignore[attr-defined]
+            extended += 1
+        last[request.session] = request
+    assert extended > 0.2 * len(trace)
+
+
+def test_block_hashes_match_the_prompt_and_every_block_end_is_a_boundary(trace: list) -> None:  # type: ignore[type-arg]
+    for request in trace:
+        assert len(request.block_hashes) == request.prompt_tokens // 512
+        assert request.boundaries == tuple(range(1, len(request.block_hashes) + 1))
+    # sessions of one application share its prompt's blocks; others share none
+    firsts = {r.block_hashes[0] for r in trace if r.block_hashes}
+    assert 1 < len(firsts) <= 20
+
+
+def test_arrivals_are_sorted_and_the_trace_is_deterministic(trace: list) -> None:  # type: ignore[type-arg]
+    assert [r.arrival_s for r in trace] == sorted(r.arrival_s for r in trace)
+    assert conversation_trace(seed=3, n_requests=3000) == trace
+    assert conversation_trace(seed=4, n_requests=3000) != trace
+
+
+def test_more_turns_per_session_reuse_more_blocks() -> None:
+    def reuse(mean_turns: float) -> float:
+        requests = conversation_trace(n_requests=2000, mean_turns=mean_turns)
+        seen: set[int] = set()
+        hits = [b in seen or seen.add(b) for r in requests for b in r.block_hashes]  # type: ignore[func-returns-value]
+        return sum(map(bool, hits)) / len(hits)
+
+    assert reuse(1.2) < reuse(2.0) < reuse(3.0)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"n_requests": 0},
+        {"mean_turns": 0.5},
+        {"mean_turns": 11.0},
+        {"mean_input_tokens": 100.0},
+        {"think_s": -1.0},
+        {"app_prefix_tokens": (2048, 512)},
+        {"apps": 0},
+    ],
+)
+def test_bad_arguments_are_config_errors(arguments: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        conversation_trace(**arguments)  # type: ignore[arg-type]
+
+
+def test_small_family_run_writes_its_section_with_targets(tmp_path: Path) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--count", "2", "--requests", "600", "--jobs", "1", "--write", str(report)]
+    assert conversation_routing.main(argv) == 0
+    text = report.read_text(encoding="utf-8")
+    section = conversation_routing.SECTION
+    assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
+    assert "p95 E2E vs best baseline, worst held-out | <= -15%" in text
+    for policy in ("combined", "round-robin", "ranvier", "laar"):
+        assert f"| {policy} |" in text
+    assert "| 1 | held-out | 600 |" in text
