@@ -94,6 +94,7 @@ bench-families: $(STAMP)
 # The simulated routing benchmarks and the client overhead: no engine, a few minutes.
 bench-sim: $(STAMP)
 	$(BIN)/python benchmarks/routing.py --write docs/benchmarks.md --plot docs/img/route_sim.png
+	$(BIN)/python benchmarks/conversation_routing.py --write docs/benchmarks.md --plot docs/img/conversation_routing.png
 	$(BIN)/python benchmarks/routing_tails.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/ttca_warmup.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/slot_reuse.py --write docs/benchmarks.md
