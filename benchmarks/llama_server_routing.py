@@ -620,6 +620,77 @@ def multiturn_benchmark(
     return markdown(summaries, args, command)
 
 
+SEEDS_TARGET = 1.5  # issue 22, item 6: combined over round-robin, on every seed
+
+
+def seeds_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """The closed-loop conversations once per seed of ``--seeds`` (each seed its own
+    conversations and pauses, a cold fleet per policy and seed); per seed, round-robin's
+    mean TTFT over each policy's, and the worst seed against the target."""
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    by_seed: dict[int, list[Summary]] = {}
+    with progress_bars() as progress:
+        for seed in seeds:
+            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            workload = conversation_workload(seeded)
+            starts = [number * args.stagger_s for number in range(args.users)]
+            rows: list[Row] = []
+            for policy in policies:
+                advance = progress(f"seed {seed}: {policy}", len(workload.requests))
+                rows += run_policy(policy, engine, workload, seeded, advance, starts)
+            by_seed[seed] = with_ratios(
+                [summarise(p, [r for r in rows if r.policy == p]) for p in policies]
+            )
+    if args.json:
+        print(json.dumps({seed: [asdict(s) for s in rows] for seed, rows in by_seed.items()}))
+    return seeds_markdown(by_seed, policies, args, command)
+
+
+def seeds_markdown(
+    by_seed: dict[int, list[Summary]],
+    policies: Sequence[str],
+    args: argparse.Namespace,
+    command: str,
+) -> str:
+    others = [p for p in policies if policy_spec(p)[0] != "round-robin"]
+    header = " | ".join(f"{p}: mean TTFT s | round-robin / {p}" for p in others)
+    lines = [
+        "## RoutingClient over real llama-server replicas, several seeds: "
+        "`benchmarks/llama_server_routing.py --seeds`",
+        "",
+        provenance(command, len(by_seed), "one run per seed; ratios within each seed's run"),
+        "",
+        f"{engine_line(args)}; {cache_ram_text(args)}. Workload per seed: {args.users} "
+        f"concurrent conversations × {args.turns} turns, {args.k} documents per turn (the "
+        "core's multi-turn RAG workload with that seed: other documents, other pauses), "
+        f"users {args.stagger_s} s apart, pauses exponential with mean {args.think_s} s.",
+        "",
+        f"| seed | round-robin: mean TTFT s | {header} |",
+        "|---:|---:|" + "---:|---:|" * len(others),
+    ]
+    for seed, summaries in by_seed.items():
+        named = {s.policy: s for s in summaries}
+        cells = " | ".join(
+            f"{named[p].ttft_mean_s:.2f} | {_times(named[p].rr_over_this)}" for p in others
+        )
+        lines.append(f"| {seed} | {named['round-robin'].ttft_mean_s:.2f} | {cells} |")
+    for policy in others:
+        ratios = [
+            next(s for s in rows if s.policy == policy).rr_over_this for rows in by_seed.values()
+        ]
+        worst = min(ratios)
+        lines += [
+            "",
+            f"`{policy}` over round-robin, mean TTFT: min {worst:.2f}×, median "
+            f"{statistics.median(ratios):.2f}×, max {max(ratios):.2f}× over {len(ratios)} seeds; "
+            f"target (issue 22, item 6): at least {SEEDS_TARGET}× on every seed: "
+            f"{'met' if worst >= SEEDS_TARGET else 'not met'}.",
+        ]
+    return "\n".join(lines)
+
+
 def chat_benchmark(
     policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
 ) -> str:
@@ -773,6 +844,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-rate", type=float, default=400.0, help="tokens/s (ENGINES.md)")
     parser.add_argument("--cache-ram", type=int, help="llama-server --cache-ram MiB (0: off)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds",
+        help="multi-turn: run once per seed of this comma-separated list and write the "
+        "llama-server-seeds section (every seed's ratios, the worst against the target)",
+    )
     parser.add_argument("--write", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", action="store_true")
@@ -795,7 +871,9 @@ def main() -> None:
     command = command.rstrip() + " --write docs/benchmarks.md"
     if args.plot:
         command += f" --plot {args.plot}"
-    if args.workload == "stream":
+    if args.seeds and args.workload == "multiturn":
+        text, section = seeds_benchmark(policies, engine, args, command), "llama-server-seeds"
+    elif args.workload == "stream":
         section = "llama-server-slots" if by_slots(args) else "llama-server-stream"
         text = stream_benchmark(policies, engine, args, command)
     elif args.workload == "chat":
