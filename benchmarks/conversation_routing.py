@@ -18,7 +18,6 @@ section of ``--write``.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -29,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lib.report import progress_bars
-from lib.route_sim import _result_row, route_sim_results, split_trace
+from lib.report import ordered_map, progress_bars
+from lib.route_sim import BASELINES, PEERS, result_row, route_sim_results, split_trace
 from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
 
 from contextpilot_rag.routing import CombinedPolicy
@@ -38,8 +37,6 @@ from contextpilot_rag.sim import default_fleet, simulate
 from contextpilot_rag.sim.traces import conversation_trace
 
 SECTION = "conversation-routing"
-BASELINES = ("random", "round-robin", "least-request", "least-load", "session", "prefix")
-PEERS = ("ranvier", "gorgo", "gorgo-lb", "laar")
 REGIONS = 3
 FAIR_SHARE_LIMIT = 1.5  # a replica may carry at most this many times its fair share
 BUDGET = "combined, TTFT budget p95"  # a configuration shown beside the default
@@ -133,30 +130,18 @@ def run_trace(job: tuple[Draw, int]) -> TraceResult:
     draw, n_requests = job
     requests = conversation_trace(**draw.trace_arguments(n_requests))
     results = route_sim_results(requests, regions=REGIONS, replicas_per_region=1)
-    rows = [_result_row(result.policy, result) for result in results]
+    rows = [result_row(result.policy, result) for result in results]
     _, held_out = split_trace(requests, 0.5)
     fleet = default_fleet(REGIONS, 1, block_tokens=held_out[0].block_tokens)
     budgeted = CombinedPolicy(ttft_budget_percentile=95.0)
-    rows.append(_result_row(BUDGET, simulate(held_out, budgeted, fleet)))
+    rows.append(result_row(BUDGET, simulate(held_out, budgeted, fleet)))
     return TraceResult(draw, len(requests), _block_reuse(requests), tuple(rows))
 
 
 def run_all(draws: Sequence[Draw], n_requests: int, jobs: int) -> list[TraceResult]:
     work = [(draw, n_requests) for draw in draws]
     with progress_bars() as progress:
-        tick = progress("conversation traces", len(work))
-        if jobs <= 1:
-            results = []
-            for item in work:
-                results.append(run_trace(item))
-                tick()
-            return results
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            results = []
-            for result in pool.imap(run_trace, work):
-                results.append(result)
-                tick()
-            return results
+        return ordered_map(run_trace, work, jobs, progress("conversation traces", len(work)))
 
 
 # --- report ------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from lib.batch import SegmentEncoder, _codes, _reference_arm
-from lib.report import progress_bars, save_figure
+from lib.report import ordered_map, progress_bars, save_figure
 from lib.sections import markdown_table, provenance, pyplot, write_or_print
 from lib.suite import REFERENCE, reference_arms
 
@@ -489,19 +488,7 @@ def run_job(job: Job) -> Outcome:
 
 def run_jobs(jobs: Sequence[Job], processes: int, progress: Progress) -> list[Outcome]:
     """Every job, in order, on ``processes`` worker processes (1: in this process)."""
-    tick = progress("workloads", len(jobs))
-    if processes <= 1:
-        outcomes = []
-        for job in jobs:
-            outcomes.append(run_job(job))
-            tick()
-        return outcomes
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
-        outcomes = []
-        for outcome in pool.imap(run_job, jobs):
-            outcomes.append(outcome)
-            tick()
-        return outcomes
+    return ordered_map(run_job, jobs, processes, progress("workloads", len(jobs)))
 
 
 def run_small_instances(

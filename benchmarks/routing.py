@@ -21,6 +21,8 @@ from typing import Any
 
 from lib.report import progress_bars
 from lib.route_sim import (
+    BASELINES,
+    PEERS,
     default_policies,
     plot_route_sim,
     run_route_sim,
@@ -42,9 +44,6 @@ KV_FILES = (
     DATA / "scbench_kv" / "kv_150pairs_n10_seed0.jsonl",
     DATA / "scbench_kv" / "kv_600pairs_n5_seed1.jsonl",
 )
-BASELINES = ("random", "round-robin", "least-request", "least-load", "session", "prefix")
-PEERS = ("ranvier", "gorgo", "gorgo-lb", "laar")
-"""Published routers the combined policy must not be worse than."""
 DECISION_POLICIES = ("combined", "ranvier", "gorgo")
 Row = dict[str, Any]
 

@@ -3,8 +3,10 @@ bar chart when matplotlib is installed, rich progress bars for the terminal."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from contextpilot_rag.batch.progress import rich_step_progress
 from contextpilot_rag.experiment import ExperimentResult
@@ -17,6 +19,7 @@ __all__ = [
     "batch_markdown",
     "experiment_markdown",
     "latency_markdown",
+    "ordered_map",
     "plot_hit_ratios",
     "progress_bars",
     "save_figure",
@@ -26,6 +29,31 @@ _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs
 
 
 progress_bars = rich_step_progress  # one step per call
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+def ordered_map(
+    function: Callable[[_In], _Out],
+    items: Iterable[_In],
+    processes: int,
+    tick: Callable[[], None],
+) -> list[_Out]:
+    """``function`` of every item, in order, on ``processes`` forked worker processes
+    (1 or fewer: in this process), calling ``tick`` as each result arrives."""
+    if processes <= 1:
+        results = []
+        for item in items:
+            results.append(function(item))
+            tick()
+        return results
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        results = []
+        for result in pool.imap(function, items):
+            results.append(result)
+            tick()
+        return results
 
 
 def experiment_markdown(result: ExperimentResult) -> str:

@@ -55,11 +55,14 @@ from contextpilot_rag.sim.ttca import (
 from .report import save_figure
 
 __all__ = [
+    "BASELINES",
+    "PEERS",
     "RESULT_FIELDS",
     "ProgressFactory",
     "default_policies",
     "plot_route_sim",
     "resolve_policies",
+    "result_row",
     "route_sim_results",
     "route_sim_table",
     "run_route_sim",
@@ -70,6 +73,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+BASELINES = ("random", "round-robin", "least-request", "least-load", "session", "prefix")
+"""The simple policies whose best the combined policy's margins are measured against."""
+PEERS = ("ranvier", "gorgo", "gorgo-lb", "laar")
+"""Published routers the combined policy must not be worse than."""
 
 _Result = TypeVar("_Result")
 
@@ -266,7 +274,7 @@ def ttca_row(result: TtcaResult) -> dict[str, Any]:
     return {field: row[field] for field in RESULT_FIELDS}
 
 
-def _result_row(name: str, result: SimResult) -> dict[str, Any]:
+def result_row(name: str, result: SimResult) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": name, **result.summary.as_dict()}
     row["ttca_mean_s"] = row["success_rate"] = None  # no correctness in Mooncake traces
     row["prefill_tokens"] = sum(r.prompt_tokens - r.cached_tokens for r in result.records)
@@ -314,7 +322,7 @@ def run_route_sim(
         seed=seed,
         progress=progress,
     )
-    return [_result_row(result.policy, result) for result in results]
+    return [result_row(result.policy, result) for result in results]
 
 
 def _cell(value: Any, fmt: str) -> str:
