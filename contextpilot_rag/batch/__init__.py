@@ -8,12 +8,13 @@ holds the planners, which work on integer block codes and know nothing of prompt
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from ..errors import ConfigError
 from .greedy import greedy_plan
 from .plan import BatchPlan, Progress, check_plan, no_progress
 from .schedule import grouped_schedule, prefix_tree_schedule
+from .trie import PrefixTrie
 
 __all__ = [
     "BatchMethod",
@@ -84,18 +85,15 @@ def shared_tokens(
     ``weights[code]`` (default 1 per block). The same in every execution order (it is
     the total weight less the weight of the prefix tree of the final sequences), so
     it compares builders before scheduling. O(total blocks)."""
-    root: dict[int, Any] = {}
+    trie = PrefixTrie()
     shared = 0.0
-    for request, order in zip(requests, orders, strict=True):
-        node = root
-        for position in order:
-            code = request[position]
-            child = node.get(code)
-            if child is None:
-                child = node[code] = {}
-            else:
-                shared += 1.0 if weights is None else float(weights[code])
-            node = child
+    for index, (request, order) in enumerate(zip(requests, orders, strict=True)):
+        sequence = [request[position] for position in order]
+        matched = trie.add(sequence, index)
+        if weights is None:
+            shared += matched
+        else:
+            shared += sum(float(weights[code]) for code in sequence[:matched])
     return shared
 
 
