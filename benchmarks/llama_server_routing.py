@@ -107,6 +107,7 @@ class Summary:
     prompt_n: int
     rr_over_this: float = 0.0  # round-robin over the servers
     same_targets_over_this: float = 0.0  # round-robin over this policy's targets (0: not run)
+    history_reuse: float | None = None  # multi-turn: see history_reuse()
 
     @property
     def cached_share(self) -> float:
@@ -332,8 +333,24 @@ def run_stream(
     return sorted(rows, key=lambda row: row.index)
 
 
+def history_reuse(rows: Sequence[Row]) -> float | None:
+    """On turns after the first, the share of each conversation's previous prompt that
+    the engine served from cache: the most any routing can reuse there (a turn's
+    prompt starts with the previous one, and a prefix of another conversation is no
+    longer than the shared system prompt). ``None`` without later turns."""
+    previous = {(r.user, r.turn): r.prompt_tokens for r in rows}
+    reused = possible = 0
+    for r in rows:
+        before = previous.get((r.user, r.turn - 1)) if r.turn else None
+        if before:
+            reused += min(r.cached_tokens, before)
+            possible += before
+    return reused / possible if possible else None
+
+
 def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
     ttfts = sorted(r.ttft_s for r in rows)
+    turns = [r for r in rows if isinstance(r, Row)]
     return Summary(
         policy,
         len(rows),
@@ -342,6 +359,7 @@ def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
         ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
         sum(r.cached_tokens for r in rows),
         sum(r.prompt_tokens - r.cached_tokens for r in rows),
+        history_reuse=history_reuse(turns) if len(turns) == len(rows) else None,
     )
 
 
@@ -435,6 +453,10 @@ def summary_cells(s: Summary) -> str:
         f"| {_times(s.rr_over_this)} | {_times(s.same_targets_over_this)} "
         f"| {s.cache_n:,} | {s.prompt_n:,} | {s.cached_share:.1%}"
     )
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
 
 
 def _times(ratio: float) -> str:
@@ -655,7 +677,9 @@ def seeds_markdown(
     command: str,
 ) -> str:
     others = [p for p in policies if policy_spec(p)[0] != "round-robin"]
-    header = " | ".join(f"{p}: mean TTFT s | round-robin / {p}" for p in others)
+    header = " | ".join(
+        f"{p}: mean TTFT s | {p}: previous prompt cached | round-robin / {p}" for p in others
+    )
     lines = [
         "## RoutingClient over real llama-server replicas, several seeds: "
         "`benchmarks/llama_server_routing.py --seeds`",
@@ -665,28 +689,40 @@ def seeds_markdown(
         f"{engine_line(args)}; {cache_ram_text(args)}. Workload per seed: {args.users} "
         f"concurrent conversations × {args.turns} turns, {args.k} documents per turn (the "
         "core's multi-turn RAG workload with that seed: other documents, other pauses), "
-        f"users {args.stagger_s} s apart, pauses exponential with mean {args.think_s} s.",
+        f"users {args.stagger_s} s apart, pauses exponential with mean {args.think_s} s. "
+        "*Previous prompt cached*: on turns after the first, the share of the "
+        "conversation's previous prompt the engine served from cache — 100% is the most "
+        "any routing can reuse there.",
         "",
-        f"| seed | round-robin: mean TTFT s | {header} |",
-        "|---:|---:|" + "---:|---:|" * len(others),
+        f"| seed | round-robin: mean TTFT s | round-robin: previous prompt cached | {header} |",
+        "|---:|---:|---:|" + "---:|---:|---:|" * len(others),
     ]
     for seed, summaries in by_seed.items():
         named = {s.policy: s for s in summaries}
         cells = " | ".join(
-            f"{named[p].ttft_mean_s:.2f} | {_times(named[p].rr_over_this)}" for p in others
+            f"{named[p].ttft_mean_s:.2f} | {_share(named[p].history_reuse)} | "
+            f"{_times(named[p].rr_over_this)}"
+            for p in others
         )
-        lines.append(f"| {seed} | {named['round-robin'].ttft_mean_s:.2f} | {cells} |")
+        rr = named["round-robin"]
+        lines.append(f"| {seed} | {rr.ttft_mean_s:.2f} | {_share(rr.history_reuse)} | {cells} |")
     for policy in others:
-        ratios = [
-            next(s for s in rows if s.policy == policy).rr_over_this for rows in by_seed.values()
-        ]
+        mine = [next(s for s in rows if s.policy == policy) for rows in by_seed.values()]
+        ratios = [s.rr_over_this for s in mine]
+        reuse = [s.history_reuse for s in mine if s.history_reuse is not None]
         worst = min(ratios)
         lines += [
             "",
             f"`{policy}` over round-robin, mean TTFT: min {worst:.2f}×, median "
             f"{statistics.median(ratios):.2f}×, max {max(ratios):.2f}× over {len(ratios)} seeds; "
             f"target (issue 22, item 6): at least {SEEDS_TARGET}× on every seed: "
-            f"{'met' if worst >= SEEDS_TARGET else 'not met'}.",
+            f"{'met' if worst >= SEEDS_TARGET else 'not met'}."
+            + (
+                f" Previous prompt served from cache on later turns: min "
+                f"{_share(min(reuse))} over the seeds."
+                if reuse
+                else ""
+            ),
         ]
     return "\n".join(lines)
 

@@ -8,8 +8,8 @@ import argparse
 import llama_server_routing as bench
 
 
-def summary(policy: str, mean_s: float) -> bench.Summary:
-    return bench.Summary(policy, 32, mean_s, mean_s, 2 * mean_s, 100, 50)
+def summary(policy: str, mean_s: float, reuse: float | None = 1.0) -> bench.Summary:
+    return bench.Summary(policy, 32, mean_s, mean_s, 2 * mean_s, 100, 50, history_reuse=reuse)
 
 
 def args(**overrides: object) -> argparse.Namespace:
@@ -29,10 +29,10 @@ def test_every_seed_gets_its_ratio_and_the_worst_seed_decides() -> None:
             1: [summary("round-robin", 4.0), summary("combined", 2.0)],
         }
     )
-    assert "| 0 | 4.50 | 3.00 | 1.50× |" in text
-    assert "| 1 | 4.00 | 2.00 | 2.00× |" in text
+    assert "| 0 | 4.50 | 100.0% | 3.00 | 100.0% | 1.50× |" in text
+    assert "| 1 | 4.00 | 100.0% | 2.00 | 100.0% | 2.00× |" in text
     assert "min 1.50×, median 1.75×, max 2.00× over 2 seeds" in text
-    assert text.rstrip().endswith("at least 1.5× on every seed: met.")
+    assert "at least 1.5× on every seed: met." in text
 
 
 def test_one_seed_below_the_target_fails_it() -> None:
@@ -42,4 +42,32 @@ def test_one_seed_below_the_target_fails_it() -> None:
             1: [summary("round-robin", 4.0), summary("combined", 2.9)],
         }
     )
-    assert "min 1.38×" in text and text.rstrip().endswith("not met.")
+    assert "min 1.38×" in text and "on every seed: not met." in text
+
+
+def row(user: str, turn: int, prompt: int, cached: int) -> bench.Row:
+    return bench.Row("combined", user, turn, "http://x/v1", 1.0, 2.0, prompt, cached)
+
+
+def test_history_reuse_is_the_share_of_each_previous_prompt_served_from_cache() -> None:
+    rows = [
+        row("a", 0, 1000, 0),  # first turns count for nothing
+        row("a", 1, 1600, 1000),  # all of turn 0's 1,000
+        row("b", 0, 800, 150),
+        row("b", 1, 1500, 150),  # 150 of 800: moved to a replica without it
+        row("a", 2, 2200, 1700),  # more than the previous prompt counts as all of it
+    ]
+    assert bench.history_reuse(rows) == (1000 + 150 + 1600) / (1000 + 800 + 1600)
+    assert bench.history_reuse(rows[:1]) is None
+    assert bench.summarise("combined", rows).history_reuse == bench.history_reuse(rows)
+
+
+def test_the_report_gives_the_worst_seeds_history_reuse() -> None:
+    text = report(
+        {
+            0: [summary("round-robin", 4.5, 0.6), summary("combined", 3.0, 1.0)],
+            1: [summary("round-robin", 4.0, 0.5), summary("combined", 2.0, 0.98)],
+        }
+    )
+    assert "| 1 | 4.00 | 50.0% | 2.00 | 98.0% | 2.00× |" in text
+    assert "Previous prompt served from cache on later turns: min 98.0% over the seeds." in text
