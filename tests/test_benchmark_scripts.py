@@ -36,7 +36,9 @@ def test_small_families_run_writes_targets_bounds_and_every_family(tmp_path: Pat
     report.write_text("# Benchmarks\n", encoding="utf-8")
     argv = ["--count", "2", "--requests", "80", "--turns", "30", "--shape-requests", "120"]
     argv += ["--small-instances", "2", "--no-reference", "--jobs", "1"]
-    assert families.main([*argv, "--write", str(report)]) == 0
+    image = tmp_path / "img" / "families.png"
+    assert families.main([*argv, "--write", str(report), "--plot", str(image)]) == 0
+    assert image.stat().st_size > 0  # one panel per family and one for the small instances
     text = report.read_text(encoding="utf-8")
     assert begin_marker("families") in text and text.rstrip().endswith(end_marker("families"))
     for family in families.FAMILIES:
@@ -47,6 +49,16 @@ def test_small_families_run_writes_targets_bounds_and_every_family(tmp_path: Pat
     # every workload's ours stays within its bound: "ours of bound" never passes 100%
     shares = re.findall(r"\| (\d+\.\d)% \| (?:not run|no multi-turn mode) \|", text)
     assert shares and all(float(share) <= 100.0 for share in shares)
+    assert "### Small batch instances" in text and "![workload families](img/families.png)" in text
+
+
+def test_families_without_small_instances_leave_their_table_out(tmp_path: Path) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--families", "multi-turn", "--count", "2", "--turns", "30", "--small-instances", "0"]
+    assert families.main([*argv, "--no-reference", "--jobs", "1", "--write", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    assert "### multi-turn: every workload" in text and "### Small batch instances" not in text
 
 
 SMALL_SOAK = ["--calls", "600", "--windows", "6", "--warmup", "0.5", "--active", "10"]

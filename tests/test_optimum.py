@@ -10,6 +10,7 @@ import pytest
 from contextpilot_rag.batch import plan_batch
 from contextpilot_rag.bench.optimum import (
     best_partner_bound,
+    best_partner_shares,
     optimal_hits,
     plan_hits,
     random_instance,
@@ -101,3 +102,12 @@ def test_best_partner_bound_by_hand() -> None:
     assert best_partner_bound(triangle) == 2
     assert optimal_hits(triangle).hits == 1
     assert best_partner_bound([]) == 0
+
+
+def test_best_partner_shares_per_request() -> None:
+    requests = [(1, 2, 3), (1, 2, 4), (3, 5)]
+    assert best_partner_shares(requests).tolist() == [2, 2, 1]
+    assert best_partner_shares(requests, earlier_only=True).tolist() == [0, 2, 1]
+    weights = {1: 10.0, 2: 1.0, 3: 5.0, 4: 1.0, 5: 1.0}
+    assert best_partner_shares(requests, weights).tolist() == [11.0, 11.0, 5.0]
+    assert best_partner_shares([]).tolist() == []

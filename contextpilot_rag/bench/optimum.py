@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "OptimalPlan",
     "best_partner_bound",
+    "best_partner_shares",
     "optimal_hits",
     "plan_hits",
     "random_instance",
@@ -76,19 +77,15 @@ def seen_before_bound(
     return sum((count - 1) * _weight(weights, block) for block, count in counts.items())
 
 
-def best_partner_bound(
+def best_partner_shares(
     requests: Sequence[Collection[int]],
     weights: Mapping[int, float] | None = None,
     *,
     earlier_only: bool = False,
-) -> float:
-    """An upper bound on the hits of every plan: a request's hit is a prefix of its
-    sequence that one earlier request's sequence also starts with, so it is at most
-    the weight of the blocks it shares with its best partner. ``earlier_only``: the
-    execution order is fixed (online) and partners are the requests before it;
-    otherwise (batch) any other request can be the partner, and whichever request
-    runs first hits nothing, so the smallest best share is taken off.
-    Work is the sum over blocks of their holders squared, vectorised."""
+) -> np.ndarray:
+    """Per request, the weight of the blocks it shares with its best partner: any other
+    request, or with ``earlier_only`` the requests before it (0 where none shares a
+    block). Work is the sum over blocks of their holders squared, vectorised."""
     holders: dict[int, list[int]] = defaultdict(list)
     for row, request in enumerate(requests):
         for block in set(request):
@@ -105,6 +102,23 @@ def best_partner_bound(
         if earlier_only:
             shared[row:] = 0.0
         best[row] = shared.max(initial=0.0)
+    return best
+
+
+def best_partner_bound(
+    requests: Sequence[Collection[int]],
+    weights: Mapping[int, float] | None = None,
+    *,
+    earlier_only: bool = False,
+) -> float:
+    """An upper bound on the hits of every plan: a request's hit is a prefix of its
+    sequence that one earlier request's sequence also starts with, so it is at most
+    the weight of the blocks it shares with its best partner
+    (:func:`best_partner_shares`). ``earlier_only``: the execution order is fixed
+    (online) and partners are the requests before it; otherwise (batch) any other
+    request can be the partner, and whichever request runs first hits nothing, so the
+    smallest best share is taken off."""
+    best = best_partner_shares(requests, weights, earlier_only=earlier_only)
     total = float(best.sum())
     return total if earlier_only or not len(requests) else total - float(best.min())
 
