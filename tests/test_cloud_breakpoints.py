@@ -62,6 +62,41 @@ def test_the_best_end_of_the_shared_blocks_wins() -> None:
     assert plan.skipped[0].reason == "another end of it pays more"
 
 
+def test_spare_breakpoints_go_to_shallower_shared_ends_that_cost_no_write() -> None:
+    system = ReuseCandidate("system", 0, 0, 1200, 10.0)
+    one = ReuseCandidate("shared_blocks", 1, 0, 1600, 6.0)
+    two = ReuseCandidate("shared_blocks", 1, 1, 2000, 5.0)
+    three = ReuseCandidate("shared_blocks", 1, 2, 2400, 4.0)
+    plan = plan_breakpoints([system, one, two, three], ANTHROPIC_RULES)
+    # 2,400 tokens written once; readers sharing one or two blocks read their own end
+    assert [kept.candidate for kept in plan.breakpoints] == [system, one, two, three]
+    savings = {kept.candidate: kept.saving_tokens for kept in plan.breakpoints}
+    assert savings[one] == pytest.approx((6.0 - 5.0) * 0.9 * (1600 - 1200))
+    assert savings[two] == pytest.approx((5.0 - 4.0) * 0.9 * (2000 - 1200))
+    assert all(
+        "no write" in kept.reason for kept in plan.breakpoints if kept.candidate in (one, two)
+    )
+    assert not plan.skipped
+
+
+def test_spare_breakpoints_fill_the_budget_below_the_deepest_write_only() -> None:
+    system = ReuseCandidate("system", 0, 0, 1200, 10.0)
+    one = ReuseCandidate("shared_blocks", 1, 0, 1600, 6.0)
+    two = ReuseCandidate("shared_blocks", 1, 1, 2000, 6.0)  # the same readers as one
+    three = ReuseCandidate("shared_blocks", 1, 2, 2400, 4.0)
+    tail = ReuseCandidate("tail", 1, -1, 2600, 0.9)
+    plan = plan_breakpoints([system, one, two, three, tail], ANTHROPIC_RULES)
+    # two pays most on its own; the tail writes up to 2,600 anyway, so three is free:
+    # its four readers read 400 tokens more than at two; one adds no reader to two's
+    assert [kept.candidate for kept in plan.breakpoints] == [system, two, three, tail]
+    extra = next(kept for kept in plan.breakpoints if kept.candidate is three)
+    assert extra.saving_tokens == pytest.approx(4.0 * 0.9 * (2400 - 2000))
+    assert [skipped.candidate for skipped in plan.skipped] == [one]
+    # nothing is free past the deepest write: without the tail, three stays out
+    plan = plan_breakpoints([system, one, two, three], ANTHROPIC_RULES)
+    assert [kept.candidate for kept in plan.breakpoints] == [system, two]
+
+
 def test_an_end_under_the_minimum_does_not_hide_one_that_pays() -> None:
     short = ReuseCandidate("shared_blocks", 1, 2, 900, 8.0)  # saves more, cannot be cached
     long = ReuseCandidate("shared_blocks", 1, 3, 1100, 2.0)

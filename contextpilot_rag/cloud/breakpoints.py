@@ -21,11 +21,15 @@ to the previous breakpoint kept:
 
 A candidate is kept when the sum is positive and its prefix reaches the model's
 minimum cacheable length. Candidates of one ``kind`` are alternatives (the shared
-blocks may end after any block): the best of them is kept.
+blocks may end after any block): the best of them is kept. Breakpoints the budget
+leaves then go to other ends of the shared blocks before the deepest kept breakpoint,
+which cost no write (the prompt is written once, up to its deepest breakpoint) and add
+entries other requests can read.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -166,9 +170,70 @@ def plan_breakpoints(
             continue
         kept.append(Breakpoint(best, best_saving, _justification(best, best_saving)))
         covered = best.prefix_tokens
+    extra = _free_shared_ends(kept, by_kind.get("shared_blocks", ()), rules, min_tokens)
+    if extra:
+        chosen = {id(b.candidate) for b in extra}
+        skipped = [s for s in skipped if id(s.candidate) not in chosen]
+        kept = sorted([*kept, *extra], key=lambda b: b.candidate.prefix_tokens)
     kept, over = _within_limit(kept, rules.max_breakpoints)
     skipped.extend(over)
     return CachePlan(rules.provider, model, ttl, min_tokens, tuple(kept), tuple(skipped))
+
+
+def _free_shared_ends(
+    kept: Sequence[Breakpoint],
+    group: Sequence[ReuseCandidate],
+    rules: ProviderRules,
+    min_tokens: int,
+) -> list[Breakpoint]:
+    """Breakpoints left in the budget, spent on ends of the shared blocks that cost no
+    write.
+
+    A request writes its prompt once, up to its deepest breakpoint, whatever the
+    breakpoints before it; so an end of the shared blocks before the deepest kept
+    breakpoint (a shared-blocks end, the history or the tail) adds no write, only an
+    entry that other requests sharing exactly those leading blocks can read (a request
+    reads an entry only where an earlier one put a breakpoint). Readers through an end
+    are its ``expected_reads``; those through a deeper kept shared end read that one
+    instead. Ends are added greedily by their marginal saving while it is positive and
+    the budget lasts."""
+    budget = rules.max_breakpoints - len(kept)
+    if budget <= 0 or not kept or not group:
+        return []
+    written_to = max(b.candidate.prefix_tokens for b in kept)
+    floor = max((b.candidate.prefix_tokens for b in kept if b.kind == "system"), default=0)
+    chain = [b.candidate for b in kept if b.kind == "shared_blocks"]
+    options = [
+        c
+        for c in group
+        if floor < c.prefix_tokens < written_to
+        and c.prefix_tokens >= min_tokens
+        and all(c.prefix_tokens != k.prefix_tokens for k in chain)
+    ]
+
+    def value(ends: Sequence[ReuseCandidate]) -> float:
+        ordered = sorted(ends, key=lambda c: c.prefix_tokens)
+        total = 0.0
+        for here, deeper in itertools.zip_longest(ordered, ordered[1:]):
+            readers = here.expected_reads - (deeper.expected_reads if deeper else 0.0)
+            total += max(0.0, readers) * rules.read_saving * (here.prefix_tokens - floor)
+        return total
+
+    added: list[Breakpoint] = []
+    while budget > 0 and options:
+        base = value(chain)
+        gain, best = max(
+            ((value([*chain, c]) - base, c) for c in options),
+            key=lambda pair: (pair[0], pair[1].prefix_tokens),
+        )
+        if gain <= 0:
+            break
+        chain.append(best)
+        options.remove(best)
+        reason = f"saves ~{gain:.0f} input tokens: read by requests sharing these blocks, no write"
+        added.append(Breakpoint(best, gain, reason))
+        budget -= 1
+    return added
 
 
 def _grouped(candidates: Iterable[ReuseCandidate]) -> dict[str, list[ReuseCandidate]]:
