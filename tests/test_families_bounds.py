@@ -34,3 +34,19 @@ def test_the_bound_is_never_negative_per_request() -> None:
     requests = [request("a", 0, "x"), request("b", 0, "x")]
     rows = [(40, [("x", 5)]), (40, [("x", 5)])]  # the second computes nothing: 0, not -15
     assert families.computed_lower_bound(requests, rows) == 45 - families.PAGE_SLACK_TOKENS
+
+
+def outcome(index: int, ours: float, bound: float, reference: float | None) -> families.Outcome:
+    draw = families.Draw(families.ONLINE, index, 0, 2000, 15, 1.0)
+    return families.Outcome(draw, ours, 0.05, bound, ours / bound, reference=reference)
+
+
+def test_a_target_says_whether_the_bounds_allow_it_on_the_held_out_half() -> None:
+    versus, hit_ratio = families.TARGETS[4], families.TARGETS[3]
+    held_out = [outcome(1, 0.40, 0.45, 0.25), outcome(3, 0.50, 0.60, 0.20)]
+    tuning = [outcome(0, 0.10, 0.90, 0.01)]  # ignored: the tuning half
+    cells = versus.cells([*held_out, *tuning])
+    # ours / reference: 1.60x and 2.50x; the bound allows 1.80x and 3.00x at most
+    assert cells[2:] == ("1.60x", "no", "1.80x", "no")
+    assert hit_ratio.cells(held_out)[2:] == ("40.0%", "yes", "45.0%", "yes")
+    assert families.TARGETS[2].cells(held_out)[4:] == ("-", "-")  # a time has no bound
