@@ -60,7 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from lib.report import progress_bars
@@ -108,6 +108,7 @@ class Summary:
     rr_over_this: float = 0.0  # round-robin over the servers
     same_targets_over_this: float = 0.0  # round-robin over this policy's targets (0: not run)
     history_reuse: float | None = None  # multi-turn: see history_reuse()
+    rr_spread: tuple[float, float] | None = None  # --repeats: min and max of rr_over_this
 
     @property
     def cached_share(self) -> float:
@@ -455,6 +456,19 @@ def summary_cells(s: Summary) -> str:
     )
 
 
+def _seeds_spread(repeats: int) -> str:
+    if repeats == 1:
+        return "one run per seed; ratios within each seed's run"
+    return (
+        f"{repeats} runs per seed (a cold fleet each); per seed the median of the runs' "
+        "mean TTFT and of their ratios (each within its run), the ratio's min–max in brackets"
+    )
+
+
+def _range(spread: tuple[float, float] | None) -> str:
+    return "" if spread is None else f" ({spread[0]:.2f}–{spread[1]:.2f}×)"
+
+
 def _share(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -648,9 +662,10 @@ SEEDS_TARGET = 1.5  # issue 22, item 6: combined over round-robin, on every seed
 def seeds_benchmark(
     policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
 ) -> str:
-    """The closed-loop conversations once per seed of ``--seeds`` (each seed its own
-    conversations and pauses, a cold fleet per policy and seed); per seed, round-robin's
-    mean TTFT over each policy's, and the worst seed against the target."""
+    """The closed-loop conversations ``--repeats`` times per seed of ``--seeds`` (each
+    seed its own conversations and pauses, a cold fleet per policy, seed and repeat);
+    per seed, round-robin's mean TTFT over each policy's (the median over the repeats),
+    and the worst seed against the target."""
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     by_seed: dict[int, list[Summary]] = {}
     with progress_bars() as progress:
@@ -658,16 +673,48 @@ def seeds_benchmark(
             seeded = argparse.Namespace(**{**vars(args), "seed": seed})
             workload = conversation_workload(seeded)
             starts = [number * args.stagger_s for number in range(args.users)]
-            rows: list[Row] = []
-            for policy in policies:
-                advance = progress(f"seed {seed}: {policy}", len(workload.requests))
-                rows += run_policy(policy, engine, workload, seeded, advance, starts)
-            by_seed[seed] = with_ratios(
-                [summarise(p, [r for r in rows if r.policy == p]) for p in policies]
-            )
+            runs = []
+            for repeat in range(args.repeats):
+                rows: list[Row] = []
+                for policy in policies:
+                    label = f"seed {seed}: {policy}" + (
+                        f" #{repeat + 1}" if args.repeats > 1 else ""
+                    )
+                    advance = progress(label, len(workload.requests))
+                    rows += run_policy(policy, engine, workload, seeded, advance, starts)
+                runs.append(
+                    with_ratios(
+                        [summarise(p, [r for r in rows if r.policy == p]) for p in policies]
+                    )
+                )
+            by_seed[seed] = combine_repeats(runs)
     if args.json:
         print(json.dumps({seed: [asdict(s) for s in rows] for seed, rows in by_seed.items()}))
     return seeds_markdown(by_seed, policies, args, command)
+
+
+def combine_repeats(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
+    """One summary per policy from repeated runs of one seed (each run's summaries
+    with their ratios): the median of the runs' mean TTFT, of their ratios to the same
+    run's round-robin and of their previous-prompt reuse; ``rr_spread`` the ratio's
+    min and max. One run is returned as it is."""
+    if len(runs) == 1:
+        return list(runs[0])
+    combined = []
+    for first in runs[0]:
+        mine = [next(s for s in run if s.policy == first.policy) for run in runs]
+        ratios = [s.rr_over_this for s in mine]
+        reuse = [s.history_reuse for s in mine if s.history_reuse is not None]
+        combined.append(
+            replace(
+                first,
+                ttft_mean_s=statistics.median(s.ttft_mean_s for s in mine),
+                rr_over_this=statistics.median(ratios),
+                history_reuse=statistics.median(reuse) if reuse else None,
+                rr_spread=(min(ratios), max(ratios)),
+            )
+        )
+    return combined
 
 
 def seeds_markdown(
@@ -684,7 +731,7 @@ def seeds_markdown(
         "## RoutingClient over real llama-server replicas, several seeds: "
         "`benchmarks/llama_server_routing.py --seeds`",
         "",
-        provenance(command, len(by_seed), "one run per seed; ratios within each seed's run"),
+        provenance(command, len(by_seed) * args.repeats, _seeds_spread(args.repeats)),
         "",
         f"{engine_line(args)}; {cache_ram_text(args)}. Workload per seed: {args.users} "
         f"concurrent conversations × {args.turns} turns, {args.k} documents per turn (the "
@@ -701,7 +748,7 @@ def seeds_markdown(
         named = {s.policy: s for s in summaries}
         cells = " | ".join(
             f"{named[p].ttft_mean_s:.2f} | {_share(named[p].history_reuse)} | "
-            f"{_times(named[p].rr_over_this)}"
+            f"{_times(named[p].rr_over_this)}{_range(named[p].rr_spread)}"
             for p in others
         )
         rr = named["round-robin"]
@@ -885,6 +932,13 @@ def parser() -> argparse.ArgumentParser:
         help="multi-turn: run once per seed of this comma-separated list and write the "
         "llama-server-seeds section (every seed's ratios, the worst against the target)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="with --seeds: cold-fleet runs per policy and seed; a seed's ratio is the "
+        "median over them (default 1)",
+    )
     parser.add_argument("--write", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", action="store_true")
@@ -895,6 +949,8 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     arguments = parser()
     args = arguments.parse_args()
+    if args.repeats < 1:
+        arguments.error("--repeats must be at least 1")
     engine = find_llama_server(ROOT)
     if engine is None:
         raise SystemExit("llama-server not found: run benchmarks/engines/build_llama_server.sh")

@@ -71,3 +71,24 @@ def test_the_report_gives_the_worst_seeds_history_reuse() -> None:
     )
     assert "| 1 | 4.00 | 50.0% | 2.00 | 98.0% | 2.00× |" in text
     assert "Previous prompt served from cache on later turns: min 98.0% over the seeds." in text
+
+
+def test_repeated_runs_of_a_seed_give_median_ratios_with_their_range() -> None:
+    runs = [
+        bench.with_ratios([summary("round-robin", 4.5, 0.6), summary("combined", 3.0, 1.0)]),
+        bench.with_ratios([summary("round-robin", 4.0, 0.8), summary("combined", 2.0, 0.98)]),
+        bench.with_ratios([summary("round-robin", 3.0, 0.7), summary("combined", 2.5, 0.96)]),
+    ]
+    combined = {s.policy: s for s in bench.combine_repeats(runs)}["combined"]
+    assert combined.rr_over_this == 1.5  # the median of 1.50×, 2.00× and 1.20×
+    assert combined.rr_spread == (1.2, 2.0)
+    assert combined.ttft_mean_s == 2.5 and combined.history_reuse == 0.98
+    assert bench.combine_repeats(runs[:1]) == runs[0]  # one run: as it is
+    text = bench.seeds_markdown(
+        {0: bench.combine_repeats(runs)},
+        ["round-robin", "combined"],
+        args(repeats=3),
+        "python x",
+    )
+    assert "| 0 | 4.00 | 70.0% | 2.50 | 98.0% | 1.50× (1.20–2.00×) |" in text
+    assert "- runs: 3; spread: 3 runs per seed" in text
