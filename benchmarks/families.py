@@ -257,15 +257,21 @@ def unmodified_prompts(workload: Workload, tokenizer: Tokenizer) -> Iterator[Pro
         )
 
 
+def _coded(rows: Sequence[RequestTokens]) -> tuple[list[list[int]], dict[int, float]]:
+    """The rows' blocks as integer codes (the bounds of ``bench.optimum`` take those),
+    and each code's tokens."""
+    codes: dict[str, int] = {}
+    requests = [[codes.setdefault(b, len(codes)) for b, _ in blocks] for _, blocks in rows]
+    return requests, {codes[b]: float(size) for _, blocks in rows for b, size in blocks}
+
+
 def cached_upper_bound(rows: Sequence[RequestTokens], *, fixed_order: bool) -> float:
     """Cached tokens no plan can exceed (unbounded cache): the head of every request
     but the first, less than one page per request, and the smaller of two bounds on
     the blocks (:mod:`contextpilot_rag.bench.optimum`): each block hits at most once
     fewer than it occurs, and a request hits at most what it shares with one other
     request — an earlier one when the arrival order is fixed (``fixed_order``)."""
-    codes: dict[str, int] = {}
-    requests = [[codes.setdefault(b, len(codes)) for b, _ in blocks] for _, blocks in rows]
-    weights = {codes[b]: float(size) for _, blocks in rows for b, size in blocks}
+    requests, weights = _coded(rows)
     blocks = min(
         seen_before_bound(requests, weights),
         best_partner_bound(requests, weights, earlier_only=fixed_order),
@@ -281,9 +287,7 @@ def computed_lower_bound(requests: Sequence[WorkloadRequest], rows: Sequence[Req
     can hit beyond the head only blocks it shares with one earlier first turn (its best
     partner, ``best_partner_shares``), and a later turn computes every block new to its
     conversation. Less at most one page per request that may match by coincidence."""
-    codes: dict[str, int] = {}
-    coded = [[codes.setdefault(b, len(codes)) for b, _ in blocks] for _, blocks in rows]
-    sizes = {codes[b]: size for _, blocks in rows for b, size in blocks}
+    coded, sizes = _coded(rows)
     firsts = [number for number, request in enumerate(requests) if request.turn == 0]
     partner = dict(
         zip(

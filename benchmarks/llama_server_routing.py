@@ -637,18 +637,31 @@ def conversation_workload(args: argparse.Namespace) -> Workload:
     )
 
 
+def closed_loop(
+    policies: Sequence[str],
+    engine: LlamaEngine,
+    args: argparse.Namespace,
+    progress: Callable[[str, int], Callable[[], None]],
+    label: str = "",
+) -> tuple[list[Row], list[Summary]]:
+    """The closed-loop conversations of ``args`` (its seed) under every policy, each
+    on a cold fleet: every request's row, and each policy's summary with its ratios.
+    ``label`` prefixes the progress bars."""
+    workload = conversation_workload(args)
+    starts = [number * args.stagger_s for number in range(args.users)]
+    rows: list[Row] = []
+    for policy in policies:
+        advance = progress(f"{label}{policy}", len(workload.requests))
+        rows += run_policy(policy, engine, workload, args, advance, starts)
+    return rows, with_ratios([summarise(p, [r for r in rows if r.policy == p]) for p in policies])
+
+
 def multiturn_benchmark(
     policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
 ) -> str:
     """Run the closed-loop conversations under every policy; their section."""
-    workload = conversation_workload(args)
-    starts = [number * args.stagger_s for number in range(args.users)]
-    rows: list[Row] = []
     with progress_bars() as progress:
-        for policy in policies:
-            advance = progress(policy, len(workload.requests))
-            rows += run_policy(policy, engine, workload, args, advance, starts)
-    summaries = with_ratios([summarise(p, [r for r in rows if r.policy == p]) for p in policies])
+        rows, summaries = closed_loop(policies, engine, args, progress)
     if args.plot:
         plot(summaries, rows, args.plot)
     if args.json:
@@ -671,22 +684,10 @@ def seeds_benchmark(
     with progress_bars() as progress:
         for seed in seeds:
             seeded = argparse.Namespace(**{**vars(args), "seed": seed})
-            workload = conversation_workload(seeded)
-            starts = [number * args.stagger_s for number in range(args.users)]
             runs = []
             for repeat in range(args.repeats):
-                rows: list[Row] = []
-                for policy in policies:
-                    label = f"seed {seed}: {policy}" + (
-                        f" #{repeat + 1}" if args.repeats > 1 else ""
-                    )
-                    advance = progress(label, len(workload.requests))
-                    rows += run_policy(policy, engine, workload, seeded, advance, starts)
-                runs.append(
-                    with_ratios(
-                        [summarise(p, [r for r in rows if r.policy == p]) for p in policies]
-                    )
-                )
+                label = f"seed {seed}" + (f" #{repeat + 1}" if args.repeats > 1 else "") + ": "
+                runs.append(closed_loop(policies, engine, seeded, progress, label)[1])
             by_seed[seed] = combine_repeats(runs)
     if args.json:
         print(json.dumps({seed: [asdict(s) for s in rows] for seed, rows in by_seed.items()}))
