@@ -4,8 +4,10 @@ the report is built from summaries)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import llama_server_routing as bench
+import pytest
 
 
 def summary(policy: str, mean_s: float, reuse: float | None = 1.0) -> bench.Summary:
@@ -92,3 +94,14 @@ def test_repeated_runs_of_a_seed_give_median_ratios_with_their_range() -> None:
     )
     assert "| 0 | 4.00 | 70.0% | 2.50 | 98.0% | 1.50× (1.20–2.00×) |" in text
     assert "- runs: 3; spread: 3 runs per seed" in text
+
+
+def test_repeats_below_one_is_refused_before_any_engine_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["llama_server_routing.py", "--seeds", "0", "--repeats", "0"])
+    monkeypatch.setattr(bench, "find_llama_server", lambda root: pytest.fail("engine looked up"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2
+    assert "--repeats must be at least 1" in capsys.readouterr().err
