@@ -44,6 +44,7 @@ from ..sim.provider_cache import (
 from ..sim.replay import synthetic_answer
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens
+from .cloud_bound import least_input_cost
 from .cloud_workloads import FAMILIES, CloudWorkload, TimedRequest, cloud_workload
 
 __all__ = [
@@ -104,6 +105,7 @@ class CloudRun:
     description: str
     arms: tuple[ArmCost, ...]
     baselines: tuple[str, ...]
+    least_cost_usd: float = 0.0  # :func:`~.cloud_bound.least_input_cost`; 0: not computed
 
     def arm(self, name: str) -> ArmCost:
         return next(arm for arm in self.arms if arm.name == name)
@@ -121,6 +123,12 @@ class CloudRun:
     def ratio(self) -> float:
         """Baseline input cost / ours (> 1: ours is cheaper)."""
         return self.baseline.cost_usd / self.ours.cost_usd if self.ours.cost_usd else 0.0
+
+    @property
+    def bound(self) -> float:
+        """Baseline input cost / the least any strategy could pay: the largest
+        :attr:`ratio` reachable on this workload (0 when not computed)."""
+        return self.baseline.cost_usd / self.least_cost_usd if self.least_cost_usd else 0.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,10 @@ class _TokenCache:
             found = array("i", self._tokenizer.encode(text))
             self._ids[text] = found
         return found
+
+    def count(self, text: str) -> int:
+        """The number of tokens of ``text``."""
+        return len(self.ids(text))
 
     def learn(self, prompt: Prompt) -> None:
         """Encode ``prompt``'s messages from their content blocks."""
@@ -392,7 +404,7 @@ def run_cloud_workload(
         _replay(prompts, [arm], tokens, _ticker(progress, f"{label}: ours, {provider}", workload))
         ours[provider] = arm
     return [
-        _run(workload, provider, models[provider], baselines, ours[provider])
+        _run(workload, provider, models[provider], baselines, ours[provider], tokens)
         for provider in providers
     ]
 
@@ -403,9 +415,11 @@ def _run(
     model: str,
     baselines: Sequence[_AnthropicArm | _OpenAIArm],
     ours: _AnthropicArm | _OpenAIArm,
+    tokens: _TokenCache,
 ) -> CloudRun:
     names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
+    least = least_input_cost(workload, ours.tally.price, tokens.count)
     return CloudRun(
         workload.family,
         workload.seed,
@@ -414,6 +428,7 @@ def _run(
         workload.description,
         (*arms, ours.tally.result()),
         names,
+        least,
     )
 
 

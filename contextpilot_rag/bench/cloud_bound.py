@@ -1,0 +1,104 @@
+"""The least input cost any prompt strategy could pay for a cloud workload: a lower
+bound that tells which cost targets are reachable at all.
+
+Whatever the strategy, every request must give the model what the unmodified request
+gives it: the system prompt, every document its conversation has retrieved so far
+(this turn's and earlier turns'), and every question and answer so far. Call each of
+these texts a *unit*. Two bounds hold for any strategy, and the larger is reported:
+
+* **per unit**: let ``k`` be the number of requests that must carry a unit (over the
+  whole workload, so a document two conversations retrieve counts once). It costs at
+  least ``input`` per token when ``k = 1``, and ``min(k · input, write + (k − 1) ·
+  read)`` when ``k > 1`` (sent uncached every time, or written once and read back
+  every later time; on OpenAI a write costs ``input``);
+* **per request** (prefix-aware): a request reads from the cache one prefix of *one*
+  earlier request's prompt (a cache entry is a prefix some request wrote), so it reads
+  at most the units it shares with its best earlier partner; every token it carries
+  costs at least ``input``, less what reading it saves. A token of a unit read ``m``
+  times saves ``input − read`` each time, but the unit was written once at the
+  premium ``write − input``, so each read saves at most ``input − read − (write −
+  input) / (k − 1)`` (``m ≤ k − 1``), and nothing when that is negative. Each request
+  is credited the most its best partner's shared units could save.
+
+Both are optimistic everywhere a rule could only add cost: no time-to-live, no
+minimum cacheable prefix or 128-token step, no order inside a prompt, no markup,
+notes or labels, each unit's tokens counted on its own text. No strategy that keeps
+the same information in its prompts pays less, so ``baseline / bound`` is the most
+any strategy could save against the baseline.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from ..cloud import ModelPrice
+from ..sim.replay import synthetic_answer
+from .cloud_workloads import CloudWorkload
+
+__all__ = ["least_input_cost", "required_units"]
+
+
+def required_units(workload: CloudWorkload) -> list[tuple[str, ...]]:
+    """The units (texts) each request must carry, in send order (see the module
+    docstring): the system prompt first, each unit once however often retrieved."""
+    carried: list[tuple[str, ...]] = []
+    history: dict[str, tuple[str, ...]] = {}  # conversation -> its units so far
+    for timed in workload.requests:
+        request = timed.request
+        earlier = history.get(request.session, ()) if request.session is not None else ()
+        units = dict.fromkeys([workload.system_prompt, *earlier])
+        units.update(dict.fromkeys(workload.corpus[doc_id] for doc_id in request.doc_ids))
+        units[request.query] = None
+        carried.append(tuple(units))
+        if request.session is not None:
+            history[request.session] = (*units, synthetic_answer(request))
+    return carried
+
+
+def _per_unit(carried: list[tuple[str, ...]], price: ModelPrice, tokens: Counter[str]) -> float:
+    write = _write(price)
+    counts = Counter(unit for units in carried for unit in units)
+    total = 0.0
+    for unit, k in counts.items():
+        per_token = (
+            price.input if k == 1 else min(k * price.input, write + (k - 1) * price.cache_read)
+        )
+        total += tokens[unit] * per_token
+    return total
+
+
+def _per_request(carried: list[tuple[str, ...]], price: ModelPrice, tokens: Counter[str]) -> float:
+    premium = _write(price) - price.input
+    counts = Counter(unit for units in carried for unit in units)
+    saving = {
+        unit: tokens[unit] * max(0.0, price.input - price.cache_read - premium / (k - 1))
+        for unit, k in counts.items()
+        if k > 1
+    }
+    holders: defaultdict[str, list[int]] = defaultdict(list)  # unit -> earlier requests
+    total = 0.0
+    for number, units in enumerate(carried):
+        saved: defaultdict[int, float] = defaultdict(float)
+        for unit in units:
+            for earlier in holders[unit]:
+                saved[earlier] += saving[unit]
+        total += sum(tokens[unit] for unit in units) * price.input - max(saved.values(), default=0)
+        for unit in units:
+            holders[unit].append(number)
+    return total
+
+
+def _write(price: ModelPrice) -> float:
+    """A cache write's price per token (``input`` where there is no premium)."""
+    return price.cache_write_5m if price.cache_write_5m is not None else price.input
+
+
+def least_input_cost(
+    workload: CloudWorkload, price: ModelPrice, count_tokens: Callable[[str], int]
+) -> float:
+    """The larger of the two lower bounds of the module docstring, in USD (``price``
+    per million tokens, ``count_tokens`` the tokenizer's length of a text)."""
+    carried = required_units(workload)
+    tokens = Counter({unit: count_tokens(unit) for units in carried for unit in units})
+    return max(_per_unit(carried, price, tokens), _per_request(carried, price, tokens)) / 1e6

@@ -1,0 +1,73 @@
+"""The least input cost any strategy could pay (``bench.cloud_bound``): by hand on a
+tiny workload, and never above what a real arm of the benchmark pays."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextpilot_rag.bench.cloud_bound import least_input_cost, required_units
+from contextpilot_rag.bench.cloud_report import checks, markdown
+from contextpilot_rag.bench.cloud_suite import CloudSuiteResult, run_cloud_workload
+from contextpilot_rag.bench.cloud_workloads import CloudWorkload, TimedRequest, cloud_workload
+from contextpilot_rag.bench.workloads import WorkloadRequest
+from contextpilot_rag.cloud import ModelPrice
+from contextpilot_rag.sim.replay import synthetic_answer
+
+SYSTEM, DOC_A, DOC_B = "S" * 10, "A" * 100, "B" * 50
+SIZES = {SYSTEM: 10, DOC_A: 100, DOC_B: 50, "q0": 5, "q1": 5, "q2": 5}  # answers: 0
+
+
+def _tiny() -> CloudWorkload:
+    """c1 asks twice (its second turn retrieves A again, and B); c2 once, with A and B."""
+    turns = [
+        (WorkloadRequest(("a",), "q0", "c1", 0), "c1"),
+        (WorkloadRequest(("a", "b"), "q1", "c2", 0), "c2"),
+        (WorkloadRequest(("b", "a"), "q2", "c1", 1), "c1"),
+    ]
+    requests = tuple(TimedRequest(r, float(i), user) for i, (r, user) in enumerate(turns))
+    return CloudWorkload(
+        "multi-turn", 0, "tiny", {"a": DOC_A, "b": DOC_B}, requests, system_prompt=SYSTEM
+    )
+
+
+def test_each_request_carries_its_conversation_so_far_once() -> None:
+    first = WorkloadRequest(("a",), "q0", "c1", 0)
+    assert required_units(_tiny()) == [
+        (SYSTEM, DOC_A, "q0"),
+        (SYSTEM, DOC_A, DOC_B, "q1"),
+        (SYSTEM, DOC_A, "q0", synthetic_answer(first), DOC_B, "q2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("write", "expected"),
+    [
+        # per request: r0 pays 115; r1 165 less its savings shared with r0 (S, A at
+        # 0.9 - 0.25/2 each) = 79.75; r2 170 less the best partner r1 (S, A, B at 0.65)
+        # = 52.25; the per-text bound (243.75) is lower
+        (1.25, 247.0),
+        # no write premium: r0 115, r1 165 - 0.9 * 110, r2 170 - 0.9 * 160
+        (None, 207.0),
+    ],
+)
+def test_the_bound_by_hand(write: float | None, expected: float) -> None:
+    price = ModelPrice("anthropic", "m", input=1.0, cache_read=0.1, cache_write_5m=write)
+    least = least_input_cost(_tiny(), price, lambda text: SIZES.get(text, 0))
+    assert least * 1e6 == pytest.approx(expected)
+
+
+def test_no_arm_pays_less_than_the_bound() -> None:
+    for family, scale in (("multi-turn", 0.04), ("multi-session", 0.02)):
+        for run in run_cloud_workload(cloud_workload(family, 1, scale=scale)):
+            assert run.least_cost_usd > 0
+            assert all(arm.cost_usd >= run.least_cost_usd for arm in run.arms)
+            assert run.bound >= run.ratio
+
+
+def test_the_report_says_whether_each_target_is_within_the_bound() -> None:
+    runs = tuple(run_cloud_workload(cloud_workload("multi-turn", 2, scale=0.04)))
+    result = CloudSuiteResult(runs, {"multi-turn": (2,)}, {}, 0.04)
+    for check in checks(result):
+        reachable = min(check.bounds) >= 1.6
+        assert check.within_bound == ("yes" if reachable else "no")
+    assert "within the bound" in markdown(result) and "ours of bound" in markdown(result)
