@@ -2,11 +2,14 @@
 
     python benchmarks/engine.py --write docs/benchmarks.md --plot docs/img/engine_suite.png
     python benchmarks/engine.py --engine llama-server ...        # llama.cpp instead of vLLM
+                                                       # (section engine-suite-llama-server)
     python benchmarks/engine.py --endpoint URL --model NAME ...  # any running server
 
 Installs the engine on first use (``contextpilot_rag.engines``), starts it on
 loopback, runs online, batch, multi-turn and the LangChain path (each arm on a reset
-cache, requests one at a time), stops it, and writes the ``engine-suite`` section:
+cache, requests one at a time), stops it, and writes the ``engine-suite`` section
+(``engine-suite-llama-server`` with ``--engine llama-server``,
+``engine-suite-endpoint`` with ``--endpoint``; ``--section`` names another):
 per arm mean/p95 TTFT, prefill time, the engine's cached and computed tokens, the
 simulated prediction for the same token ids, and the issue's targets. One run: the
 ratios compare arms measured back to back on one engine.
@@ -36,6 +39,15 @@ from contextpilot_rag.bench.engine_report import (
 SECTION = "engine-suite"
 
 
+def section_name(args: argparse.Namespace) -> str:
+    """``--section``, else the section of the engine the run used."""
+    if args.section:
+        return str(args.section)
+    if args.endpoint:
+        return f"{SECTION}-endpoint"
+    return SECTION if args.engine == "vllm" else f"{SECTION}-{args.engine}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_arguments(parser)
@@ -44,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="docs file to write the section into")
     parser.add_argument("--plot", type=Path, help="PNG of the results")
     parser.add_argument("--json", type=Path, help="raw results as JSON")
+    parser.add_argument("--section", help="generated section to write (default: by engine)")
     args = parser.parse_args(argv)
     console = Console()
     workloads = [w for w in args.workloads.split(",") if w]
@@ -65,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         body = provenance(command.strip(), 1, "one run; ratios within the run")
         if plotted:
             body += f"\n\n![real-engine suite]({args.plot.relative_to(args.write.parent)})"
-        write_section(args.write, SECTION, body + "\n\n" + markdown(result))
-        console.print(f"wrote section {SECTION} of {args.write}")
+        section = section_name(args)
+        write_section(args.write, section, body + "\n\n" + markdown(result))
+        console.print(f"wrote section {section} of {args.write}")
     if args.json:
         console.print(json.dumps({"json": str(args.json)}))
     return 0

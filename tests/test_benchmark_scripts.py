@@ -3,6 +3,7 @@ sections, and use only the package's public names."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import re
@@ -10,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import bench
+import engine
 import families
 import soak
 from lib.sections import begin_marker, end_marker
+
+from contextpilot_rag.bench.commands import add_engine_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,6 +118,19 @@ def _python_files() -> list[Path]:
     return sorted(
         [*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "contextpilot_rag").rglob("*.py")]
     )
+
+
+def test_the_engine_suite_writes_one_section_per_engine() -> None:
+    def section(*argv: str) -> str:
+        parser = argparse.ArgumentParser()
+        add_engine_arguments(parser)
+        parser.add_argument("--section")
+        return engine.section_name(parser.parse_args(list(argv)))
+
+    assert section() == "engine-suite"  # vLLM, the issue's engine
+    assert section("--engine", "llama-server") == "engine-suite-llama-server"
+    assert section("--endpoint", "http://127.0.0.1:8000", "--model", "m") == "engine-suite-endpoint"
+    assert section("--engine", "llama-server", "--section", "mine") == "mine"
 
 
 def test_no_python_code_is_kept_in_a_string_and_run_with_dash_c() -> None:

@@ -102,6 +102,7 @@ def test_small_family_run_writes_its_section_with_targets(tmp_path: Path) -> Non
     section = conversation_routing.SECTION
     assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
     assert "p95 E2E vs best baseline, worst held-out | <= -15%" in text
-    for policy in ("combined", "round-robin", "ranvier", "laar"):
+    for policy in ("combined", "round-robin", "ranvier", "laar", conversation_routing.TAIL):
         assert f"| {policy} |" in text
+    assert "| measure | target | combined (default) | met | E2E tail weighting | met |" in text
     assert "| 1 | held-out | 600 |" in text

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contextpilot_rag.bench.engine_suite import engine_tokenizer
 from contextpilot_rag.cli import main
 from contextpilot_rag.engines import (
     MODELS,
@@ -81,7 +82,17 @@ STAND_IN = textwrap.dedent(
                 self.reply(404, "{}")
 
         def do_POST(self):
-            self.reply(200 if self.path == "/reset_prefix_cache" else 404, "{}")
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path == "/apply-template":  # llama-server's chat template
+                text = " ".join(m["role"] + ": " + m["content"] for m in body["messages"])
+                self.reply(200, json.dumps({"prompt": text + " assistant:"}))
+            elif self.path == "/tokenize":  # llama-server's: word lengths, [1] = BOS
+                words = [len(w) for w in str(body.get("content", "")).split()]
+                special = [1] if body.get("add_special") else []
+                self.reply(200, json.dumps({"tokens": special + words}))
+            else:
+                self.reply(200 if self.path == "/reset_prefix_cache" else 404, "{}")
 
         def log_message(self, *args):
             pass
@@ -245,6 +256,43 @@ def test_start_waits_for_health_and_stop_ends_the_server_and_its_child(
         engine.stop()
     assert wait_until_gone([engine.pid, pids["server"], pids["child"]], timeout_s=1.0) == []
     assert group_members(engine.pid) == []
+
+
+def test_a_llama_server_reset_restarts_the_same_command_on_the_same_port(
+    stand_in: StandIn,
+) -> None:
+    engine = launch_engine(stand_in.spec(kind="llama-server", ready_after_s=0.2))
+    try:
+        first, leader, port = stand_in.pids(), engine.pid, engine.port
+        assert engine.reset_prefix_cache() is True  # no global reset: a cold restart
+        assert wait_until_gone([leader, first["server"], first["child"]]) == []
+        second = stand_in.pids()
+        assert second["server"] != first["server"] and engine.pid != leader
+        assert engine.port == port and engine.healthy()
+        assert set(group_members(engine.pid)) == {engine.pid, second["server"], second["child"]}
+    finally:
+        engine.stop()
+    assert wait_until_gone([engine.pid, second["server"], second["child"]]) == []
+
+
+def test_the_suite_tokenizes_with_llama_servers_template_and_tokenizer(
+    stand_in: StandIn,
+) -> None:
+    engine = launch_engine(stand_in.spec(kind="llama-server", ready_after_s=0.2))
+    try:
+        with httpx.Client(timeout=10) as http:
+            found = engine_tokenizer(http, engine.base_url, engine.model_name)
+            assert found is not None  # the vLLM form gets no tokens: llama-server's is used
+            chat, text = found
+            messages = [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+            ]
+            # "system: be brief user: hi assistant:" with the BOS the server adds to chats
+            assert chat(messages) == [1, 7, 2, 5, 5, 2, 10]
+            assert text("an answer") == [2, 6] and text("") == []
+    finally:
+        engine.stop()
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(
@@ -614,5 +662,9 @@ def test_llama_server_serves_smollm2_and_stops_cleanly() -> None:
         assert models["data"][0]["id"] == "smollm2-135m-instruct"
         first = chat(engine, prompt)
         assert cached_tokens(chat(engine, prompt)) >= int(str(first["prompt_tokens"])) // 2
-        assert engine.reset_prefix_cache() is False  # llama-server has no global reset
+        restarted_from = tree
+        assert engine.reset_prefix_cache() is True  # a restart: slots and host cache empty
+        assert cached_tokens(chat(engine, prompt)) == 0
+        assert wait_until_gone(restarted_from, timeout_s=5.0) == []
+        tree = [engine.pid, *descendants(engine.pid)]
     assert wait_until_gone(tree, timeout_s=5.0) == []

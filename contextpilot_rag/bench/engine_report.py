@@ -24,6 +24,7 @@ from .engine_suite import (
     Tick,
     WorkloadRun,
     engine_tokenizer,
+    predicted_capacity,
     run_workload,
     simulate_family,
 )
@@ -222,7 +223,7 @@ def _families(
                 seeds,
                 tokenize[0],
                 block_size=engine.block_size,
-                capacity_tokens=engine.kv_cache_tokens,
+                capacity_tokens=predicted_capacity(engine)[0],
             )
             for name, build, size in shapes
         ]

@@ -39,6 +39,7 @@ __all__ = [
     "Sent",
     "WorkloadRun",
     "engine_tokenizer",
+    "predicted_capacity",
     "run_workload",
     "send_chat",
     "simulate_family",
@@ -194,31 +195,47 @@ def _root(base_url: str) -> str:
 def engine_tokenizer(
     http: httpx.Client, base_url: str, model: str
 ) -> tuple[Tokenize, TokenizeText] | None:
-    """vLLM's ``POST /tokenize``: the chat template applied as for
+    """The engine's own tokenizer: the chat template applied as for
     ``/v1/chat/completions`` (generation prompt included), and plain text (for the
-    answers the engine generated). ``None`` when the engine has no such endpoint."""
-    url = f"{_root(base_url)}/tokenize"
+    answers the engine generated). vLLM: ``POST /tokenize`` with ``messages``;
+    llama-server: ``POST /apply-template``, then ``POST /tokenize`` of its prompt.
+    ``None`` when the engine has neither."""
+    root = _root(base_url)
 
-    def call(body: dict[str, Any]) -> list[int]:
-        response = http.post(url, json={"model": model, **body})
+    def tokens(path: str, body: dict[str, Any]) -> list[int]:
+        response = http.post(f"{root}{path}", json=body)
         response.raise_for_status()
-        tokens = response.json().get("tokens")
-        if not isinstance(tokens, list):
-            raise InvalidInputError(f"{url} answered without 'tokens'")
-        return [int(t) for t in tokens]
+        found = response.json().get("tokens")
+        if not isinstance(found, list):
+            raise InvalidInputError(f"{root}{path} answered without 'tokens'")
+        return [int(t) for t in found]
 
-    try:
-        call({"prompt": "probe", "add_special_tokens": False})
-    except (httpx.HTTPError, InvalidInputError, ValueError):
-        return None
+    def vllm_text(text: str) -> list[int]:
+        return tokens("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
 
-    def chat(messages: Messages) -> list[int]:
-        return call({"messages": messages, "add_generation_prompt": True})
+    def vllm_chat(messages: Messages) -> list[int]:
+        body = {"model": model, "messages": messages, "add_generation_prompt": True}
+        return tokens("/tokenize", body)
 
-    def text(answer: str) -> list[int]:
-        return call({"prompt": answer, "add_special_tokens": False}) if answer else []
+    def llama_text(text: str, special: bool = False) -> list[int]:
+        return tokens("/tokenize", {"content": text, "add_special": special})
 
-    return chat, text
+    def llama_chat(messages: Messages) -> list[int]:
+        response = http.post(f"{root}/apply-template", json={"messages": messages})
+        response.raise_for_status()
+        prompt = response.json().get("prompt")
+        if not isinstance(prompt, str):
+            raise InvalidInputError(f"{root}/apply-template answered without 'prompt'")
+        return llama_text(prompt, special=True)
+
+    for chat, text in ((vllm_chat, vllm_text), (llama_chat, llama_text)):
+        try:
+            if not text("probe"):
+                continue  # an endpoint that ignored the request's fields
+        except (httpx.HTTPError, InvalidInputError, ValueError):
+            continue
+        return chat, lambda answer, text=text: text(answer) if answer else []
+    return None
 
 
 def send_chat(
@@ -296,13 +313,16 @@ def run_workload(
         if tokenize is not None and block_size is None:
             notes.append("engine block size unknown: no simulated prediction")
             tokenize = None
+        capacity, note = predicted_capacity(engine)
+        if note:
+            notes.append(note)
         arms = []
         for arm in workload.arms:
             reset = engine.reset_prefix_cache()
             if not reset:
                 notes.append(f"{arm.name}: the engine's cache could not be reset")
             cache = (
-                PrefixCacheModel(block_size=block_size, capacity_tokens=engine.kv_cache_tokens)
+                PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
                 if tokenize is not None and block_size is not None
                 else None
             )
@@ -329,6 +349,20 @@ def run_workload(
         tuple(dict.fromkeys(notes)),
         workload.pairs,
     )
+
+
+def predicted_capacity(engine: EngineTarget) -> tuple[int | None, str]:
+    """The prefix-cache capacity the prediction replays the prompts through (``None``:
+    unbounded), and a note saying why when it is not the engine's KV cache. llama-server
+    keeps earlier prompts in host memory (``--cache-ram``) beyond its slots and restores
+    the best-matching one, so its reuse is that of an unbounded token-level cache."""
+    if getattr(engine, "kind", None) == "llama-server":
+        note = (
+            "llama-server keeps earlier prompts in host memory (--cache-ram) and restores "
+            "the best match: predicted with an unbounded prefix cache"
+        )
+        return None, note
+    return engine.kv_cache_tokens, ""
 
 
 def _with_prediction(sent: Sent, predicted: int, tokenized: int, notes: list[str]) -> Sent:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -38,6 +39,7 @@ __all__ = [
 
 _WATCHDOG = Path(__file__).with_name("_watchdog.py")
 _FORBIDDEN_FLAGS = ("--host", "--port")
+_PORT_RELEASE_S = 10.0  # how long a restart waits for the stopped engine's port
 
 
 def check_loopback(host: str) -> str:
@@ -55,8 +57,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _port_is_free(port: int) -> bool:
+def _port_is_free(port: int, *, reuse: bool = False) -> bool:
+    """Whether ``port`` on loopback can be bound; ``reuse``: as a server with
+    ``SO_REUSEADDR`` binds it (connections of a stopped server in TIME_WAIT do not
+    count, a listener does)."""
     with socket.socket() as probe:
+        if reuse:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -141,7 +148,9 @@ def launch_engine(spec: LaunchSpec) -> RunningEngine:
     return engine
 
 
-def _spawn(spec: LaunchSpec) -> RunningEngine:
+def _start_process(spec: LaunchSpec) -> tuple[subprocess.Popen[bytes], int]:
+    """``spec.command`` started under the watchdog, its output appended to the log;
+    the process and where its output starts in the log."""
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     watchdog = [sys.executable, str(_WATCHDOG), "--parent", str(os.getpid())]
     with spec.log_path.open("ab") as log:
@@ -156,6 +165,11 @@ def _spawn(spec: LaunchSpec) -> RunningEngine:
             env={**os.environ, **spec.env},
             start_new_session=True,
         )
+    return process, log_offset
+
+
+def _spawn(spec: LaunchSpec) -> RunningEngine:
+    process, log_offset = _start_process(spec)
     engine = RunningEngine(
         kind=spec.kind,
         model_name=spec.model_name,
@@ -168,9 +182,29 @@ def _spawn(spec: LaunchSpec) -> RunningEngine:
         stop_grace_s=spec.stop_grace_s,
         kv_events=spec.kv_events,
         on_release=_ATTACHED.discard,
+        relaunch=functools.partial(_relaunch, spec),
     )
     _ATTACHED.add(engine)
     return engine
+
+
+def _relaunch(spec: LaunchSpec, engine: RunningEngine) -> None:
+    """Start ``spec.command`` again for ``engine`` (stopped) on the same port and wait
+    until it serves; on failure the new process is stopped before the error
+    propagates."""
+    deadline = time.monotonic() + _PORT_RELEASE_S
+    while not _port_is_free(spec.port, reuse=True):
+        if time.monotonic() > deadline:
+            raise EngineStartError(f"port {spec.port} on 127.0.0.1 was not released")
+        time.sleep(0.1)
+    process, log_offset = _start_process(spec)
+    engine._replace_process(process, log_offset)
+    _ATTACHED.add(engine)
+    try:
+        _wait_until_serving(engine, spec)
+    except BaseException:
+        engine.stop()
+        raise
 
 
 def read_log(path: Path, offset: int = 0) -> str:

@@ -114,6 +114,7 @@ class RunningEngine:
         stop_grace_s: float,
         kv_events: KVEventPorts | None = None,
         on_release: Callable[[RunningEngine], None] | None = None,
+        relaunch: Callable[[RunningEngine], None] | None = None,
     ) -> None:
         self.kind = kind
         self.model_name = model_name
@@ -127,6 +128,7 @@ class RunningEngine:
         self._process = process
         self._stop_grace_s = stop_grace_s
         self._on_release = on_release
+        self._relaunch = relaunch
         self._stopped = False
 
     @property
@@ -161,11 +163,33 @@ class RunningEngine:
 
     def reset_prefix_cache(self) -> bool:
         """vLLM: ``POST /reset_prefix_cache`` (the server runs with
-        ``VLLM_SERVER_DEV_MODE=1``). llama-server has no global reset: ``False``."""
-        if self.kind != "vllm":
-            return False
-        with _loopback_client() as client:
-            return client.post(f"{self.root_url}/reset_prefix_cache").status_code == 200
+        ``VLLM_SERVER_DEV_MODE=1``). llama-server has no global reset (its slots and
+        its host-memory prompt cache keep earlier prompts): it is restarted
+        (:meth:`restart`, about a second for the small models). ``False`` when the
+        engine cannot be reset."""
+        if self.kind == "vllm":
+            with _loopback_client() as client:
+                return client.post(f"{self.root_url}/reset_prefix_cache").status_code == 200
+        if self.kind == "llama-server" and self._relaunch is not None:
+            self.restart()
+            return True
+        return False
+
+    def restart(self) -> None:
+        """Stop the engine and start the same command on the same port: a cold engine
+        (every cache empty) behind the same URL, stopped at exit like the first.
+        Raises :class:`ConfigError` for an engine that cannot be started again and
+        :class:`~.errors.EngineStartError` when it does not come back."""
+        if self._relaunch is None:
+            raise ConfigError(f"{self!r} was not started with a command to start again")
+        self.stop()
+        self._relaunch(self)
+
+    def _replace_process(self, process: subprocess.Popen[bytes], log_offset: int) -> None:
+        """Adopt the process a restart started (called by the launcher only)."""
+        self._process = process
+        self.log_offset = log_offset
+        self._stopped = False
 
     def detach(self) -> None:
         """Let the engine outlive this process: the watchdog stops watching it and

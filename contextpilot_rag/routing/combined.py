@@ -51,6 +51,16 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   trading a request's TTFT for the fleet's decode time is allowed only up to the
   current tail.
 
+**E2E tail weighting** (``tail_quantile``, off by default). The cost above adds up
+seconds of every request alike: it minimises the mean. A p95 end-to-end latency is made
+by the requests with the longest answers, so with ``tail_quantile`` set, a request whose
+``expected_output_tokens`` is at least that quantile of the recent requests' (the *tail*
+requests) counts in full, and every other request's decode time counts
+``tail_discount`` of it: in its own cost, and as a decoder ``x``'s prefill would delay
+(``harm`` counts the running tail decoders, plus ``tail_discount`` per other one). TTFT
+and ``queue_harm`` always count in full. Short answers then go where they delay no long
+one, and long answers go where few prefills will interrupt them.
+
 **Late binding** (``hold_wait_s``): when the caller can hold a request
 (``RouteRequest.may_hold``) and even its best option would wait more than
 ``hold_wait_s`` for the replica's prefill unit, the decision is a hold
@@ -108,7 +118,8 @@ class CombinedConfig:
     remembered (outcomes lost beyond it). ``recorded_boundaries``: boundaries recorded
     per dispatch. ``warm_retries``: warm the likely retry's replica. ``hold_wait_s``
     (``None``: no late binding) and ``max_hold_s``: when to hold a request, and how
-    long at most."""
+    long at most. ``tail_quantile`` (``None``: off) and ``tail_discount``: the E2E
+    tail weighting."""
 
     externality_weight: float = 1.0
     queue_externality_weight: float = 1.0
@@ -123,6 +134,8 @@ class CombinedConfig:
     warm_retries: bool = True
     hold_wait_s: float | None = 1.0
     max_hold_s: float = 60.0
+    tail_quantile: float | None = None
+    tail_discount: float = 0.1
 
     def __post_init__(self) -> None:
         if self.externality_weight < 0 or self.queue_externality_weight < 0:
@@ -138,6 +151,10 @@ class CombinedConfig:
             raise ConfigError("max_tracked, ttft_window >= 1 and recorded_boundaries >= 2 needed")
         if (self.hold_wait_s is not None and self.hold_wait_s < 0) or self.max_hold_s < 0:
             raise ConfigError("hold_wait_s (or None) and max_hold_s must be >= 0")
+        if self.tail_quantile is not None and not 0 < self.tail_quantile < 1:
+            raise ConfigError("tail_quantile must be in (0, 1) or None")
+        if not 0 <= self.tail_discount <= 1:
+            raise ConfigError(f"tail_discount must be in [0, 1], got {self.tail_discount}")
 
 
 class CombinedOptions(TypedDict, total=False):
@@ -157,6 +174,8 @@ class CombinedOptions(TypedDict, total=False):
     warm_retries: bool
     hold_wait_s: float | None
     max_hold_s: float
+    tail_quantile: float | None
+    tail_discount: float
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(CombinedConfig))
@@ -175,8 +194,9 @@ class _ReplicaModel:
     """The router's model of one replica, from its own dispatches.
 
     Invariants: ``pending_tokens`` is the sum of prompt tokens in ``pending``;
-    ``decode_ends`` is sorted; ``context_tokens`` is the prompt tokens of this
-    router's in-flight requests on the replica."""
+    ``decode_ends`` and ``tail_ends`` (the tail requests' among them) are sorted;
+    ``context_tokens`` is the prompt tokens of this router's in-flight requests on the
+    replica."""
 
     __slots__ = (
         "context_tokens",
@@ -187,6 +207,7 @@ class _ReplicaModel:
         "pending",
         "pending_s",
         "pending_tokens",
+        "tail_ends",
     )
 
     def __init__(self) -> None:
@@ -196,6 +217,7 @@ class _ReplicaModel:
         self.head_since = 0.0  # when the oldest pending prompt started prefilling (estimate)
         self.context_tokens = 0
         self.decode_ends: list[float] = []
+        self.tail_ends: list[float] = []
         self.duty = 0.0  # decayed booked prefill seconds
         self.duty_at = 0.0
 
@@ -218,6 +240,8 @@ class _ReplicaModel:
 _Option = tuple[float, float, float, ReplicaState, int, float, float]
 _COST = itemgetter(0)
 _HOLD_TICK_S = 0.05  # a held request is offered again at most this often (by timer)
+_TAIL_WINDOW = 1000  # recent expected outputs the tail quantile is taken over
+_TAIL_EVERY = 50  # dispatches between two updates of the tail threshold
 
 
 class CombinedPolicy:
@@ -241,13 +265,16 @@ class CombinedPolicy:
         self.accuracy = accuracy
         self.locations = locations if locations is not None else PrefixLocations()
         self._models: dict[str, _ReplicaModel] = {}
-        # request_id -> (replica_id, predicted decode end, prompt tokens)
-        self._tracked: dict[str, tuple[str, float, int]] = {}
+        # request_id -> (replica_id, predicted decode end, prompt tokens, tail request)
+        self._tracked: dict[str, tuple[str, float, int, bool]] = {}
         self._ttfts: deque[float] = deque(maxlen=self.config.ttft_window)
         self._observed = 0
         self.ttft_budget_s = 0.0
         self._arrivals = 0.0  # decisions, decayed with duty_tau_s, as of _arrivals_at
         self._arrivals_at = 0.0
+        self._outputs: deque[int] = deque(maxlen=_TAIL_WINDOW)
+        self._tail_from = 0  # expected output tokens from which a request is a tail one
+        self._tail_dispatches = 0
 
     @property
     def route_memory(self) -> PrefixLocations:
@@ -293,6 +320,10 @@ class CombinedPolicy:
         )
         options: list[_Option] = []
         fastest, first_q, same_q = math.inf, -1.0, True
+        # E2E tail weighting: what a decode second of x and of another decoder counts
+        tailed = config.tail_quantile is not None
+        discount = config.tail_discount if tailed else 1.0
+        own_weight = 1.0 if not tailed or output_tokens >= self._tail_from else discount
         for replica in candidates:
             replica_id = replica.replica_id
             state = models.get(replica_id) or self._model(replica_id)
@@ -334,7 +365,12 @@ class CombinedPolicy:
                     decode_step_s /= 1.0 - (duty if duty < 0.95 else 0.95)
                     ends = state.decode_ends
                     if ends:
-                        running = len(ends) - bisect_right(ends, now + half_rtt + wait_s)
+                        starts_at = now + half_rtt + wait_s
+                        running: float = len(ends) - bisect_right(ends, starts_at)
+                        if tailed:
+                            tails = state.tail_ends
+                            in_tail = len(tails) - bisect_right(tails, starts_at)
+                            running = in_tail + discount * (running - in_tail)
                         harm_s = running * uncached / rate
             else:
                 decode_step_s = step_s
@@ -346,7 +382,7 @@ class CombinedPolicy:
             if q != first_q:
                 same_q = first_q < 0.0
                 first_q = q
-            cost = ttft_s + decode_s + weight * harm_s
+            cost = ttft_s + own_weight * decode_s + weight * harm_s
             if per_replica_rate:
                 cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
             cost /= q
@@ -428,9 +464,29 @@ class CombinedPolicy:
         self._arrivals_at = now
         ends_at = now + e2e_s
         insort(state.decode_ends, ends_at)
-        self._track(request.request_id, (replica.replica_id, ends_at, request.prompt_tokens))
+        in_tail = self._in_tail(request.expected_output_tokens)
+        if in_tail:
+            insort(state.tail_ends, ends_at)
+        entry = (replica.replica_id, ends_at, request.prompt_tokens, in_tail)
+        self._track(request.request_id, entry)
 
-    def _track(self, request_id: str, entry: tuple[str, float, int]) -> None:
+    def _in_tail(self, output_tokens: int) -> bool:
+        """Whether a dispatched request is a tail one (see the module docstring; the
+        threshold is updated every ``_TAIL_EVERY`` dispatches, after this one is
+        judged); ``False`` when the weighting is off."""
+        quantile = self.config.tail_quantile
+        if quantile is None:
+            return False
+        in_tail = output_tokens >= self._tail_from
+        outputs = self._outputs
+        outputs.append(output_tokens)
+        self._tail_dispatches += 1
+        if self._tail_dispatches % _TAIL_EVERY == 0:
+            ordered = sorted(outputs)
+            self._tail_from = ordered[int(quantile * (len(ordered) - 1))]
+        return in_tail
+
+    def _track(self, request_id: str, entry: tuple[str, float, int, bool]) -> None:
         """Remember an in-flight request; beyond ``max_tracked`` (outcomes lost), the
         oldest are forgotten so memory stays bounded."""
         self._untrack(request_id)
@@ -442,13 +498,12 @@ class CombinedPolicy:
         entry = self._tracked.pop(request_id, None)
         if entry is None:
             return
-        replica_id, ends_at, prompt_tokens = entry
+        replica_id, ends_at, prompt_tokens, in_tail = entry
         state = self._model(replica_id)
         state.context_tokens -= prompt_tokens
-        ends = state.decode_ends
-        i = bisect_right(ends, ends_at) - 1
-        if i >= 0 and ends[i] == ends_at:
-            del ends[i]
+        _remove(state.decode_ends, ends_at)
+        if in_tail:
+            _remove(state.tail_ends, ends_at)
 
     def observe(self, outcome: Outcome) -> None:
         """Close the request's in-flight entry, update the TTFT budget and forget
@@ -463,6 +518,13 @@ class CombinedPolicy:
                 rank = percentile / 100 * (len(ordered) - 1)
                 self.ttft_budget_s = ordered[round(rank)]
         self.locations.correct(outcome)
+
+
+def _remove(ends: list[float], ends_at: float) -> None:
+    """Remove one ``ends_at`` from the sorted ``ends`` (nothing if absent)."""
+    i = bisect_right(ends, ends_at) - 1
+    if i >= 0 and ends[i] == ends_at:
+        del ends[i]
 
 
 def _retry_target(options: list[_Option], best: _Option) -> _Option | None:
