@@ -135,7 +135,7 @@ class CombinedConfig:
     hold_wait_s: float | None = 1.0
     max_hold_s: float = 60.0
     tail_quantile: float | None = None
-    tail_discount: float = 0.1
+    tail_discount: float = 0.2
 
     def __post_init__(self) -> None:
         if self.externality_weight < 0 or self.queue_externality_weight < 0:
@@ -323,7 +323,7 @@ class CombinedPolicy:
         # E2E tail weighting: what a decode second of x and of another decoder counts
         tailed = config.tail_quantile is not None
         discount = config.tail_discount if tailed else 1.0
-        own_weight = 1.0 if not tailed or output_tokens >= self._tail_from else discount
+        own_weight = self._decode_weight(output_tokens)
         for replica in candidates:
             replica_id = replica.replica_id
             state = models.get(replica_id) or self._model(replica_id)
@@ -416,7 +416,11 @@ class CombinedPolicy:
         self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
         warm: tuple[str, ...] = ()
         retry_follows = request.attempt + 1 < request.max_attempts
-        target = _retry_target(options, best) if config.warm_retries and retry_follows else None
+        target = (
+            _retry_target(options, best, self._decode_weight(request.expected_output_tokens))
+            if config.warm_retries and retry_follows
+            else None
+        )
         if target is not None:
             self._book_prefill(request, target[3], target[5], target[4], now)
             warm = (target[3].replica_id,)
@@ -469,6 +473,14 @@ class CombinedPolicy:
             insort(state.tail_ends, ends_at)
         entry = (replica.replica_id, ends_at, request.prompt_tokens, in_tail)
         self._track(request.request_id, entry)
+
+    def _decode_weight(self, output_tokens: int) -> float:
+        """What a second of a request's own decode counts in its cost: 1, or
+        ``tail_discount`` for a request outside the E2E tail (module docstring)."""
+        config = self.config
+        if config.tail_quantile is None or output_tokens >= self._tail_from:
+            return 1.0
+        return config.tail_discount
 
     def _in_tail(self, output_tokens: int) -> bool:
         """Whether a dispatched request is a tail one (see the module docstring; the
@@ -527,13 +539,15 @@ def _remove(ends: list[float], ends_at: float) -> None:
         del ends[i]
 
 
-def _retry_target(options: list[_Option], best: _Option) -> _Option | None:
+def _retry_target(
+    options: list[_Option], best: _Option, decode_weight: float = 1.0
+) -> _Option | None:
     """The option a retry would take if ``best`` answers wrongly (the cheapest one
     serving another model), when warming it pays: the retry's prefill it saves,
     ``(1 - Q(best)) · prefill``, exceeds the delay it imposes on others when no retry
     comes, ``Q(best) · externality`` (the option's cost terms beyond its own TTFT
-    and decode). ``None`` when ``best`` is sure, no other model is left or nothing
-    is left to prefill."""
+    and its decode, counted at ``decode_weight`` as in the cost). ``None`` when
+    ``best`` is sure, no other model is left or nothing is left to prefill."""
     q, model = best[2], best[3].model
     if q >= 1.0:
         return None
@@ -545,5 +559,5 @@ def _retry_target(options: list[_Option], best: _Option) -> _Option | None:
         return None
     if target[1] - target[3].rtt_s - target[5] > 0.0:
         return None  # a queue: warming would only move the prefill ahead of others
-    external = target[0] * target[2] - target[1] - target[6]
+    external = target[0] * target[2] - target[1] - decode_weight * target[6]
     return target if (1.0 - q) * target[5] > q * external else None
