@@ -190,3 +190,63 @@ def test_family_first_seed_is_the_engine_runs_ratio() -> None:
     assert family.hit_ratios[0] == pytest.approx(1 - ours.computed_tokens / ours.prompt_tokens)
     rows = _family_rows([family])
     assert rows[0][0] == "online" and rows[0][-1] == f"{family.reductions[0]:.2f}x"
+
+
+def test_repeated_passes_replay_each_arms_prompts_and_report_the_median() -> None:
+    encode = EngineTokenizer(default_tokenizer())
+    workload = multiturn_workload(conversations=2, turns=3, max_tokens=8)
+    with OpenAICompatibleServer(block_size=16) as server:
+        run = run_workload(
+            _Target(server), workload, tokenize=(encode, lambda answer: []), repeats=3
+        )
+        sent = [body["messages"] for body in server.requests]
+        single = run_workload(_Target(server), online_workload(topics=1, users_per_topic=1))
+    for arm in run.arms:
+        assert len(arm.prefill_passes_s) == 3, arm.name
+        assert arm.prefill_s == sorted(arm.prefill_passes_s)[1]
+        # a replayed pass sends the first pass's token ids (answers included): the
+        # first pass's prediction still matches what the engine computed
+        assert arm.predicted_computed == arm.computed_tokens, arm.name
+        assert arm.as_json()["prefill_passes_s"] == list(arm.prefill_passes_s)
+    # warm-up, then pass 1 in the arms' order, pass 2 reversed, pass 3 in order again
+    per_arm, arms = len(run.arms[0].sent), len(run.arms)
+    passes = [
+        sent[-3 * arms * per_arm :][i * arms * per_arm : (i + 1) * arms * per_arm] for i in range(3)
+    ]
+    assert len(sent) > 3 * arms * per_arm  # the warm-up requests came first
+    assert passes[0] == passes[2]
+    first_arm, last_arm = passes[0][:per_arm], passes[0][-per_arm:]
+    assert passes[1][:per_arm] == last_arm and passes[1][-per_arm:] == first_arm
+    assert single.arms[0].prefill_passes_s == ()
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 1.5, True])
+def test_repeats_must_be_a_whole_number_of_passes(repeats: object) -> None:
+    workload = online_workload(topics=1, users_per_topic=1)
+    with OpenAICompatibleServer() as server, pytest.raises(ConfigError, match="repeats"):
+        run_workload(_Target(server), workload, repeats=repeats)  # type: ignore[arg-type]
+    assert server.requests == []  # refused before anything was sent
+
+
+def test_bench_refuses_zero_repeats_before_any_engine_is_looked_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from contextpilot_rag import engines
+    from contextpilot_rag.cli import main
+
+    monkeypatch.setattr(engines, "installed_engine", lambda *a, **k: pytest.fail("looked up"))
+    assert main(["bench", "--suite", "engine", "--repeats", "0"]) == 2
+
+
+def test_the_table_gives_the_range_of_an_arms_passes() -> None:
+    from contextpilot_rag.bench.engine_report import _rows
+    from contextpilot_rag.bench.engine_suite import ArmRun, Sent, WorkloadRun
+
+    sent = (Sent(2.0, 2.5, 100, 40, "a"), Sent(3.0, 3.5, 100, 60, "b"))
+    arms = (
+        ArmRun("unmodified", sent, True, prefill_passes_s=(5.0, 4.0, 6.5)),
+        ArmRun("contextpilot", sent, True),
+    )
+    rows = _rows(WorkloadRun("online", "two requests", arms))
+    assert rows[0][4] == "5.0 (4.0–6.5)"
+    assert rows[1][4] == "5.0"  # one pass: no range

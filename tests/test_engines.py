@@ -21,6 +21,7 @@ from contextpilot_rag.bench.engine_suite import engine_tokenizer
 from contextpilot_rag.cli import main
 from contextpilot_rag.engines import (
     MODELS,
+    EngineNotInstalledError,
     EngineStartError,
     InstalledEngine,
     InstallEvent,
@@ -35,6 +36,7 @@ from contextpilot_rag.engines import (
     installed_engine,
     launch_engine,
     start_engine,
+    usable_cpus,
     vllm_launch_spec,
 )
 from contextpilot_rag.engines.cache_info import (
@@ -426,6 +428,11 @@ def test_bad_start_arguments_are_config_errors(
         start_engine("vllm", **arguments)  # type: ignore[arg-type]
 
 
+def test_usable_cpus_is_a_core_list_start_engine_accepts(fake_home: EngineLayout) -> None:
+    with pytest.raises(EngineNotInstalledError):  # past the argument checks
+        start_engine("vllm", cpu_bind=usable_cpus())
+
+
 def test_gemma_runs_on_llama_server_only() -> None:
     with pytest.raises(ConfigError, match="llama-server"):
         start_engine("vllm", "gemma3")
@@ -514,6 +521,17 @@ def test_vllm_flags_keep_every_socket_on_loopback(fake_home: EngineLayout) -> No
     assert flags[flags.index("--dtype") + 1] in ("bfloat16", "float32")
     bf16 = vllm_launch_spec(installed, port=8030, dtype="bfloat16").command
     assert bf16[bf16.index("--dtype") + 1] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"),
+    [({0, 1}, "0-1"), ({0, 2, 3}, "0,2-3"), ({5}, "5"), ({0, 1, 2, 4, 6, 7}, "0-2,4,6-7")],
+)
+def test_usable_cpus_lists_the_cores_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch, cores: set[int], expected: str
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: cores, raising=False)
+    assert usable_cpus() == expected
 
 
 def test_vllm_computes_in_float32_unless_the_cpu_has_native_bf16() -> None:

@@ -30,7 +30,7 @@ from .engine_report import (
     run_suite,
     write_json,
 )
-from .engine_suite import EngineTarget, WorkloadRun, run_workload
+from .engine_suite import EngineTarget, WorkloadRun, check_repeats, run_workload
 from .engine_workloads import SYSTEM, multiturn_workload, online_workload
 
 __all__ = [
@@ -77,7 +77,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, sim: bool = False) 
 @contextlib.contextmanager
 def engine_session(args: argparse.Namespace, console: Console) -> Iterator[EngineTarget]:
     """The engine ``args`` name, running; a project engine is stopped on exit."""
-    from ..engines import external_engine, install_engine, installed_engine, start_engine
+    from ..engines import (
+        external_engine,
+        install_engine,
+        installed_engine,
+        start_engine,
+        usable_cpus,
+    )
 
     if args.endpoint:
         if not args.model:
@@ -89,8 +95,13 @@ def engine_session(args: argparse.Namespace, console: Console) -> Iterator[Engin
         console.print(f"Installing {kind} with {model} (first run only) ...")
         install_engine(kind, model, progress=True)
     with console.status(f"Starting {kind} ({model}) on 127.0.0.1 ..."):
+        # alone on the machine: the model worker's threads pinned to every core
         engine = start_engine(
-            kind, model, block_size=args.block_size, kv_cache_gib=args.kv_cache_gib
+            kind,
+            model,
+            block_size=args.block_size,
+            kv_cache_gib=args.kv_cache_gib,
+            cpu_bind=usable_cpus(),
         )
     with engine:
         console.print(f"{kind} serving {engine.model_name} at {engine.base_url}")
@@ -172,6 +183,13 @@ def add_bench_parser(commands: Any) -> None:
         help=f"comma-separated subset of {','.join(SUITE_WORKLOADS)} (default: all)",
     )
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="--suite engine: passes per arm, the median reported (default 1; the "
+        "documented run uses 3)",
+    )
     bench.add_argument("--json", type=Path, help="also write the results as JSON here")
     bench.add_argument("--plot", type=Path, help="also write a PNG of the results here")
     bench.add_argument("--markdown", type=Path, help="also write the results as markdown here")
@@ -181,8 +199,15 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.suite == "cloud":
         return run_cloud_bench(args, console)
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
+    check_repeats(args.repeats)
     with engine_session(args, console) as engine, rich_step_progress() as progress:
-        result = run_suite(engine, workloads, seed=args.seed, on_arm=_progress_arm(progress))
+        result = run_suite(
+            engine,
+            workloads,
+            seed=args.seed,
+            on_arm=_progress_arm(progress),
+            repeats=args.repeats,
+        )
     _report(result, args, console, _ENGINE_REPORT)
     return 0
 

@@ -23,6 +23,7 @@ from .engine_suite import (
     FamilyRun,
     Tick,
     WorkloadRun,
+    check_repeats,
     engine_tokenizer,
     predicted_capacity,
     run_workload,
@@ -151,18 +152,22 @@ def run_suite(
     sizes: dict[str, dict[str, int]] | None = None,
     on_workload: Callable[[SuiteResult], None] | None = None,
     family_seeds: int = FAMILY_SEEDS,
+    repeats: int = 1,
 ) -> SuiteResult:
     """Run ``workloads`` (names from :data:`SUITE_WORKLOADS`) on ``engine``.
     ``sizes`` overrides a workload's size arguments (e.g. ``{"online": {"k": 6}}``);
     ``on_workload`` is called with the results so far after each workload (to save
     them as they come). The online, batch and multi-turn shapes are also simulated over
     ``family_seeds`` seeds (``seed`` onwards) with the engine's tokenizer, where it
-    has one (:class:`FamilyRun`; 0 skips it)."""
+    has one (:class:`FamilyRun`; 0 skips it). ``repeats``: passes per arm of the
+    online, batch and multi-turn workloads (:func:`run_workload`; the LangChain
+    workload's target is cached tokens, not time: one pass)."""
     unknown = set(workloads) - set(SUITE_WORKLOADS)
     if unknown:
         from ..errors import ConfigError
 
         raise ConfigError(f"unknown workloads {sorted(unknown)}; known: {SUITE_WORKLOADS}")
+    check_repeats(repeats)
     sizes = sizes or {}
     progress: OnArm = on_arm or (lambda name, total: lambda: None)
     result = SuiteResult(_engine_facts(engine))
@@ -181,7 +186,8 @@ def run_suite(
             result.runs.append(_langchain_run(engine, workload, _labelled(progress, name)))
         else:
             workload = builders[name](seed=seed, **sizes.get(name, {}))
-            result.runs.append(run_workload(engine, workload, on_arm=_labelled(progress, name)))
+            labelled = _labelled(progress, name)
+            result.runs.append(run_workload(engine, workload, on_arm=labelled, repeats=repeats))
         if on_workload is not None:
             on_workload(result)
     if family_seeds > 0:
@@ -366,6 +372,14 @@ _COLUMNS = (
 )
 
 
+def _prefill(arm: ArmRun) -> str:
+    """The arm's prefill time; with several passes, their range after it."""
+    passes = arm.prefill_passes_s
+    if len(passes) < 2:
+        return f"{arm.prefill_s:.1f}"
+    return f"{arm.prefill_s:.1f} ({min(passes):.1f}–{max(passes):.1f})"
+
+
 def _rows(run: WorkloadRun) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for arm in run.arms:
@@ -377,7 +391,7 @@ def _rows(run: WorkloadRun) -> list[tuple[str, ...]]:
                 str(len(arm.sent)),
                 f"{arm.mean_ttft_s:.3f}",
                 f"{arm.p95_ttft_s:.3f}",
-                f"{arm.prefill_s:.1f}",
+                _prefill(arm),
                 f"{arm.prompt_tokens:,}",
                 f"{arm.cached_tokens:,} ({arm.cached_tokens / max(1, arm.prompt_tokens):.0%})",
                 f"{arm.computed_tokens:,}",

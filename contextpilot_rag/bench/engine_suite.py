@@ -22,15 +22,15 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import httpx
 
-from ..errors import InvalidInputError
+from ..errors import ConfigError, InvalidInputError
 from ..sim.prefix_cache import PrefixCacheModel
 from ..usage import parse_cache_usage
-from .engine_workloads import EngineWorkload, Messages
+from .engine_workloads import Arm, EngineWorkload, FixedArm, Messages
 
 __all__ = [
     "ArmRun",
@@ -38,6 +38,7 @@ __all__ = [
     "FamilyRun",
     "Sent",
     "WorkloadRun",
+    "check_repeats",
     "engine_tokenizer",
     "predicted_capacity",
     "run_workload",
@@ -106,6 +107,9 @@ class ArmRun:
     sent: tuple[Sent, ...]
     reset: bool
     """Whether the engine's cache was emptied before this arm."""
+    prefill_passes_s: tuple[float, ...] = ()
+    """Every pass's prefill time when the arm was sent several times (this run is the
+    median one); empty for a single pass."""
 
     @property
     def mean_ttft_s(self) -> float:
@@ -155,6 +159,7 @@ class ArmRun:
             "cached_tokens": self.cached_tokens,
             "computed_tokens": self.computed_tokens,
             "predicted_computed_tokens": self.predicted_computed,
+            "prefill_passes_s": list(self.prefill_passes_s),
         }
 
 
@@ -296,13 +301,22 @@ def run_workload(
     use_engine_tokenizer: bool = True,
     on_arm: Callable[[str, int], Tick] | None = None,
     timeout_s: float = 600.0,
+    repeats: int = 1,
 ) -> WorkloadRun:
     """Send every arm of ``workload`` to ``engine``, each on a freshly reset cache.
 
     ``tokenize`` gives prompt token ids for the simulated prediction; by default the
     engine's own ``/tokenize`` is used when it has one (``use_engine_tokenizer``), and
     without token ids the prediction is left out. ``on_arm(name, total)`` returns a
-    callback advanced once per request (progress display)."""
+    callback advanced once per request (progress display).
+
+    ``repeats`` > 1 sends every arm that many times: the first pass as above, then
+    replays of the prompts each arm sent (its generated answers included), the arms in
+    reverse order on every other pass so that no arm always runs first. An arm's
+    reported run is its pass of median prefill time (:attr:`ArmRun.prefill_passes_s`
+    holds every pass's). Times on a small shared machine vary from request to request;
+    token counts do not."""
+    check_repeats(repeats)
     notes: list[str] = []
     with httpx.Client(timeout=timeout_s) as http:
         if tokenize is None and use_engine_tokenizer:
@@ -316,39 +330,117 @@ def run_workload(
         capacity, note = predicted_capacity(engine)
         if note:
             notes.append(note)
-        arms = []
+        _warm_up(http, engine)
+        passes: dict[str, list[ArmRun]] = {}
+        sent_prompts: dict[str, list[Messages]] = {}
         for arm in workload.arms:
-            reset = engine.reset_prefix_cache()
-            if not reset:
-                notes.append(f"{arm.name}: the engine's cache could not be reset")
             cache = (
                 PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
                 if tokenize is not None and block_size is not None
                 else None
             )
             tick = on_arm(arm.name, len(arm)) if on_arm is not None else _no_tick
-            sent = []
-            for i in range(len(arm)):
-                messages = arm.messages(i)
-                ids = tokenize[0](messages) if tokenize is not None else None
-                result = send_chat(
-                    http, engine.base_url, engine.model_name, messages, max_tokens=arm.max_tokens
-                )
-                arm.answered(i, result.answer)
-                if cache is not None and ids is not None and tokenize is not None:
-                    generated = tokenize[1](result.answer) if arm.max_tokens > 1 else []
-                    predicted = cache.admit(ids, generated).cached_tokens
-                    result = _with_prediction(result, predicted, len(ids), notes)
-                sent.append(result)
-                tick()
-            arms.append(ArmRun(arm.name, tuple(sent), reset))
+            prompts = sent_prompts.setdefault(arm.name, [])
+            passes[arm.name] = [
+                _first_pass(http, engine, arm, tokenize, cache, tick, prompts, notes)
+            ]
+        for number in range(1, repeats):
+            arms = workload.arms if number % 2 == 0 else workload.arms[::-1]
+            for arm in arms:
+                tick = on_arm(f"{arm.name} (pass {number + 1})", len(arm)) if on_arm else _no_tick
+                replay = FixedArm(arm.name, tuple(sent_prompts[arm.name]), arm.max_tokens)
+                first = passes[arm.name][0]
+                passes[arm.name].append(_replay(http, engine, replay, first, tick, notes))
     return WorkloadRun(
         workload.name,
         workload.description,
-        tuple(arms),
+        tuple(_median_pass(passes[arm.name]) for arm in workload.arms),
         tuple(dict.fromkeys(notes)),
         workload.pairs,
     )
+
+
+def check_repeats(repeats: int) -> None:
+    """:class:`ConfigError` unless ``repeats`` is a whole number of passes (>= 1)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an integer >= 1, got {repeats!r}")
+
+
+_WARM_UP_WORDS = 400
+
+
+def _warm_up(http: httpx.Client, engine: EngineTarget) -> None:
+    """A few throwaway requests before the first arm: an engine's first requests after
+    start-up are slower than later ones, which would favour every arm but the first."""
+    for n in (1, 2, 3):
+        text = " ".join(f"warm-up {n} word {i}" for i in range(_WARM_UP_WORDS * n // 4))
+        send_chat(http, engine.base_url, engine.model_name, [{"role": "user", "content": text}])
+
+
+def _first_pass(
+    http: httpx.Client,
+    engine: EngineTarget,
+    arm: Arm,
+    tokenize: tuple[Tokenize, TokenizeText] | None,
+    cache: PrefixCacheModel | None,
+    tick: Tick,
+    prompts: list[Messages],
+    notes: list[str],
+) -> ArmRun:
+    """One arm on a reset cache, recording the prompts it sent in ``prompts``, each
+    request's cached tokens predicted by ``cache`` where there are token ids."""
+    reset = engine.reset_prefix_cache()
+    if not reset:
+        notes.append(f"{arm.name}: the engine's cache could not be reset")
+    sent = []
+    for i in range(len(arm)):
+        messages = arm.messages(i)
+        prompts.append(messages)
+        ids = tokenize[0](messages) if tokenize is not None else None
+        result = send_chat(
+            http, engine.base_url, engine.model_name, messages, max_tokens=arm.max_tokens
+        )
+        arm.answered(i, result.answer)
+        if cache is not None and ids is not None and tokenize is not None:
+            generated = tokenize[1](result.answer) if arm.max_tokens > 1 else []
+            predicted = cache.admit(ids, generated).cached_tokens
+            result = _with_prediction(result, predicted, len(ids), notes)
+        sent.append(result)
+        tick()
+    return ArmRun(arm.name, tuple(sent), reset)
+
+
+def _replay(
+    http: httpx.Client,
+    engine: EngineTarget,
+    arm: FixedArm,
+    first: ArmRun,
+    tick: Tick,
+    notes: list[str],
+) -> ArmRun:
+    """``arm`` (the first pass's prompts) sent again on a reset cache; each request
+    keeps the first pass's prediction (the same token ids)."""
+    reset = engine.reset_prefix_cache()
+    if not reset:
+        notes.append(f"{arm.name}: the engine's cache could not be reset")
+    sent = []
+    for i in range(len(arm)):
+        result = send_chat(
+            http, engine.base_url, engine.model_name, arm.messages(i), max_tokens=arm.max_tokens
+        )
+        sent.append(replace(result, predicted_cached=first.sent[i].predicted_cached))
+        tick()
+    return ArmRun(arm.name, tuple(sent), reset)
+
+
+def _median_pass(runs: Sequence[ArmRun]) -> ArmRun:
+    """The pass of median prefill time (the lower middle one of an even count), with
+    every pass's prefill time (a single pass as it is)."""
+    if len(runs) == 1:
+        return runs[0]
+    times = tuple(run.prefill_s for run in runs)
+    middle = sorted(range(len(runs)), key=lambda i: times[i])[(len(runs) - 1) // 2]
+    return replace(runs[middle], prefill_passes_s=times)
 
 
 def predicted_capacity(engine: EngineTarget) -> tuple[int | None, str]:

@@ -31,7 +31,13 @@ from .install import (
 from .launch import LaunchSpec, check_loopback, free_port, launch_engine, stop_all_engines
 from .models import MODELS, EngineKind, ModelSpec
 from .running import ExternalEngine, KVEventPorts, RunningEngine, ServingEngine, external_engine
-from .start import default_vllm_dtype, llama_server_launch_spec, start_engine, vllm_launch_spec
+from .start import (
+    default_vllm_dtype,
+    llama_server_launch_spec,
+    start_engine,
+    usable_cpus,
+    vllm_launch_spec,
+)
 from .state import RunRecord, StopOutcome, detach_engine, read_records, stop_recorded
 
 __all__ = [
@@ -67,5 +73,6 @@ __all__ = [
     "start_engine",
     "stop_all_engines",
     "stop_recorded",
+    "usable_cpus",
     "vllm_launch_spec",
 ]
