@@ -260,6 +260,12 @@ def test_start_waits_for_health_and_stop_ends_the_server_and_its_child(
     assert group_members(engine.pid) == []
 
 
+def test_a_running_engine_keeps_the_environment_it_was_started_with(stand_in: StandIn) -> None:
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    with launch_engine(stand_in.spec(env=bind)) as engine:
+        assert engine.env == bind  # what the suite reports beside the flags
+
+
 def test_a_llama_server_reset_restarts_the_same_command_on_the_same_port(
     stand_in: StandIn,
 ) -> None:

@@ -89,6 +89,9 @@ def _engine_facts(engine: EngineTarget) -> dict[str, Any]:
         value = getattr(engine, name, None)
         if value is not None:
             facts[name] = value if isinstance(value, str) else list(value)
+    env = getattr(engine, "env", None)
+    if env:
+        facts["env"] = dict(env)
     return facts
 
 
@@ -372,6 +375,10 @@ _COLUMNS = (
 )
 
 
+def _env_words(env: dict[str, str]) -> str:
+    return " ".join(f"{name}={value}" for name, value in sorted(env.items()))
+
+
 def _prefill(arm: ArmRun) -> str:
     """The arm's prefill time; with several passes, their range after it."""
     passes = arm.prefill_passes_s
@@ -467,6 +474,7 @@ def markdown(result: SuiteResult) -> str:
         f"Engine: `{engine.get('kind', 'external')}` serving `{engine['model']}` "
         f"(block size {engine['block_size']}, prefix cache {engine['kv_cache_tokens']} tokens)"
         + (f"; flags `{' '.join(engine['flags'])}`" if engine.get("flags") else "")
+        + (f"; environment `{_env_words(engine['env'])}`" if engine.get("env") else "")
         + ". Requests one at a time, streamed; the engine's cache reset before each arm; "
         "speed-up = mean TTFT of the arm's unmodified counterpart (the first arm unless "
         "the workload pairs them otherwise) / this arm's.",

@@ -181,6 +181,7 @@ def _spawn(spec: LaunchSpec) -> RunningEngine:
         block_size=spec.block_size,
         stop_grace_s=spec.stop_grace_s,
         kv_events=spec.kv_events,
+        env=spec.env,
         on_release=_ATTACHED.discard,
         relaunch=functools.partial(_relaunch, spec),
     )

@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -115,8 +115,10 @@ class RunningEngine:
         kv_events: KVEventPorts | None = None,
         on_release: Callable[[RunningEngine], None] | None = None,
         relaunch: Callable[[RunningEngine], None] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
+        self.env = dict(env or {})  # what the project added to the engine's environment
         self.model_name = model_name
         self.port = port
         self.command = command
