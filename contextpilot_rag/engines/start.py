@@ -121,10 +121,8 @@ def vllm_launch_spec(
 def usable_cpus() -> str:
     """The cores this process may run on, as a ``cpu_bind`` core list (``"0-1"``,
     ``"0,2-3"``): one engine alone on a machine runs with its model worker's threads
-    pinned to all of them. Measured here (vLLM CPU, 2 cores, 1,000-token prompts):
-    pinned to both cores, prefill was about twice as fast and its time varied little
-    from request to request; unpinned (``"nobind"``), threads wander between cores and
-    the same request took 0.4–0.9 s (docs/engines.md)."""
+    pinned to all of them: unpinned (``"nobind"``), the threads wander between cores
+    and identical requests take widely different times (docs/engines.md)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not cores:
         return f"0-{max(0, (os.cpu_count() or 1) - 1)}"
