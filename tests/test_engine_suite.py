@@ -250,3 +250,31 @@ def test_the_table_gives_the_range_of_an_arms_passes() -> None:
     rows = _rows(WorkloadRun("online", "two requests", arms))
     assert rows[0][4] == "5.0 (4.0–6.5)"
     assert rows[1][4] == "5.0"  # one pass: no range
+
+
+def test_interleaved_arms_keep_their_own_caches_under_salts() -> None:
+    encode = EngineTokenizer(default_tokenizer())
+    workload = multiturn_workload(conversations=2, turns=3, max_tokens=8)
+    with OpenAICompatibleServer(block_size=16) as server:
+        run = run_workload(
+            _Target(server),
+            workload,
+            tokenize=(encode, lambda answer: []),
+            repeats=2,
+            interleave=True,
+        )
+        bodies = server.requests
+    arms = len(run.arms)
+    for arm in run.arms:
+        # each arm's cache behaves as if it had the engine to itself
+        assert arm.predicted_computed == arm.computed_tokens, arm.name
+        assert len(arm.prefill_passes_s) == 2
+    salted = [body for body in bodies if "cache_salt" in body]
+    assert len(salted) == 2 * arms * len(workload.requests)
+    first_pass = [body["cache_salt"] for body in salted[: arms * len(workload.requests)]]
+    rounds = [first_pass[i * arms : (i + 1) * arms] for i in range(len(workload.requests))]
+    assert all(len(set(names)) == arms for names in rounds)  # every arm once a round
+    assert rounds[0][0] != rounds[1][0]  # the arm going first rotates
+    assert any("cache_salt" in note for note in run.notes)
+    plain = run.arm("unmodified")
+    assert run.arm("contextpilot").computed_tokens < plain.computed_tokens

@@ -19,6 +19,7 @@ it); a report without cache information fails the run (never read as 0 cached).
 from __future__ import annotations
 
 import json
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -244,10 +245,17 @@ def engine_tokenizer(
 
 
 def send_chat(
-    http: httpx.Client, base_url: str, model: str, messages: Messages, *, max_tokens: int = 1
+    http: httpx.Client,
+    base_url: str,
+    model: str,
+    messages: Messages,
+    *,
+    max_tokens: int = 1,
+    cache_salt: str | None = None,
 ) -> Sent:
-    """Stream one chat completion; time its first token; read the engine's usage."""
-    body = {
+    """Stream one chat completion; time its first token; read the engine's usage.
+    ``cache_salt`` (vLLM) puts the request in a prefix-cache namespace of its own."""
+    body: dict[str, Any] = {
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
@@ -255,6 +263,8 @@ def send_chat(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     started = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
@@ -302,21 +312,26 @@ def run_workload(
     on_arm: Callable[[str, int], Tick] | None = None,
     timeout_s: float = 600.0,
     repeats: int = 1,
+    interleave: bool | None = None,
 ) -> WorkloadRun:
-    """Send every arm of ``workload`` to ``engine``, each on a freshly reset cache.
+    """Send every arm of ``workload`` to ``engine``, each into an empty prefix cache.
 
     ``tokenize`` gives prompt token ids for the simulated prediction; by default the
     engine's own ``/tokenize`` is used when it has one (``use_engine_tokenizer``), and
     without token ids the prediction is left out. ``on_arm(name, total)`` returns a
     callback advanced once per request (progress display).
 
-    ``repeats`` > 1 sends every arm that many times: the first pass as above, then
-    replays of the prompts each arm sent (its generated answers included), the arms in
-    reverse order on every other pass so that no arm always runs first. An arm's
-    reported run is its pass of median prefill time (:attr:`ArmRun.prefill_passes_s`
-    holds every pass's). Times on a small shared machine vary from request to request;
-    token counts do not."""
+    ``interleave`` (default: on vLLM, which isolates caches by ``cache_salt``) sends
+    the arms request by request in turn — request 0 of every arm, then request 1, the
+    arm going first rotating — each arm under a salt of its own on one reset cache, so
+    that a slow spell of the machine falls on every arm alike; otherwise the arms run
+    one after the other, the cache reset before each. ``repeats`` > 1 sends every arm
+    that many times: the first pass as above, then replays of the prompts each arm sent
+    (its generated answers included), the arms in reverse order on every other pass. An
+    arm's reported run is its pass of median prefill time (:attr:`ArmRun.prefill_passes_s`
+    holds every pass's)."""
     check_repeats(repeats)
+    salted = getattr(engine, "kind", None) == "vllm" if interleave is None else interleave
     notes: list[str] = []
     with httpx.Client(timeout=timeout_s) as http:
         if tokenize is None and use_engine_tokenizer:
@@ -330,27 +345,29 @@ def run_workload(
         capacity, note = predicted_capacity(engine)
         if note:
             notes.append(note)
-        _warm_up(http, engine)
-        passes: dict[str, list[ArmRun]] = {}
-        sent_prompts: dict[str, list[Messages]] = {}
-        for arm in workload.arms:
-            cache = (
-                PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
-                if tokenize is not None and block_size is not None
-                else None
+        if salted and len(workload.arms) > 1:
+            notes.append(
+                "arms interleaved request by request, each under its own cache_salt, "
+                "on one engine cache"
             )
-            tick = on_arm(arm.name, len(arm)) if on_arm is not None else _no_tick
-            prompts = sent_prompts.setdefault(arm.name, [])
-            passes[arm.name] = [
-                _first_pass(http, engine, arm, tokenize, cache, tick, prompts, notes)
-            ]
+        sender = _PassSender(http, engine, notes, on_arm or (lambda name, total: _no_tick))
+        _warm_up(http, engine)
+        first = sender.first_pass(
+            workload.arms,
+            salted=salted,
+            predictors={
+                arm.name: PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
+                for arm in workload.arms
+            }
+            if tokenize is not None and block_size is not None
+            else {},
+            tokenize=tokenize,
+        )
+        passes = {run.name: [run] for run in first}
         for number in range(1, repeats):
-            arms = workload.arms if number % 2 == 0 else workload.arms[::-1]
-            for arm in arms:
-                tick = on_arm(f"{arm.name} (pass {number + 1})", len(arm)) if on_arm else _no_tick
-                replay = FixedArm(arm.name, tuple(sent_prompts[arm.name]), arm.max_tokens)
-                first = passes[arm.name][0]
-                passes[arm.name].append(_replay(http, engine, replay, first, tick, notes))
+            order = workload.arms if number % 2 == 0 else workload.arms[::-1]
+            for run in sender.replay(order, number, salted=salted, first=first):
+                passes[run.name].append(run)
     return WorkloadRun(
         workload.name,
         workload.description,
@@ -377,60 +394,113 @@ def _warm_up(http: httpx.Client, engine: EngineTarget) -> None:
         send_chat(http, engine.base_url, engine.model_name, [{"role": "user", "content": text}])
 
 
-def _first_pass(
-    http: httpx.Client,
-    engine: EngineTarget,
-    arm: Arm,
-    tokenize: tuple[Tokenize, TokenizeText] | None,
-    cache: PrefixCacheModel | None,
-    tick: Tick,
-    prompts: list[Messages],
-    notes: list[str],
-) -> ArmRun:
-    """One arm on a reset cache, recording the prompts it sent in ``prompts``, each
-    request's cached tokens predicted by ``cache`` where there are token ids."""
-    reset = engine.reset_prefix_cache()
-    if not reset:
-        notes.append(f"{arm.name}: the engine's cache could not be reset")
-    sent = []
-    for i in range(len(arm)):
-        messages = arm.messages(i)
-        prompts.append(messages)
-        ids = tokenize[0](messages) if tokenize is not None else None
-        result = send_chat(
-            http, engine.base_url, engine.model_name, messages, max_tokens=arm.max_tokens
-        )
-        arm.answered(i, result.answer)
-        if cache is not None and ids is not None and tokenize is not None:
+class _PassSender:
+    """Sends passes of arms: a group of arms into one reset cache, interleaved under
+    salts, or each arm alone into a reset cache; records what every arm sent."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        engine: EngineTarget,
+        notes: list[str],
+        on_arm: Callable[[str, int], Tick],
+    ) -> None:
+        self._http, self._engine, self._notes, self._on_arm = http, engine, notes, on_arm
+        self.prompts: dict[str, list[Messages]] = {}
+        self._salt_run = secrets.token_hex(4)  # a rerun never reads an earlier run's cache
+
+    def first_pass(
+        self,
+        arms: Sequence[Arm],
+        *,
+        salted: bool,
+        predictors: dict[str, PrefixCacheModel],
+        tokenize: tuple[Tokenize, TokenizeText] | None,
+    ) -> list[ArmRun]:
+        """Every arm once, its prompts recorded and each request's cached tokens
+        predicted by the arm's ``predictors`` entry where there are token ids."""
+        for arm in arms:
+            self.prompts[arm.name] = []
+
+        def predict(arm: Arm, i: int, messages: Messages, result: Sent) -> Sent:
+            self.prompts[arm.name].append(messages)
+            cache = predictors.get(arm.name)
+            if cache is None or tokenize is None:
+                return result
+            ids = tokenize[0](messages)
             generated = tokenize[1](result.answer) if arm.max_tokens > 1 else []
             predicted = cache.admit(ids, generated).cached_tokens
-            result = _with_prediction(result, predicted, len(ids), notes)
-        sent.append(result)
-        tick()
-    return ArmRun(arm.name, tuple(sent), reset)
+            return _with_prediction(result, predicted, len(ids), self._notes)
 
+        return self._send(arms, 0, salted=salted, labels=None, finish=predict)
 
-def _replay(
-    http: httpx.Client,
-    engine: EngineTarget,
-    arm: FixedArm,
-    first: ArmRun,
-    tick: Tick,
-    notes: list[str],
-) -> ArmRun:
-    """``arm`` (the first pass's prompts) sent again on a reset cache; each request
-    keeps the first pass's prediction (the same token ids)."""
-    reset = engine.reset_prefix_cache()
-    if not reset:
-        notes.append(f"{arm.name}: the engine's cache could not be reset")
-    sent = []
-    for i in range(len(arm)):
-        result = send_chat(
-            http, engine.base_url, engine.model_name, arm.messages(i), max_tokens=arm.max_tokens
-        )
-        sent.append(replace(result, predicted_cached=first.sent[i].predicted_cached))
-        tick()
-    return ArmRun(arm.name, tuple(sent), reset)
+    def replay(
+        self, arms: Sequence[Arm], number: int, *, salted: bool, first: Sequence[ArmRun]
+    ) -> list[ArmRun]:
+        """The first pass's prompts of ``arms`` sent again (pass ``number``, from 0);
+        each request keeps the first pass's prediction (the same token ids)."""
+        by_name = {run.name: run for run in first}
+        replays = [FixedArm(a.name, tuple(self.prompts[a.name]), a.max_tokens) for a in arms]
+
+        def keep(arm: Arm, i: int, messages: Messages, result: Sent) -> Sent:
+            return replace(result, predicted_cached=by_name[arm.name].sent[i].predicted_cached)
+
+        label = f" (pass {number + 1})"
+        return self._send(replays, number, salted=salted, labels=label, finish=keep)
+
+    def _send(
+        self,
+        arms: Sequence[Arm],
+        number: int,
+        *,
+        salted: bool,
+        labels: str | None,
+        finish: Callable[[Arm, int, Messages, Sent], Sent],
+    ) -> list[ArmRun]:
+        groups = [list(arms)] if salted else [[arm] for arm in arms]
+        runs: list[ArmRun] = []
+        for group in groups:
+            reset = self._engine.reset_prefix_cache()
+            if not reset:
+                self._notes.append(f"{group[0].name}: the engine's cache could not be reset")
+            salts = [
+                f"{self._salt_run}/{number}/{position}" if salted else None
+                for position in range(len(group))
+            ]
+            sent = self._interleaved(group, salts, labels or "", finish)
+            runs += [ArmRun(arm.name, tuple(s), reset) for arm, s in zip(group, sent, strict=True)]
+        return runs
+
+    def _interleaved(
+        self,
+        group: Sequence[Arm],
+        salts: Sequence[str | None],
+        label: str,
+        finish: Callable[[Arm, int, Messages, Sent], Sent],
+    ) -> list[list[Sent]]:
+        """Request ``i`` of every arm of ``group``, then ``i + 1``; the arm going first
+        rotates with ``i``."""
+        ticks = [self._on_arm(arm.name + label, len(arm)) for arm in group]
+        sent: list[list[Sent]] = [[] for _ in group]
+        for i in range(max(len(arm) for arm in group)):
+            start = i % len(group)
+            for j in (*range(start, len(group)), *range(start)):
+                arm = group[j]
+                if i >= len(arm):
+                    continue
+                messages = arm.messages(i)
+                result = send_chat(
+                    self._http,
+                    self._engine.base_url,
+                    self._engine.model_name,
+                    messages,
+                    max_tokens=arm.max_tokens,
+                    cache_salt=salts[j],
+                )
+                arm.answered(i, result.answer)
+                sent[j].append(finish(arm, i, messages, result))
+                ticks[j]()
+        return sent
 
 
 def _median_pass(runs: Sequence[ArmRun]) -> ArmRun:
