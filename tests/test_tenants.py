@@ -516,7 +516,7 @@ def test_the_loopback_engine_separates_salts(engine: OpenAICompatibleServer) -> 
     assert cached(cache_salt="a") > 0
 
 
-@pytest.mark.parametrize("salt", ["", 5, "x" * 1025])
+@pytest.mark.parametrize("salt", ["", 5, "x" * 129, "run/1", "a@b", "a\\b", "a\x00b"])
 def test_the_loopback_engine_refuses_a_bad_salt(
     engine: OpenAICompatibleServer, salt: object
 ) -> None:
@@ -814,3 +814,15 @@ def test_a_bad_serve_salt_configuration_is_a_config_error() -> None:
         ServeConfig(endpoints=("http://127.0.0.1:1/v1",), model=MODEL, cache_salt="no")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         ServeConfig(endpoints=("http://127.0.0.1:1/v1",), model=MODEL, salt_key="short")
+
+
+def test_the_loopback_engine_takes_a_salt_of_vllms_longest(
+    engine: OpenAICompatibleServer,
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "cache_salt": "x" * 128,
+    }
+    response = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=10)
+    assert response.status_code == 200

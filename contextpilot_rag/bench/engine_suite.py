@@ -464,7 +464,7 @@ class _PassSender:
             if not reset:
                 self._notes.append(f"{group[0].name}: the engine's cache could not be reset")
             salts = [
-                f"{self._salt_run}/{number}/{position}" if salted else None
+                f"{self._salt_run}-{number}-{position}" if salted else None
                 for position in range(len(group))
             ]
             sent = self._interleaved(group, salts, labels or "", finish)

@@ -16,8 +16,8 @@ does it: ``<|role|>\\n{content}\\n`` per message, each message encoded on its ow
 parts of a list content are joined with ``"\\n"``, as vLLM does). A completions prompt
 is encoded as it is. Only prompt tokens are admitted to the cache, not the reply.
 
-A top-level ``cache_salt`` (a non-empty string of at most 1,024 characters, as vLLM
-takes it; anything else is HTTP 400) is mixed into the first block's hash, as vLLM does:
+A top-level ``cache_salt`` (a non-empty string of at most 128 characters without
+``@``, ``/``, ``\\`` or NUL, as vLLM 0.32 takes it; anything else is HTTP 400) is mixed into the first block's hash, as vLLM does:
 a salted prompt shares no cached block with a prompt of another salt or of none.
 """
 
@@ -56,7 +56,8 @@ OWNED_BY = "contextpilot-test"
 """The ``owned_by`` field of the served model in ``GET /v1/models``."""
 
 _BLOCK_HEADER = re.compile(r"^\[[^\[\]\s]+\]$", re.MULTILINE)
-_MAX_SALT_CHARS = 1024  # vLLM's limit
+_MAX_SALT_CHARS = 128  # vLLM's limits (0.32: validate_cache_salt)
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
 _WORD_START = re.compile(r"(?<=\S)(?=\s)")
 _JSON = dict[str, Any]
 
@@ -169,9 +170,15 @@ def _cache_salt(body: _JSON) -> str | None:
     if "cache_salt" not in body or body["cache_salt"] is None:
         return None
     salt = body["cache_salt"]
-    if not isinstance(salt, str) or not salt or len(salt) > _MAX_SALT_CHARS:
+    if (
+        not isinstance(salt, str)
+        or not salt
+        or len(salt) > _MAX_SALT_CHARS
+        or _SALT_FORBIDDEN.intersection(salt)
+    ):
         raise _RequestError(
-            f"'cache_salt' must be a non-empty string of at most {_MAX_SALT_CHARS} characters"
+            f"'cache_salt' must be a non-empty string of at most {_MAX_SALT_CHARS} "
+            "characters without '@', '/', '\\' or NUL"
         )
     return salt
 
