@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         body = provenance(
             command.strip(),
             args.repeats,
-            "ratios within the run; each arm sent once per pass on a reset cache, the "
-            "arms in reverse order on every other pass, the pass of median prefill time "
-            "reported (the range of every pass's prefill time beside it)",
+            "ratios within the run; each pass sends every arm once (on vLLM the arms "
+            "interleaved request by request, each under its own cache_salt on one reset "
+            "cache), the arms in reverse order on every other pass; per arm the pass of "
+            "median prefill time is shown (every pass's range beside it), and a speed-up "
+            "is the median of the passes' ratios",
         )
         if plotted:
             body += f"\n\n![real-engine suite]({args.plot.relative_to(args.write.parent)})"

@@ -17,8 +17,9 @@ parts of a list content are joined with ``"\\n"``, as vLLM does). A completions 
 is encoded as it is. Only prompt tokens are admitted to the cache, not the reply.
 
 A top-level ``cache_salt`` (a non-empty string of at most 128 characters without
-``@``, ``/``, ``\\`` or NUL, as vLLM 0.32 takes it; anything else is HTTP 400) is mixed into the first block's hash, as vLLM does:
-a salted prompt shares no cached block with a prompt of another salt or of none.
+``@``, ``/``, ``\\`` or NUL, as vLLM 0.32 takes it; anything else is HTTP 400) is
+mixed into the first block's hash, as vLLM does: a salted prompt shares no cached block
+with a prompt of another salt or of none.
 """
 
 from __future__ import annotations
