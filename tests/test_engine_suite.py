@@ -280,8 +280,8 @@ def test_interleaved_arms_keep_their_own_caches_under_salts() -> None:
     assert run.arm("contextpilot").computed_tokens < plain.computed_tokens
 
 
-def test_a_speedup_over_passes_is_the_median_of_each_passs_ratio() -> None:
-    from contextpilot_rag.bench.engine_report import _speedup
+def test_aspeedup_over_passes_is_the_median_of_each_passs_ratio() -> None:
+    from contextpilot_rag.bench.engine_report import speedup
     from contextpilot_rag.bench.engine_suite import ArmRun, Sent
 
     sent = (Sent(1.0, 1.0, 100, 0, "a"),)
@@ -289,6 +289,6 @@ def test_a_speedup_over_passes_is_the_median_of_each_passs_ratio() -> None:
     ours = ArmRun("contextpilot", sent, True, prefill_passes_s=(10.0, 20.0, 10.5))
     # each pass times both arms side by side: the median of 1.3, 1.5 and 11 / 10.5,
     # not the ratio of the arms' median passes (13 / 10.5)
-    assert _speedup(plain, ours) == (1.3, (1.3, 1.5, 11 / 10.5))
+    assert speedup(plain, ours) == (1.3, (1.3, 1.5, 11 / 10.5))
     single = ArmRun("unmodified", (Sent(3.0, 3.0, 100, 0, "a"),), True)
-    assert _speedup(single, ArmRun("contextpilot", sent, True)) == (3.0, ())
+    assert speedup(single, ArmRun("contextpilot", sent, True)) == (3.0, ())

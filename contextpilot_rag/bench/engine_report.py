@@ -263,7 +263,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else float("inf")
 
 
-def _speedup(plain: ArmRun, ours: ArmRun) -> tuple[float, tuple[float, ...]]:
+def speedup(plain: ArmRun, ours: ArmRun) -> tuple[float, tuple[float, ...]]:
     """``plain``'s time over ``ours`` (prefill time, or mean TTFT: the arms send the
     same number of requests), and the ratio within each pass. With several passes the
     ratio is the median of the passes' ratios: each pass times both arms side by side
@@ -305,7 +305,7 @@ def checks(result: SuiteResult) -> list[Check]:
         if run is None:
             continue
         plain, ours = (run.arm(arm) for arm in run.pairs[0])
-        gain, passes = _speedup(plain, ours)  # mean TTFT: the arms send as many requests
+        gain, passes = speedup(plain, ours)  # mean TTFT: the arms send as many requests
         hit = _predicted_hit(ours)
         where = f" (sim predicts {hit:.0%} hits{_per_pass(passes)})" if hit is not None else ""
         out.append(
@@ -327,7 +327,7 @@ def checks(result: SuiteResult) -> list[Check]:
             )
         )
         for plain_name, ours_name in run.pairs[1:]:
-            other, _ = _speedup(run.arm(plain_name), run.arm(ours_name))
+            other, _ = speedup(run.arm(plain_name), run.arm(ours_name))
             out.append(
                 Check(
                     f"{name}: {ours_name} vs {plain_name} (mean TTFT; never slower)",
@@ -418,7 +418,7 @@ def _rows(run: WorkloadRun) -> list[tuple[str, ...]]:
                 f"{arm.cached_tokens:,} ({arm.cached_tokens / max(1, arm.prompt_tokens):.0%})",
                 f"{arm.computed_tokens:,}",
                 "n/a" if predicted is None else f"{predicted:,}",
-                f"{_speedup(base, arm)[0]:.2f}x",
+                f"{speedup(base, arm)[0]:.2f}x",
             )
         )
     return rows

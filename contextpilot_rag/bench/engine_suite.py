@@ -41,6 +41,7 @@ __all__ = [
     "WorkloadRun",
     "check_repeats",
     "engine_tokenizer",
+    "median_pass",
     "predicted_capacity",
     "run_workload",
     "send_chat",
@@ -371,7 +372,7 @@ def run_workload(
     return WorkloadRun(
         workload.name,
         workload.description,
-        tuple(_median_pass(passes[arm.name]) for arm in workload.arms),
+        tuple(median_pass(passes[arm.name]) for arm in workload.arms),
         tuple(dict.fromkeys(notes)),
         workload.pairs,
     )
@@ -503,7 +504,7 @@ class _PassSender:
         return sent
 
 
-def _median_pass(runs: Sequence[ArmRun]) -> ArmRun:
+def median_pass(runs: Sequence[ArmRun]) -> ArmRun:
     """The pass of median prefill time (the lower middle one of an even count), with
     every pass's prefill time (a single pass as it is)."""
     if len(runs) == 1:
