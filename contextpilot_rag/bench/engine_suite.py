@@ -433,7 +433,7 @@ class _PassSender:
             predicted = cache.admit(ids, generated).cached_tokens
             return _with_prediction(result, predicted, len(ids), self._notes)
 
-        return self._send(arms, 0, salted=salted, labels=None, finish=predict)
+        return self._send(arms, 0, salted=salted, suffix="", finish=predict)
 
     def replay(
         self, arms: Sequence[Arm], number: int, *, salted: bool, first: Sequence[ArmRun]
@@ -446,8 +446,8 @@ class _PassSender:
         def keep(arm: Arm, i: int, messages: Messages, result: Sent) -> Sent:
             return replace(result, predicted_cached=by_name[arm.name].sent[i].predicted_cached)
 
-        label = f" (pass {number + 1})"
-        return self._send(replays, number, salted=salted, labels=label, finish=keep)
+        suffix = f" (pass {number + 1})"
+        return self._send(replays, number, salted=salted, suffix=suffix, finish=keep)
 
     def _send(
         self,
@@ -455,9 +455,11 @@ class _PassSender:
         number: int,
         *,
         salted: bool,
-        labels: str | None,
+        suffix: str,
         finish: Callable[[Arm, int, Messages, Sent], Sent],
     ) -> list[ArmRun]:
+        """Pass ``number`` of ``arms`` (their progress labels end in ``suffix``); each
+        request's result goes through ``finish`` before it is kept."""
         groups = [list(arms)] if salted else [[arm] for arm in arms]
         runs: list[ArmRun] = []
         for group in groups:
@@ -468,7 +470,7 @@ class _PassSender:
                 f"{self._salt_run}-{number}-{position}" if salted else None
                 for position in range(len(group))
             ]
-            sent = self._interleaved(group, salts, labels or "", finish)
+            sent = self._interleaved(group, salts, suffix, finish)
             runs += [ArmRun(arm.name, tuple(s), reset) for arm, s in zip(group, sent, strict=True)]
         return runs
 
@@ -476,12 +478,12 @@ class _PassSender:
         self,
         group: Sequence[Arm],
         salts: Sequence[str | None],
-        label: str,
+        suffix: str,
         finish: Callable[[Arm, int, Messages, Sent], Sent],
     ) -> list[list[Sent]]:
         """Request ``i`` of every arm of ``group``, then ``i + 1``; the arm going first
         rotates with ``i``."""
-        ticks = [self._on_arm(arm.name + label, len(arm)) for arm in group]
+        ticks = [self._on_arm(arm.name + suffix, len(arm)) for arm in group]
         sent: list[list[Sent]] = [[] for _ in group]
         for i in range(max(len(arm) for arm in group)):
             start = i % len(group)
