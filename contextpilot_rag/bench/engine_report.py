@@ -544,7 +544,10 @@ def plot(result: SuiteResult, path: Path) -> bool:
         bottom.set_ylabel("computed prompt tokens")
         bottom.legend()
         for axis in (top, bottom):
-            axis.tick_params(axis="x", labelsize=7)
+            # four arms' names do not fit side by side: slant them
+            axis.tick_params(axis="x", labelsize=7, labelrotation=20 if len(names) > 2 else 0)
+            for label in axis.get_xticklabels():
+                label.set_horizontalalignment("right" if len(names) > 2 else "center")
     figure.suptitle(f"{result.engine['model']} on {result.engine.get('kind', 'engine')}")
     return save_figure(figure, path)
 
