@@ -108,7 +108,8 @@ class ArmRun:
     name: str
     sent: tuple[Sent, ...]
     reset: bool
-    """Whether the engine's cache was emptied before this arm."""
+    """Whether the engine's cache was emptied before this arm (before its pass, where
+    the arms ran interleaved under salts)."""
     prefill_passes_s: tuple[float, ...] = ()
     """Every pass's prefill time when the arm was sent several times (this run is the
     median one); empty for a single pass."""
@@ -536,14 +537,7 @@ def _with_prediction(sent: Sent, predicted: int, tokenized: int, notes: list[str
             f"tokenized prompt ({tokenized}) differs from the engine's count "
             f"({sent.prompt_tokens}) on some requests"
         )
-    return Sent(
-        sent.ttft_s,
-        sent.total_s,
-        sent.prompt_tokens,
-        sent.cached_tokens,
-        sent.answer,
-        predicted_cached=min(predicted, sent.prompt_tokens),
-    )
+    return replace(sent, predicted_cached=min(predicted, sent.prompt_tokens))
 
 
 @dataclass(frozen=True)
