@@ -52,6 +52,7 @@ from .blocks import (
 )
 from .cloud.breakpoints import plan_breakpoints
 from .cloud.config import CloudCacheConfig
+from .cloud.continuation import ContinuationTracker
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
 from .cloud.keys import conversation_cache_key, prefix_cache_key
 from .cloud.ledger import CacheLedger
@@ -326,6 +327,7 @@ class ContextPilot:
         self._index = ContextIndex(self.config.index, clock=clock)
         self._clock = clock
         self._ledger = CacheLedger(self.config.cloud.ledger_size)
+        self._continuations = ContinuationTracker(self.config.cloud.ttl_s)
         notes = self.config.notes
         self._lead_ins = tuple(
             template_lead_in(template)
@@ -761,7 +763,12 @@ class ContextPilot:
         index_path = (*fixed_prefix, *block_ids, f"\x00tail:{request_id}")
         index_tokens = (*fixed_tokens, *block_tokens, prompt.stats.tail_tokens)
         prompt, cached_prefixes = self._for_hosted_cache(
-            prompt, index_path, fixed_tokens, visible, _keys_by_id(blocks, keys)
+            prompt,
+            index_path,
+            fixed_tokens,
+            visible,
+            _keys_by_id(blocks, keys),
+            turn=len(conversation.turns) - 1 if conversation is not None else 0,
         )
         placements = None
         if tenant is not None:
@@ -1299,10 +1306,13 @@ class ContextPilot:
         fixed_tokens: tuple[int, ...],
         visible: Sequence[tuple[int, Turn]],
         keys: Mapping[str, str] | None,
+        *,
+        turn: int = 0,
     ) -> tuple[Prompt, tuple[tuple[str, ...], ...]]:
         """``prompt`` with its cache plan and ``prompt_cache_key`` (``docs/cloud.md``),
         and the ledger keys of its breakpoints (recorded on commit). ``keys``: a
-        tenant's blocks' registry keys (``None``: their ids)."""
+        tenant's blocks' registry keys (``None``: their ids); ``turn``: the turn's
+        number in its conversation."""
         cloud = self.config.cloud
         if not cloud.enabled:
             return prompt, ()
@@ -1326,7 +1336,10 @@ class ContextPilot:
             ttl_s=cloud.ttl_s,
         )
         shape = self._prompt_shape(prompt, path, fixed_tokens, visible)
-        candidates = reuse_candidates(shape, signals, cloud.next_turn_probability)
+        next_turn = cloud.next_turn_probability
+        if next_turn is None and prompt.conversation_id is not None:
+            next_turn = self._continuations.probability(turn, now)
+        candidates = reuse_candidates(shape, signals, next_turn)
         plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
         cached = tuple(
             ledger_key(kept.candidate.index_depth)
@@ -1501,6 +1514,10 @@ class ContextPilot:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
+        if plan.conversation is not None and self.config.cloud.enabled:
+            conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
+            turn = len(plan.conversation.turns) - 1
+            self._continuations.observe(conversation, turn, self._clock())
         if plan.placements is None:
             self._index.insert(plan.index_path, plan.index_tokens, request_id)
         else:

@@ -10,6 +10,7 @@ from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
 from contextpilot_rag.cloud import (
     ANTHROPIC_RULES,
     OPENAI_RULES,
+    CachePlan,
     CloudCacheConfig,
     ProviderRules,
     ReuseCandidate,
@@ -225,3 +226,100 @@ def test_the_index_counts_recent_requests_sharing_a_prefix() -> None:
     assert index.recent_sharing(["s", "a"], since=50.0, limit=1) == 1
     assert index.recent_sharing(["s", "z"], since=0.0) == 0
     assert index.recent_sharing([], since=0.0) == 0
+
+
+class _SharedUpTo:
+    """Reuse signals of a prompt whose index path recent requests share up to
+    ``depth``; every block equally popular, nothing cached."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    def recent_sharing(self, depth: int) -> int:
+        return 8 if depth <= self.depth else 0
+
+    def block_share(self, count: int) -> float:
+        return 1.0
+
+    def cached(self, depth: int) -> bool:
+        return False
+
+
+def test_spare_breakpoints_go_just_past_where_recent_requests_left_the_path() -> None:
+    """Popularity alone rates every end of equally popular blocks alike; later requests
+    that follow this path past where recent ones left it mostly leave it within a
+    block or two, so the breakpoints that cost no write go there, not to the end."""
+    from contextpilot_rag.cloud.forecast import PromptShape, reuse_candidates
+
+    ends = tuple(1500 + 300 * count for count in range(1, 9))
+    shape = PromptShape(1500, 1, 0, 0, 0, ends, ends[-1] + 50, 1, 0, True)
+    candidates = reuse_candidates(shape, _SharedUpTo(2), 0.9)
+    shared = [c.expected_reads for c in candidates if c.kind == "shared_blocks"]
+    assert shared[:4] == [8, 8, 4, 2]  # shared by recent ones, first past, then halved
+    plan = plan_breakpoints(candidates, ANTHROPIC_RULES)
+    parts = [kept.candidate.part for kept in plan.breakpoints if kept.kind == "shared_blocks"]
+    assert parts and parts[0] == 1 and max(parts) <= 3
+    assert [kept.kind for kept in plan.breakpoints][-1] == "tail"
+
+
+def test_continuations_start_from_the_rule_of_succession() -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    assert tracker.probability(0, 0.0) == pytest.approx(1 / 2)
+    assert tracker.probability(3, 0.0) == pytest.approx(4 / 5)
+
+
+def test_continuations_learn_where_conversations_stop() -> None:
+    """Conversations of exactly two turns: a first turn is always followed, a second
+    never, so the second turn's tail stops looking worth a write."""
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    for number in range(20):
+        start = number * 1000.0
+        tracker.observe(number, 0, start)
+        tracker.observe(number, 0, start + 1)  # a retry of the same turn counts once
+        tracker.observe(number, 1, start + 30)
+    assert tracker.probability(0, 20_000.0) > 0.9
+    assert tracker.probability(1, 20_000.0) < 0.1
+
+
+def test_a_next_turn_after_the_cache_expired_does_not_count_as_followed() -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0, prior_weight=1.0)
+    tracker.observe("c", 0, 0.0)
+    tracker.observe("c", 1, 301.0)
+    assert tracker.probability(0, 301.0) == pytest.approx((0 + 1 / 2) / (1 + 1))
+
+
+def test_the_pilot_stops_writing_tails_where_its_conversations_stop(
+    tokenizer: Tokenizer,
+) -> None:
+    now = [0.0]
+    config = PilotConfig(system_prompt="Rules. " * 1200, cloud=CloudCacheConfig(enabled=True))
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+
+    def tail_reads(conversation: str, turns: int) -> float:
+        reads = 0.0
+        for turn in range(turns):
+            docs = _docs(f"{conversation}{turn}")
+            prompt = pilot.optimize(docs, "Q?", conversation_id=conversation)
+            pilot.record_answer(prompt, "A")
+            assert prompt.cache_plan is not None
+            tail = [c for c in _candidates(prompt.cache_plan) if c.kind == "tail"]
+            reads = tail[0].expected_reads
+            now[0] += 20.0
+        now[0] += 1000.0
+        return reads
+
+    first = tail_reads("c0", 2)
+    assert first == pytest.approx(2 / 3)  # the rule of succession, nothing learned yet
+    for number in range(1, 10):
+        tail_reads(f"c{number}", 2)
+    assert tail_reads("last", 2) < 0.2
+
+
+def _candidates(plan: CachePlan) -> list[ReuseCandidate]:
+    return [b.candidate for b in plan.breakpoints] + [s.candidate for s in plan.skipped]

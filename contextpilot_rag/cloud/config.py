@@ -18,7 +18,9 @@ class CloudCacheConfig:
     :class:`~.rules.ProviderRules`), ``model`` the model the prompts go to (its
     minimum cacheable length), ``ttl`` the breakpoints' lifetime (``"5m"`` or
     ``"1h"``). ``next_turn_probability``: the chance a conversation sends another turn
-    within the lifetime (``None``: ``(t + 1) / (t + 2)`` after ``t`` earlier turns).
+    within the lifetime (``None``: the pilot learns it per turn number from the
+    conversations it serves, starting from ``(t + 1) / (t + 2)`` after ``t`` earlier
+    turns; :class:`~.continuation.ContinuationTracker`).
     ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``.
     ``max_counted``: the most recent sharing requests counted per prefix (a bound on
     the work). ``ledger_size``: the breakpoint prefixes remembered as cached.

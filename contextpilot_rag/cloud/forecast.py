@@ -8,7 +8,10 @@ proposes (:class:`~.breakpoints.ReuseCandidate`), from its index and the convers
   recent ones that did; block popularity predicts the ones that will, as placing a
   block first *because* others carry it is the point of the reorder: the system
   prompt's recent requests × the smallest share of requests that carried any of the
-  ``k`` blocks.
+  ``k`` blocks, halved for each block past the first one after the deepest prefix a
+  recent request shares. The smallest share bounds the share carrying all ``k``
+  blocks only from above; later requests that go past where recent ones left this
+  path mostly leave it within a block or two, so spare breakpoints belong there.
 - **history**: the end of the conversation's history, from where the previous turn's
   cached prefix is read back (and the answer written for the next turn).
 - **tail**: the end of this turn, read by the conversation's next turn.
@@ -117,14 +120,22 @@ def reuse_candidates(
     return candidates
 
 
+_UNSHARED_DECAY = 0.5
+"""Popularity's prediction is multiplied by this for each block past the first one
+after the deepest prefix a recent request shares."""
+
+
 def _shared_blocks(
     shape: PromptShape, signals: ReuseSignals, system_reads: int
 ) -> list[ReuseCandidate]:
     candidates = []
+    unshared = 0  # blocks up to here after the deepest prefix a recent request shares
     for count, end_tokens in enumerate(shape.block_ends, start=1):
         depth = shape.fixed_depth + count
         seen = signals.recent_sharing(depth)
-        predicted = system_reads * signals.block_share(count)
+        unshared = 0 if seen else unshared + 1
+        decay = _UNSHARED_DECAY ** max(0, unshared - 1)
+        predicted = system_reads * signals.block_share(count) * decay
         reads = max(float(seen), predicted)
         if reads <= 0 and not signals.cached(depth):
             continue

@@ -1,0 +1,72 @@
+"""How often a conversation's turn is followed by its next turn while the cache lives:
+the reads a ``tail`` (and ``history``) breakpoint can expect (``docs/cloud.md``).
+
+A turn is *followed* when the conversation's next turn comes within ``ttl_s`` of it
+(later, its cached prefix has expired). Per turn number ``t`` the estimate is the
+share of resolved turns that were followed, shrunk toward the rule of succession
+``(t + 1) / (t + 2)`` (what is assumed with no observation) by ``prior_weight``
+pseudo-turns. So a workload whose conversations stop at a fixed length stops writing
+tails its last turns never read, and one whose conversations go on keeps them.
+
+Invariant: every observed turn is either pending (its conversation's next turn may
+still come within ``ttl_s``; at most one per conversation, oldest first) or counted
+in ``resolved`` (and in ``followed`` when its next turn came in time). Not
+thread-safe by itself: the pilot's lock guards it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Hashable
+
+from ..errors import ConfigError
+
+__all__ = ["ContinuationTracker"]
+
+
+class ContinuationTracker:
+    """Counts followed and resolved turns per turn number (see the module docstring).
+    ``capacity`` bounds the pending conversations; the oldest is resolved as not
+    followed when it is exceeded."""
+
+    def __init__(self, ttl_s: float, *, prior_weight: float = 2.0, capacity: int = 65_536) -> None:
+        if not ttl_s > 0 or not prior_weight > 0:
+            raise ConfigError("ContinuationTracker needs ttl_s > 0 and prior_weight > 0")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError("ContinuationTracker capacity must be a positive int")
+        self._ttl_s, self._prior_weight, self._capacity = ttl_s, prior_weight, capacity
+        self._pending: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
+        self._followed: Counter[int] = Counter()
+        self._resolved: Counter[int] = Counter()
+
+    def probability(self, turn: int, now: float) -> float:
+        """The chance that turn number ``turn`` (0: a conversation's first) is followed
+        by the next within ``ttl_s``, in [0, 1]."""
+        self._expire(now)
+        prior = (turn + 1) / (turn + 2)
+        weight = self._prior_weight
+        return (self._followed[turn] + weight * prior) / (self._resolved[turn] + weight)
+
+    def observe(self, conversation: Hashable, turn: int, now: float) -> None:
+        """``conversation`` sends its turn number ``turn`` now (sending the same turn
+        again, a retry, changes nothing but its time)."""
+        self._expire(now)
+        previous = self._pending.pop(conversation, None)
+        if previous is not None and previous[0] != turn:
+            self._resolve(previous[0], followed=previous[0] == turn - 1)
+        self._pending[conversation] = (turn, now)
+        while len(self._pending) > self._capacity:
+            _, (oldest, _) = self._pending.popitem(last=False)
+            self._resolve(oldest, followed=False)
+
+    def _expire(self, now: float) -> None:
+        while self._pending:
+            conversation, (turn, sent) = next(iter(self._pending.items()))
+            if now - sent <= self._ttl_s:
+                return
+            del self._pending[conversation]
+            self._resolve(turn, followed=False)
+
+    def _resolve(self, turn: int, *, followed: bool) -> None:
+        self._resolved[turn] += 1
+        self._followed[turn] += followed
