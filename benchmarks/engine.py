@@ -34,6 +34,7 @@ from contextpilot_rag.bench.engine_report import (
     plot,
     rich_tables,
     run_suite,
+    suite_kv_cache_gib,
     write_json,
 )
 from contextpilot_rag.bench.engine_suite import check_repeats
@@ -53,7 +54,7 @@ def section_name(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, kv_cache_gib=suite_kv_cache_gib())
     parser.add_argument("--workloads", default=",".join(SUITE_WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", type=Path, help="docs file to write the section into")

@@ -66,7 +66,7 @@ def test_workloads_are_deterministic_and_share_their_requests() -> None:
     other = online_workload(seed=4)
     assert other.arm("unmodified").messages(0) != first.arm("unmodified").messages(0)
     plain, ours = first.arm("unmodified"), first.arm("contextpilot")
-    assert len(plain) == len(ours) == 2 * 4 * 4
+    assert len(plain) == len(ours) == 2 * 6 * 5
     assert plain.messages(0)[0]["content"].startswith(SYSTEM)
     assert ours.messages(0)[0]["content"] == SYSTEM
 
@@ -292,3 +292,58 @@ def test_aspeedup_over_passes_is_the_median_of_each_passs_ratio() -> None:
     assert speedup(plain, ours) == (1.3, (1.3, 1.5, 11 / 10.5))
     single = ArmRun("unmodified", (Sent(3.0, 3.0, 100, 0, "a"),), True)
     assert speedup(single, ArmRun("contextpilot", sent, True)) == (3.0, ())
+
+
+def test_interleaved_arms_that_outgrow_the_cache_are_predicted_as_they_compete() -> None:
+    # Under salts the arms share one engine cache: where their blocks do not all fit,
+    # they evict each other's, and the prediction (one model, the arms salted apart)
+    # must follow, with a note that the arms were not measured as if alone.
+    encode = EngineTokenizer(default_tokenizer())
+    workload = online_workload(topics=1, users_per_topic=3, questions=3, k=4, seed=2)
+    runs = {}
+    for capacity in (None, 1_024):
+        with OpenAICompatibleServer(block_size=16, cache_capacity_tokens=capacity) as server:
+            target = _Target(server, kv_cache_tokens=capacity)
+            runs[capacity] = run_workload(
+                target, workload, tokenize=(encode, lambda answer: []), interleave=True
+            )
+    for capacity, run in runs.items():
+        for arm in run.arms:
+            assert arm.predicted_computed == arm.computed_tokens, (capacity, arm.name)
+    roomy, tight = runs[None], runs[1_024]
+    assert not any("outgrew" in note for note in roomy.notes)
+    assert any("outgrew the engine's cache (1,024 tokens" in note for note in tight.notes)
+    # competing for the cache cost hits (so a model per arm would have mispredicted)
+    assert sum(a.computed_tokens for a in tight.arms) > sum(a.computed_tokens for a in roomy.arms)
+
+
+def test_salted_prompts_share_no_block_in_one_cache_model() -> None:
+    from contextpilot_rag.sim.prefix_cache import PrefixCacheModel, salted_tokens
+
+    prompt = list(range(100, 164))
+    assert salted_tokens(prompt, None) == prompt
+    assert salted_tokens([], "a") == []
+    cache = PrefixCacheModel(block_size=16, capacity_tokens=64)
+    cache.admit(salted_tokens(prompt, "a"))
+    assert cache.lookup(salted_tokens(prompt, "a")) == 48  # the last token is computed
+    assert cache.lookup(salted_tokens(prompt, "b")) == 0
+    assert cache.lookup(prompt) == 0
+    assert salted_tokens(prompt, "b")[1:] == prompt[1:]  # only the first id changes
+    assert cache.evicted_tokens == 0
+    cache.admit(salted_tokens(prompt, "b"))  # 4 more blocks into a 4-block cache
+    assert cache.evicted_tokens == 64
+    assert cache.lookup(salted_tokens(prompt, "a")) == 0
+    cache.reset()
+    assert cache.evicted_tokens == 0
+
+
+def test_the_suites_kv_cache_holds_its_arms_in_either_dtype() -> None:
+    from contextpilot_rag.bench.engine_report import suite_kv_cache_gib
+
+    # float32 takes twice the bytes a token: twice the GiB for the same tokens
+    assert suite_kv_cache_gib("float32") == 2 * suite_kv_cache_gib("bfloat16")
+    # SmolLM2-135M: 30 layers × 2 (K, V) × 3 KV heads × 64 dims × 2 bytes in bf16;
+    # the online workload's two arms hold about 200k tokens
+    bf16_tokens = suite_kv_cache_gib("bfloat16") * 2**30 // (30 * 2 * 3 * 64 * 2)
+    assert bf16_tokens > 200_000
+    assert suite_kv_cache_gib() in (suite_kv_cache_gib("bfloat16"), suite_kv_cache_gib("float32"))

@@ -29,6 +29,7 @@ from .engine_report import (
     rich_tables,
     run_suite,
     speedup,
+    suite_kv_cache_gib,
     write_json,
 )
 from .engine_suite import (
@@ -51,8 +52,11 @@ __all__ = [
 ]
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, *, sim: bool = False) -> None:
-    """The engine options shared by ``demo`` and ``bench``."""
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, *, sim: bool = False, kv_cache_gib: int = 2
+) -> None:
+    """The engine options shared by ``demo`` and ``bench``; ``kv_cache_gib``: the
+    default of ``--kv-cache-gib``."""
     kinds = ["vllm", "llama-server", *(["sim"] if sim else [])]
     parser.add_argument(
         "--engine",
@@ -72,7 +76,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, sim: bool = False) 
         "(smollm2, the default, or gemma3 with llama-server)",
     )
     parser.add_argument(
-        "--kv-cache-gib", type=int, default=2, help="vLLM KV cache size in GiB (default 2)"
+        "--kv-cache-gib",
+        type=int,
+        default=kv_cache_gib,
+        help=f"vLLM KV cache size in GiB (default {kv_cache_gib})",
     )
     parser.add_argument(
         "--block-size",
@@ -165,7 +172,7 @@ def add_bench_parser(commands: Any) -> None:
         help="engine: a real engine (default); cloud: input-token cost on hosted prompt "
         "caches (Anthropic, OpenAI), unmodified vs contextpilot_rag, on their emulators",
     )
-    add_engine_arguments(bench)
+    add_engine_arguments(bench, kv_cache_gib=suite_kv_cache_gib())
     bench.add_argument(
         "--provider",
         choices=["anthropic", "openai", "both"],

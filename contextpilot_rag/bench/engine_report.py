@@ -47,6 +47,7 @@ __all__ = [
     "plot",
     "rich_tables",
     "run_suite",
+    "suite_kv_cache_gib",
     "write_json",
 ]
 
@@ -57,8 +58,22 @@ a LangChain chain (plain and through the pilot with its callback handler)."""
 OnArm = Callable[[str, int], Tick]
 
 
-FAMILY_SEEDS = 12
+def suite_kv_cache_gib(dtype: str | None = None) -> int:
+    """The suite's vLLM KV cache in GiB, for the compute ``dtype`` (default: the one
+    the engine would pick on this CPU): enough that its interleaved arms' blocks all
+    fit (the online workload's two arms hold about 200k tokens of SmolLM2's), so each
+    arm is measured as if alone. 6 GiB in bf16 (about 280k tokens; the engine's 2 GiB
+    default holds about 93k), twice that in float32 (twice the bytes a token)."""
+    from ..engines.start import default_vllm_dtype
+
+    return 12 if (dtype or default_vllm_dtype()) == "float32" else 6
+
+
+FAMILY_SEEDS = 24
 """Seeds of each workload shape simulated beside the engine run."""
+EARLIER_ONLINE = {"users_per_topic": 4, "questions": 4, "k": 4}
+"""The online stream's size before it was lengthened (:func:`online_workload`
+arguments); its family row stays beside the current stream's."""
 
 
 @dataclass
@@ -200,6 +215,13 @@ def run_suite(
                 *(
                     (name, builders[name], sizes.get(name, {}))
                     for name in ("online", "batch", "multi-turn")
+                ),
+                # the suite's earlier, shorter online stream: four passages a request,
+                # fewer users per topic; kept so the stream's effect stays visible
+                (
+                    "online (k=4, 4 users × 4 questions a topic)",
+                    builders["online"],
+                    {**sizes.get("online", {}), **EARLIER_ONLINE},
                 ),
                 # the same conversations retrieved with only the previous question
                 # prepended: fewer re-retrieved documents, so less to de-duplicate

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from ..errors import ConfigError, InvalidInputError
-from ..sim.prefix_cache import PrefixCacheModel
+from ..sim.prefix_cache import PrefixCacheModel, salted_tokens
 from ..usage import parse_cache_usage
 from .engine_workloads import Arm, EngineWorkload, FixedArm, Messages
 
@@ -354,17 +354,16 @@ def run_workload(
             )
         sender = _PassSender(http, engine, notes, on_arm or (lambda name, total: _no_tick))
         _warm_up(http, engine)
-        first = sender.first_pass(
-            workload.arms,
-            salted=salted,
-            predictors={
-                arm.name: PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
-                for arm in workload.arms
-            }
+        predictors = (
+            _predictors(workload.arms, block_size, capacity, shared=salted)
             if tokenize is not None and block_size is not None
-            else {},
-            tokenize=tokenize,
+            else {}
         )
+        first = sender.first_pass(
+            workload.arms, salted=salted, predictors=predictors, tokenize=tokenize
+        )
+        if salted and predictors:
+            notes += _competition_note(next(iter(predictors.values())))
         passes = {run.name: [run] for run in first}
         for number in range(1, repeats):
             order = workload.arms if number % 2 == 0 else workload.arms[::-1]
@@ -377,6 +376,35 @@ def run_workload(
         tuple(dict.fromkeys(notes)),
         workload.pairs,
     )
+
+
+def _predictors(
+    arms: Sequence[Arm], block_size: int, capacity: int | None, *, shared: bool
+) -> dict[str, PrefixCacheModel]:
+    """The prefix-cache model predicting each arm's cached tokens: the arms sent
+    interleaved under salts share one engine cache, so they share one model (each arm's
+    prompts salted as the engine salts them) and evict each other's blocks as the engine
+    does; arms sent alone each have a model of their own."""
+    if shared:
+        cache = PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
+        return dict.fromkeys((arm.name for arm in arms), cache)
+    return {
+        arm.name: PrefixCacheModel(block_size=block_size, capacity_tokens=capacity) for arm in arms
+    }
+
+
+def _competition_note(cache: PrefixCacheModel) -> list[str]:
+    """A note where the interleaved arms' blocks outgrew the engine's cache: then each
+    arm kept less than it would have alone, and the speed-ups are not those of one arm
+    on the engine by itself."""
+    if not cache.evicted_tokens:
+        return []
+    return [
+        f"the interleaved arms' blocks outgrew the engine's cache ({cache.capacity_tokens:,} "
+        f"tokens; {cache.evicted_tokens:,} evicted in the first pass, as predicted): the arms "
+        "evicted each other's blocks; a larger KV cache (--kv-cache-gib) measures each arm "
+        "as if alone"
+    ]
 
 
 def check_repeats(repeats: int) -> None:
@@ -431,7 +459,9 @@ class _PassSender:
                 return result
             ids = tokenize[0](messages)
             generated = tokenize[1](result.answer) if arm.max_tokens > 1 else []
-            predicted = cache.admit(ids, generated).cached_tokens
+            # a shared model keeps the arms apart as the engine's salts do
+            salt = arm.name if salted else None
+            predicted = cache.admit(salted_tokens(ids, salt), generated).cached_tokens
             return _with_prediction(result, predicted, len(ids), self._notes)
 
         return self._send(arms, 0, salted=salted, suffix="", finish=predict)

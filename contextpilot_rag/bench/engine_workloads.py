@@ -219,9 +219,9 @@ def _pilot(tokenizer: Tokenizer | None, config: PilotConfig | None = None) -> Co
 def online_workload(
     *,
     topics: int = 2,
-    users_per_topic: int = 4,
-    questions: int = 4,
-    k: int = 4,
+    users_per_topic: int = 6,
+    questions: int = 5,
+    k: int = 8,
     seed: int = 0,
     corpus: MtragCorpus | None = None,
     tokenizer: Tokenizer | None = None,

@@ -19,6 +19,7 @@ head.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from itertools import islice
 from ..errors import ConfigError
 from .block_hashes import iter_block_hashes
 
-__all__ = ["CacheResult", "PrefixCacheModel", "distinct_block_tokens"]
+__all__ = ["CacheResult", "PrefixCacheModel", "distinct_block_tokens", "salted_tokens"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class PrefixCacheModel:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
+        self._evicted_blocks = 0
 
     @property
     def block_size(self) -> int:
@@ -98,6 +100,11 @@ class PrefixCacheModel:
     def used_tokens(self) -> int:
         """Tokens currently held in cached blocks."""
         return len(self._blocks) * self._block_size
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens of the blocks evicted for capacity since the last reset."""
+        return self._evicted_blocks * self._block_size
 
     @property
     def prompt_tokens_total(self) -> int:
@@ -144,6 +151,7 @@ class PrefixCacheModel:
         self._blocks.clear()
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
+        self._evicted_blocks = 0
 
     def _cached_tokens(self, hashes: Iterable[int], prompt_tokens: int) -> int:
         """Tokens served by the leading run of cached blocks among ``hashes``."""
@@ -170,6 +178,20 @@ class PrefixCacheModel:
         blocks = self._blocks
         while len(blocks) > self._capacity_blocks:
             blocks.popitem(last=False)
+            self._evicted_blocks += 1
+
+
+def salted_tokens(token_ids: Sequence[int], salt: str | None) -> list[int]:
+    """``token_ids`` with a ``cache_salt`` mixed into the first one (a negative id,
+    which no tokenizer makes): every chained block hash of the prompt then depends on
+    the salt, as vLLM's extra key on the first block makes them, so prompts of
+    different salts share no cached block in one :class:`PrefixCacheModel`.
+    ``salt=None`` (or no tokens) leaves them as they are."""
+    tokens = list(token_ids)
+    if salt is None or not tokens:
+        return tokens
+    mixed = hashlib.blake2b(f"{salt}\x00{tokens[0]}".encode(), digest_size=8).digest()
+    return [-1 - int.from_bytes(mixed, "big") // 2, *tokens[1:]]
 
 
 def distinct_block_tokens(prompts: Iterable[Sequence[int]], block_size: int = 16) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import logging
 import re
@@ -43,7 +42,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..lifecycle import Startable
-from ..sim.prefix_cache import CacheResult, PrefixCacheModel
+from ..sim.prefix_cache import CacheResult, PrefixCacheModel, salted_tokens
 from ..tokenizers import Tokenizer, default_tokenizer
 
 __all__ = ["OWNED_BY", "OpenAICompatibleServer", "ReplyFunction", "default_reply"]
@@ -184,16 +183,6 @@ def _cache_salt(body: _JSON) -> str | None:
     return salt
 
 
-def _salted(tokens: list[int], salt: str | None) -> list[int]:
-    """``tokens`` with the salt mixed into the first one (a negative id, which no
-    tokenizer makes): every chained block hash of the prompt then depends on the salt,
-    as vLLM's extra key on the first block makes them."""
-    if salt is None or not tokens:
-        return tokens
-    mixed = hashlib.blake2b(f"{salt}\x00{tokens[0]}".encode(), digest_size=8).digest()
-    return [-1 - int.from_bytes(mixed, "big") // 2, *tokens[1:]]
-
-
 def _optional_bool(value: object, name: str) -> bool:
     if value is None:
         return False
@@ -321,7 +310,7 @@ class _Engine:
         tokens = [
             token for segment in request.segments for token in self._tokenizer.encode(segment)
         ]
-        tokens = _salted(tokens, request.options.cache_salt)
+        tokens = salted_tokens(tokens, request.options.cache_salt)
         with self._lock:
             self._requests.append(body)
             cached = self.cache.admit(tokens)
