@@ -6,7 +6,7 @@
     python benchmarks/engine.py --endpoint URL --model NAME ...  # any running server
 
 Installs the engine on first use (``contextpilot_rag.engines``), starts it on
-loopback, runs online, batch, multi-turn and the LangChain path (each arm on a reset
+loopback, runs online, batch, multi-turn and the LangChain and LlamaIndex paths (each arm on a reset
 cache, requests one at a time), stops it, and writes the ``engine-suite`` section
 (``engine-suite-llama-server`` with ``--engine llama-server``,
 ``engine-suite-endpoint`` with ``--endpoint``; ``--section`` names another):

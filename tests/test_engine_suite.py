@@ -5,7 +5,6 @@ so the suite's sim-to-real column must agree exactly there)."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import pytest
 
@@ -25,25 +24,6 @@ from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.sim.replay import EngineTokenizer
 from contextpilot_rag.testing.openai_server import OpenAICompatibleServer
 from contextpilot_rag.tokenizers import default_tokenizer
-
-
-@dataclass
-class _Target:
-    server: OpenAICompatibleServer
-    block_size: int | None = 16
-    kv_cache_tokens: int | None = None
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def model_name(self) -> str:
-        return self.server.model
-
-    def reset_prefix_cache(self) -> bool:
-        self.server.cache.reset()
-        return True
 
 
 def test_bundled_corpus_is_the_mtrag_subset() -> None:
@@ -144,10 +124,9 @@ def test_suite_matches_the_engine_when_the_engine_is_the_model() -> None:
         multiturn_workload(conversations=2, turns=3, max_tokens=8),
     ]
     with OpenAICompatibleServer(block_size=16) as server:
-        target = _Target(server)
         for workload in workloads:
             # this server caches prompts only, not the answers it generates
-            run = run_workload(target, workload, tokenize=(encode, lambda answer: []))
+            run = run_workload(server, workload, tokenize=(encode, lambda answer: []))
             for arm in run.arms:
                 assert arm.reset
                 assert arm.predicted_computed == arm.computed_tokens, (workload.name, arm.name)
@@ -164,7 +143,7 @@ def test_suite_matches_the_engine_when_the_engine_is_the_model() -> None:
 
 def test_suite_without_a_tokenizer_leaves_the_prediction_out() -> None:
     with OpenAICompatibleServer() as server:
-        run = run_workload(_Target(server), online_workload(topics=1, users_per_topic=1))
+        run = run_workload(server, online_workload(topics=1, users_per_topic=1))
     assert run.arms[0].predicted_computed is None
     assert any("tokenize" in note for note in run.notes)
 
@@ -184,7 +163,7 @@ def test_family_first_seed_is_the_engine_runs_ratio() -> None:
     assert family.seeds == (5, 6, 7) and len(family.reductions) == 3
     assert len(set(family.reductions)) > 1  # the seeds are different workloads
     with OpenAICompatibleServer(block_size=16) as server:
-        run = run_workload(_Target(server), build(5), tokenize=(encode, lambda answer: []))
+        run = run_workload(server, build(5), tokenize=(encode, lambda answer: []))
     plain, ours = run.arm("unmodified"), run.arm("contextpilot")
     assert family.reductions[0] == pytest.approx(plain.computed_tokens / ours.computed_tokens)
     assert family.hit_ratios[0] == pytest.approx(1 - ours.computed_tokens / ours.prompt_tokens)
@@ -196,11 +175,9 @@ def test_repeated_passes_replay_each_arms_prompts_and_report_the_median() -> Non
     encode = EngineTokenizer(default_tokenizer())
     workload = multiturn_workload(conversations=2, turns=3, max_tokens=8)
     with OpenAICompatibleServer(block_size=16) as server:
-        run = run_workload(
-            _Target(server), workload, tokenize=(encode, lambda answer: []), repeats=3
-        )
+        run = run_workload(server, workload, tokenize=(encode, lambda answer: []), repeats=3)
         sent = [body["messages"] for body in server.requests]
-        single = run_workload(_Target(server), online_workload(topics=1, users_per_topic=1))
+        single = run_workload(server, online_workload(topics=1, users_per_topic=1))
     for arm in run.arms:
         assert len(arm.prefill_passes_s) == 3, arm.name
         assert arm.prefill_s == sorted(arm.prefill_passes_s)[1]
@@ -224,7 +201,7 @@ def test_repeated_passes_replay_each_arms_prompts_and_report_the_median() -> Non
 def test_repeats_must_be_a_whole_number_of_passes(repeats: object) -> None:
     workload = online_workload(topics=1, users_per_topic=1)
     with OpenAICompatibleServer() as server, pytest.raises(ConfigError, match="repeats"):
-        run_workload(_Target(server), workload, repeats=repeats)  # type: ignore[arg-type]
+        run_workload(server, workload, repeats=repeats)  # type: ignore[arg-type]
     assert server.requests == []  # refused before anything was sent
 
 
@@ -257,7 +234,7 @@ def test_interleaved_arms_keep_their_own_caches_under_salts() -> None:
     workload = multiturn_workload(conversations=2, turns=3, max_tokens=8)
     with OpenAICompatibleServer(block_size=16) as server:
         run = run_workload(
-            _Target(server),
+            server,
             workload,
             tokenize=(encode, lambda answer: []),
             repeats=2,
@@ -303,9 +280,8 @@ def test_interleaved_arms_that_outgrow_the_cache_are_predicted_as_they_compete()
     runs = {}
     for capacity in (None, 1_024):
         with OpenAICompatibleServer(block_size=16, cache_capacity_tokens=capacity) as server:
-            target = _Target(server, kv_cache_tokens=capacity)
             runs[capacity] = run_workload(
-                target, workload, tokenize=(encode, lambda answer: []), interleave=True
+                server, workload, tokenize=(encode, lambda answer: []), interleave=True
             )
     for capacity, run in runs.items():
         for arm in run.arms:

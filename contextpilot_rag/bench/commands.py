@@ -158,7 +158,7 @@ def add_bench_parser(commands: Any) -> None:
         "bench",
         help="the benchmarks: a real engine, or hosted prompt-cache cost (--suite cloud)",
         description="--suite engine (default) runs online, batch, multi-turn and the "
-        "LangChain path on a real engine (one request at a time, cache reset per arm) and "
+        "LangChain and LlamaIndex paths on a real engine (one request at a time) and "
         "reports TTFT, the engine's cached/computed tokens and the simulated prediction "
         "for the same prompts. --suite cloud replays multi-turn, multi-session and "
         "no-overlap workloads through emulated Anthropic and OpenAI prompt caches and "

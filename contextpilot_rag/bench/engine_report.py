@@ -51,9 +51,11 @@ __all__ = [
     "write_json",
 ]
 
-SUITE_WORKLOADS = ("online", "batch", "multi-turn", "langchain")
+SUITE_WORKLOADS = ("online", "batch", "multi-turn", "langchain", "llamaindex")
 """Workloads of ``--suite engine``; ``langchain`` is the online workload sent through
-a LangChain chain (plain and through the pilot with its callback handler)."""
+a LangChain chain (plain and through the pilot with its callback handler),
+``llamaindex`` through a LlamaIndex query engine (plain and with the pilot's node
+postprocessor and event handler)."""
 
 OnArm = Callable[[str, int], Tick]
 
@@ -140,6 +142,31 @@ def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm
     )
 
 
+def _llamaindex_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm) -> WorkloadRun:
+    from ..pilot import ContextPilot, PilotConfig
+    from .llamaindex_path import run_llamaindex_arm
+
+    requests = workload.requests
+    arms = []
+    observed = 0
+    for name, pilot in (
+        ("llamaindex, unmodified", None),
+        ("llamaindex + contextpilot", ContextPilot(PilotConfig(system_prompt=SYSTEM))),
+    ):
+        arm, handler = run_llamaindex_arm(
+            name, engine, requests, pilot=pilot, tick=on_arm(name, len(requests))
+        )
+        arms.append(arm)
+        observed += handler.counts.observed if handler is not None else 0
+    return WorkloadRun(
+        "llamaindex",
+        f"{workload.description}; through a LlamaIndex query engine (OpenAILike, "
+        "streaming), ContextPilotNodePostprocessor and event handler attached",
+        tuple(arms),
+        (f"event handler observed {observed} of {len(requests)} engine usage reports",),
+    )
+
+
 def _direct_only(workload: EngineWorkload) -> EngineWorkload:
     arm = workload.arm("contextpilot")
     return EngineWorkload(workload.name, workload.description, (_Renamed(arm, "direct pilot"),))
@@ -202,6 +229,13 @@ def run_suite(
                 continue
             workload = builders["online"](seed=seed, **sizes.get("online", {}))
             result.runs.append(_langchain_run(engine, workload, _labelled(progress, name)))
+        elif name == "llamaindex":
+            from .llamaindex_path import llamaindex_available
+
+            if not llamaindex_available():
+                continue
+            workload = builders["online"](seed=seed, **sizes.get("online", {}))
+            result.runs.append(_llamaindex_run(engine, workload, _labelled(progress, name)))
         else:
             workload = builders[name](seed=seed, **sizes.get(name, {}))
             labelled = _labelled(progress, name)

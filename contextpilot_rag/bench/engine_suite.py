@@ -30,7 +30,7 @@ import httpx
 
 from ..errors import ConfigError, InvalidInputError
 from ..sim.prefix_cache import PrefixCacheModel, salted_tokens
-from ..usage import parse_cache_usage
+from ..usage import CacheUsage, parse_cache_usage
 from .engine_workloads import Arm, EngineWorkload, FixedArm, Messages
 
 __all__ = [
@@ -96,6 +96,21 @@ class Sent:
     @property
     def computed_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
+
+    @classmethod
+    def timed(
+        cls, started: float, first: float | None, ended: float, usage: CacheUsage, answer: str
+    ) -> Sent:
+        """A request sent at ``started`` (``time.perf_counter`` seconds) whose first
+        token came at ``first`` (``None``: none before the end) and whose answer ended at
+        ``ended``, with the engine's ``usage``."""
+        return cls(
+            ttft_s=(first or ended) - started,
+            total_s=ended - started,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            answer=answer,
+        )
 
 
 def _p95(values: Sequence[float]) -> float:
@@ -291,14 +306,7 @@ def send_chat(
     ended = time.perf_counter()
     if report is None:
         raise InvalidInputError("the engine streamed no usage (needs stream_options support)")
-    usage = parse_cache_usage(report)
-    return Sent(
-        ttft_s=(first or ended) - started,
-        total_s=ended - started,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        answer="".join(parts),
-    )
+    return Sent.timed(started, first, ended, parse_cache_usage(report), "".join(parts))
 
 
 def _no_tick() -> None:

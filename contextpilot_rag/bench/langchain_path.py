@@ -102,14 +102,7 @@ def _send(chain: Any, handlers: list[Any], request: EngineRequest) -> Sent:
             first = time.perf_counter()
         message = chunk if message is None else message + chunk
     ended = time.perf_counter()
-    usage = parse_cache_usage(message)
-    return Sent(
-        ttft_s=(first or ended) - started,
-        total_s=ended - started,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens,
-        answer=str(message.content),
-    )
+    return Sent.timed(started, first, ended, parse_cache_usage(message), str(message.content))
 
 
 def run_langchain_arm(

@@ -751,6 +751,28 @@ class OpenAICompatibleServer(_LoopbackServer):
         """``http://<host>:<port>/v1``. Raises ``RuntimeError`` when not running."""
         return f"{self.root_url}/v1"
 
+    # -- the real-engine benchmark's engine target (bench.engine_suite.EngineTarget) --
+
+    @property
+    def model_name(self) -> str:
+        """:attr:`model`, as the benchmark suite names it."""
+        return self.model
+
+    @property
+    def block_size(self) -> int:
+        """The prefix cache's block size in tokens."""
+        return self.cache.block_size
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """The prefix cache's capacity in tokens (``None``: unbounded)."""
+        return self.cache.capacity_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (the recorded requests stay); always ``True``."""
+        self.cache.reset()
+        return True
+
     @property
     def requests(self) -> list[dict[str, Any]]:
         """A copy of the JSON bodies of the answered completion requests, in order."""
