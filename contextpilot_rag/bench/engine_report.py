@@ -498,13 +498,15 @@ def rich_tables(result: SuiteResult) -> list[Any]:
         for row in _family_rows(result.families):
             family.add_row(*row)
         tables.append(family)
-    targets = Table(title="targets (issue 20)")
-    for column in ("what", "target", "measured", "met"):
-        targets.add_column(column)
-    for check in checks(result):
-        met = "n/a" if check.met is None else ("yes" if check.met else "no")
-        targets.add_row(check.what, check.target, check.measured, met)
-    tables.append(targets)
+    found = checks(result)
+    if found:  # a run of workloads without targets (e.g. llamaindex alone) has none
+        targets = Table(title="targets (issue 20)")
+        for column in ("what", "target", "measured", "met"):
+            targets.add_column(column)
+        for check in found:
+            met = "n/a" if check.met is None else ("yes" if check.met else "no")
+            targets.add_row(check.what, check.target, check.measured, met)
+        tables.append(targets)
     return tables
 
 
@@ -567,7 +569,8 @@ def markdown(result: SuiteResult) -> str:
         (c.what, c.target, c.measured, "n/a" if c.met is None else ("yes" if c.met else "**no**"))
         for c in checks(result)
     ]
-    parts.append("**Targets**\n\n" + _md_table(("what", "target", "measured", "met"), rows))
+    if rows:
+        parts.append("**Targets**\n\n" + _md_table(("what", "target", "measured", "met"), rows))
     return "\n\n".join(parts)
 
 

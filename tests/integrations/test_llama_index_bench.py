@@ -47,7 +47,7 @@ def test_the_llamaindex_path_sends_one_call_per_query_and_the_pilot_learns_from_
 
 
 def test_the_suite_reports_the_llamaindex_path_beside_its_plain_arm() -> None:
-    from contextpilot_rag.bench.engine_report import markdown, run_suite
+    from contextpilot_rag.bench.engine_report import markdown, rich_tables, run_suite
 
     with OpenAICompatibleServer(block_size=16) as server:
         result = run_suite(
@@ -62,4 +62,7 @@ def test_the_suite_reports_the_llamaindex_path_beside_its_plain_arm() -> None:
         "llamaindex + contextpilot",
     ]
     assert run.notes == ("event handler observed 4 of 4 engine usage reports",)
-    assert "**llamaindex** — 1 topics × 2 users × 2 questions" in markdown(result)
+    text = markdown(result)
+    assert "**llamaindex** — 1 topics × 2 users × 2 questions" in text
+    assert "**Targets**" not in text  # no target covers this path: no empty table
+    assert [table.title for table in rich_tables(result)][-1] != "targets (issue 20)"
