@@ -334,8 +334,10 @@ def run_workload(
     ``interleave`` (default: on vLLM, which isolates caches by ``cache_salt``) sends
     the arms request by request in turn — request 0 of every arm, then request 1, the
     arm going first rotating — each arm under a salt of its own on one reset cache, so
-    that a slow spell of the machine falls on every arm alike; otherwise the arms run
-    one after the other, the cache reset before each. ``repeats`` > 1 sends every arm
+    that a slow spell of the machine falls on every arm alike (they then share the
+    cache's capacity: the prediction replays them through one cache model, salted
+    apart, and a note says when they outgrew it); otherwise the arms run one after the
+    other, the cache reset before each. ``repeats`` > 1 sends every arm
     that many times: the first pass as above, then replays of the prompts each arm sent
     (its generated answers included), the arms in reverse order on every other pass. An
     arm's reported run is its pass of median prefill time (:attr:`ArmRun.prefill_passes_s`
