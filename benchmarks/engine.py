@@ -6,8 +6,9 @@
     python benchmarks/engine.py --endpoint URL --model NAME ...  # any running server
 
 Installs the engine on first use (``contextpilot_rag.engines``), starts it on
-loopback, runs online, batch, multi-turn and the LangChain and LlamaIndex paths (each arm on a reset
-cache, requests one at a time), stops it, and writes the ``engine-suite`` section
+loopback, runs online, batch, multi-turn and the LangChain and LlamaIndex paths (each
+arm from an empty cache, requests one at a time), stops it, and writes the
+``engine-suite`` section
 (``engine-suite-llama-server`` with ``--engine llama-server``,
 ``engine-suite-endpoint`` with ``--endpoint``; ``--section`` names another):
 per arm mean/p95 TTFT, prefill time, the engine's cached and computed tokens, the
@@ -34,7 +35,6 @@ from contextpilot_rag.bench.engine_report import (
     plot,
     rich_tables,
     run_suite,
-    suite_kv_cache_gib,
     write_json,
 )
 from contextpilot_rag.bench.engine_suite import check_repeats
@@ -54,7 +54,7 @@ def section_name(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_engine_arguments(parser, kv_cache_gib=suite_kv_cache_gib())
+    add_engine_arguments(parser, suite_kv_cache=True)
     parser.add_argument("--workloads", default=",".join(SUITE_WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", type=Path, help="docs file to write the section into")

@@ -53,10 +53,11 @@ __all__ = [
 
 
 def add_engine_arguments(
-    parser: argparse.ArgumentParser, *, sim: bool = False, kv_cache_gib: int = 2
+    parser: argparse.ArgumentParser, *, sim: bool = False, suite_kv_cache: bool = False
 ) -> None:
-    """The engine options shared by ``demo`` and ``bench``; ``kv_cache_gib``: the
-    default of ``--kv-cache-gib``."""
+    """The engine options shared by ``demo`` and ``bench``; ``suite_kv_cache``: the
+    default of ``--kv-cache-gib`` is the benchmark suite's (:func:`suite_kv_cache_gib`,
+    resolved when the engine starts), else 2."""
     kinds = ["vllm", "llama-server", *(["sim"] if sim else [])]
     parser.add_argument(
         "--engine",
@@ -78,8 +79,13 @@ def add_engine_arguments(
     parser.add_argument(
         "--kv-cache-gib",
         type=int,
-        default=kv_cache_gib,
-        help=f"vLLM KV cache size in GiB (default {kv_cache_gib})",
+        default=None if suite_kv_cache else 2,
+        help="vLLM KV cache size in GiB (default "
+        + (
+            "one that holds every interleaved arm: 6 in bf16, 12 in float32)"
+            if suite_kv_cache
+            else "2)"
+        ),
     )
     parser.add_argument(
         "--block-size",
@@ -115,7 +121,9 @@ def engine_session(args: argparse.Namespace, console: Console) -> Iterator[Engin
             kind,
             model,
             block_size=args.block_size,
-            kv_cache_gib=args.kv_cache_gib,
+            kv_cache_gib=(
+                args.kv_cache_gib if args.kv_cache_gib is not None else suite_kv_cache_gib()
+            ),
             cpu_bind=usable_cpus(),
         )
     with engine:
@@ -172,7 +180,7 @@ def add_bench_parser(commands: Any) -> None:
         help="engine: a real engine (default); cloud: input-token cost on hosted prompt "
         "caches (Anthropic, OpenAI), unmodified vs contextpilot_rag, on their emulators",
     )
-    add_engine_arguments(bench, kv_cache_gib=suite_kv_cache_gib())
+    add_engine_arguments(bench, suite_kv_cache=True)
     bench.add_argument(
         "--provider",
         choices=["anthropic", "openai", "both"],

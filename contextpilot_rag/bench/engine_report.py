@@ -36,6 +36,8 @@ from .engine_workloads import (
     multiturn_workload,
     online_workload,
 )
+from .langchain_path import langchain_available, run_langchain_arm
+from .llamaindex_path import llamaindex_available, run_llamaindex_arm
 from .sections import pyplot, save_figure
 
 __all__ = [
@@ -114,7 +116,6 @@ def _engine_facts(engine: EngineTarget) -> dict[str, Any]:
 
 def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm) -> WorkloadRun:
     from ..pilot import ContextPilot, PilotConfig
-    from .langchain_path import run_langchain_arm
 
     requests = workload.requests
     direct = run_workload(engine, _direct_only(workload), on_arm=on_arm).arms[0]
@@ -144,7 +145,6 @@ def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm
 
 def _llamaindex_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm) -> WorkloadRun:
     from ..pilot import ContextPilot, PilotConfig
-    from .llamaindex_path import run_llamaindex_arm
 
     requests = workload.requests
     arms = []
@@ -221,21 +221,17 @@ def run_suite(
         "batch": batch_workload,
         "multi-turn": multiturn_workload,
     }
+    paths = {  # the online workload through a framework, where it is installed
+        "langchain": (langchain_available, _langchain_run),
+        "llamaindex": (llamaindex_available, _llamaindex_run),
+    }
     for name in workloads:
-        if name == "langchain":
-            from .langchain_path import langchain_available
-
-            if not langchain_available():
+        if name in paths:
+            available, run_path = paths[name]
+            if not available():
                 continue
             workload = builders["online"](seed=seed, **sizes.get("online", {}))
-            result.runs.append(_langchain_run(engine, workload, _labelled(progress, name)))
-        elif name == "llamaindex":
-            from .llamaindex_path import llamaindex_available
-
-            if not llamaindex_available():
-                continue
-            workload = builders["online"](seed=seed, **sizes.get("online", {}))
-            result.runs.append(_llamaindex_run(engine, workload, _labelled(progress, name)))
+            result.runs.append(run_path(engine, workload, _labelled(progress, name)))
         else:
             workload = builders[name](seed=seed, **sizes.get(name, {}))
             labelled = _labelled(progress, name)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import ConfigError
 from ..pilot import ContextPilot
 from ..usage import CacheUsage, parse_cache_usage
 from .engine_suite import ArmRun, EngineTarget, Sent
@@ -43,7 +44,7 @@ def llamaindex_available() -> bool:
 
 def _query_engine(
     engine: EngineTarget,
-    pilot: ContextPilot | None,
+    postprocessors: list[Any],
     max_tokens: int,
     context_window: int,
 ) -> tuple[Any, Callable[[EngineRequest], None]]:
@@ -55,8 +56,6 @@ def _query_engine(
     from llama_index.core.retrievers import BaseRetriever
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
     from llama_index.llms.openai_like import OpenAILike  # type: ignore[import-untyped]
-
-    integration = importlib.import_module("llama_index.postprocessor.contextpilot")
 
     class _Retrieved(BaseRetriever):
         """Returns the passages of the request being sent, best first."""
@@ -95,9 +94,6 @@ def _query_engine(
         temperature=0.0,
         additional_kwargs={"stream_options": {"include_usage": True}},
     )
-    postprocessors = (
-        [] if pilot is None else [integration.ContextPilotNodePostprocessor(pilot=pilot)]
-    )
     query_engine = RetrieverQueryEngine.from_args(
         retriever,
         llm=llm,
@@ -131,10 +127,17 @@ class _UsageLog:
         self.handler = _Handler()
 
     def take(self) -> CacheUsage:
-        """The one report since the last call; a query must make exactly one LLM call."""
-        if len(self.reports) != 1:
-            raise RuntimeError(f"expected one LLM call per query, saw {len(self.reports)}")
-        return self.reports.pop()
+        """The one report since the last call: :class:`ConfigError` unless the query made
+        exactly one LLM call (a context window smaller than the prompt makes LlamaIndex
+        split the passages over several)."""
+        reports = list(self.reports)
+        self.reports.clear()
+        if len(reports) != 1:
+            raise ConfigError(
+                f"expected one LLM call per query, saw {len(reports)}: give context_window "
+                "the engine's maximum model length"
+            )
+        return reports[0]
 
 
 def _send(query_engine: Any, log: _UsageLog, request: EngineRequest) -> Sent:
@@ -168,7 +171,10 @@ def run_llamaindex_arm(
     from llama_index_instrumentation import get_dispatcher
 
     integration = importlib.import_module("llama_index.postprocessor.contextpilot")
-    query_engine, hand = _query_engine(engine, pilot, max_tokens, context_window)
+    postprocessors = (
+        [] if pilot is None else [integration.ContextPilotNodePostprocessor(pilot=pilot)]
+    )
+    query_engine, hand = _query_engine(engine, postprocessors, max_tokens, context_window)
     dispatcher = get_dispatcher()
     log = _UsageLog()
     feedback = None if pilot is None else integration.ContextPilotEventHandler(pilot)

@@ -66,3 +66,15 @@ def test_the_suite_reports_the_llamaindex_path_beside_its_plain_arm() -> None:
     assert "**llamaindex** — 1 topics × 2 users × 2 questions" in text
     assert "**Targets**" not in text  # no target covers this path: no empty table
     assert [table.title for table in rich_tables(result)][-1] != "targets (issue 20)"
+
+
+def test_a_context_window_that_splits_the_passages_is_refused() -> None:
+    from contextpilot_rag.errors import ConfigError
+
+    requests = online_workload(topics=1, users_per_topic=1, questions=1, k=4).requests
+    # a window below the prompt: LlamaIndex fits the passages into several calls
+    with (
+        OpenAICompatibleServer(block_size=16) as server,
+        pytest.raises(ConfigError, match=r"one LLM call per query, saw [2-9]"),
+    ):
+        run_llamaindex_arm("plain", server, requests, pilot=None, context_window=1_200)
