@@ -323,3 +323,26 @@ def test_the_pilot_stops_writing_tails_where_its_conversations_stop(
 
 def _candidates(plan: CachePlan) -> list[ReuseCandidate]:
     return [b.candidate for b in plan.breakpoints] + [s.candidate for s in plan.skipped]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"ttl_s": 0.0}, {"ttl_s": 300.0, "prior_weight": 0.0}, {"ttl_s": 300.0, "capacity": 0}],
+)
+def test_continuations_refuse_a_bad_configuration(arguments: dict[str, float]) -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+    from contextpilot_rag.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ContinuationTracker"):
+        ContinuationTracker(**arguments)  # type: ignore[arg-type]
+
+
+def test_a_bounded_tracker_resolves_its_oldest_pending_turn_as_not_followed() -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0, prior_weight=1.0, capacity=2)
+    for conversation in ("a", "b", "c"):  # "a" is pushed out: resolved, not followed
+        tracker.observe(conversation, 0, 0.0)
+    assert tracker.probability(0, 1.0) == pytest.approx((0 + 1 / 2) / (1 + 1))
+    tracker.observe("b", 1, 2.0)  # "b" followed in time
+    assert tracker.probability(0, 2.0) == pytest.approx((1 + 1 / 2) / (2 + 1))
