@@ -70,11 +70,14 @@ class Turn:
 
 @dataclass(frozen=True)
 class Conversation:
-    """A conversation's record: its system prompt and its turns, in order."""
+    """A conversation's record: its system prompt and its turns, in order, and the
+    ``prompt_cache_key`` its first turn got (``None``: none planned), which its later
+    turns keep (``docs/cloud.md``)."""
 
     conversation_id: str
     system: str | None
     turns: tuple[Turn, ...] = ()
+    cache_key: str | None = None
 
     def with_turn(self, turn: Turn) -> Conversation:
         return replace(self, turns=(*self.turns, turn))

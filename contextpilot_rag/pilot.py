@@ -54,7 +54,7 @@ from .cloud.breakpoints import plan_breakpoints
 from .cloud.config import CloudCacheConfig
 from .cloud.continuation import ContinuationTracker
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
-from .cloud.keys import conversation_cache_key, prefix_cache_key
+from .cloud.keys import KeyBuckets, prefix_cache_key
 from .cloud.ledger import CacheLedger
 from .cloud.segments import SplitSpec
 from .conversations import (
@@ -327,6 +327,9 @@ class ContextPilot:
         self._index = ContextIndex(self.config.index, clock=clock)
         self._clock = clock
         self._ledger = CacheLedger(self.config.cloud.ledger_size)
+        self._key_buckets = KeyBuckets(
+            self.config.cloud.key_rate_per_minute, self.config.cloud.ledger_size
+        )
         self._continuations = ContinuationTracker(self.config.cloud.ttl_s)
         notes = self.config.notes
         self._lead_ins = tuple(
@@ -769,7 +772,10 @@ class ContextPilot:
             visible,
             _keys_by_id(blocks, keys),
             turn=len(conversation.turns) - 1 if conversation is not None else 0,
+            stored_key=conversation.cache_key if conversation is not None else None,
         )
+        if conversation is not None and conversation.cache_key is None:
+            conversation = replace(conversation, cache_key=prompt.prompt_cache_key)
         placements = None
         if tenant is not None:
             placements = self._placements(
@@ -1308,11 +1314,12 @@ class ContextPilot:
         keys: Mapping[str, str] | None,
         *,
         turn: int = 0,
+        stored_key: str | None = None,
     ) -> tuple[Prompt, tuple[tuple[str, ...], ...]]:
         """``prompt`` with its cache plan and ``prompt_cache_key`` (``docs/cloud.md``),
         and the ledger keys of its breakpoints (recorded on commit). ``keys``: a
         tenant's blocks' registry keys (``None``: their ids); ``turn``: the turn's
-        number in its conversation."""
+        number in its conversation; ``stored_key``: the key its conversation keeps."""
         cloud = self.config.cloud
         if not cloud.enabled:
             return prompt, ()
@@ -1346,7 +1353,7 @@ class ContextPilot:
             for kept in plan.breakpoints
             if kept.candidate.index_depth
         )
-        key = self._cache_key(prompt, path)
+        key = stored_key or self._cache_key(prompt, path, visible, now)
         return replace(prompt, cache_plan=plan, prompt_cache_key=key), cached
 
     def _block_shares(
@@ -1386,14 +1393,22 @@ class ContextPilot:
             conversation=prompt.conversation_id is not None,
         )
 
-    def _cache_key(self, prompt: Prompt, path: tuple[str, ...]) -> str:
-        """``prompt_cache_key``: one per conversation, else per system prompt and
-        leading blocks (``docs/cloud.md``)."""
-        if prompt.conversation_id is not None:
-            store_key = conversation_key(prompt.tenant, prompt.conversation_id)
-            return conversation_cache_key(store_key, prompt.cache_salt)
-        leading = [block.id for block in prompt.blocks[: self.config.cloud.key_blocks]]
-        return prefix_cache_key(path[0], leading, prompt.cache_salt)
+    def _cache_key(
+        self,
+        prompt: Prompt,
+        path: tuple[str, ...],
+        visible: Sequence[tuple[int, Turn]],
+        now: float,
+    ) -> str:
+        """A new ``prompt_cache_key``: per system prompt and the leading blocks the
+        prompt starts with (a later turn's are its first visible turn's), under the
+        first variant whose route is not busy (``docs/cloud.md``)."""
+        count = self.config.cloud.key_blocks
+        if visible:
+            leading = list(visible[0][1].block_ids[:count])
+        else:
+            leading = [block.id for block in prompt.blocks[:count]]
+        return self._key_buckets.choose(prefix_cache_key(path[0], leading, prompt.cache_salt), now)
 
     def _render_user_message(
         self,
@@ -1514,6 +1529,8 @@ class ContextPilot:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
+        if plan.prompt.prompt_cache_key is not None:
+            self._key_buckets.record(plan.prompt.prompt_cache_key, self._clock())
         if plan.conversation is not None and self.config.cloud.enabled:
             conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
             turn = len(plan.conversation.turns) - 1

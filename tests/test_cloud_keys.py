@@ -4,10 +4,15 @@ share one with another tenant, and no key carries a secret or a user's text."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
-from contextpilot_rag.cloud import CloudCacheConfig
+from contextpilot_rag.cloud import OPENAI_RULES, CloudCacheConfig, ProviderRules
+from contextpilot_rag.cloud.keys import KeyBuckets, bucket_key
+from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.tenants import TenantConfig
 
 PLANNED = CloudCacheConfig(enabled=True)
@@ -36,14 +41,65 @@ def test_another_system_prompt_is_another_key(pilot: ContextPilot) -> None:
     assert first.prompt_cache_key != second.prompt_cache_key
 
 
-def test_a_conversation_keeps_one_key(pilot: ContextPilot) -> None:
+def test_a_conversation_keeps_its_first_turns_key(pilot: ContextPilot) -> None:
+    """Later turns keep the key whatever they retrieve; another conversation that
+    starts with the same block shares it (its prefix is the same), one that starts
+    elsewhere does not."""
     keys = set()
     for turn, names in enumerate((("a", "b"), ("x",), ("b", "q"))):
         prompt = pilot.optimize(_docs(*names), f"Q{turn}?", conversation_id="conv-1")
         pilot.record_answer(prompt, f"A{turn}")
         keys.add(prompt.prompt_cache_key)
-    other = pilot.optimize(_docs("a", "b"), "Q?", conversation_id="conv-2")
-    assert len(keys) == 1 and other.prompt_cache_key not in keys
+    alike = pilot.optimize(_docs("b", "a"), "Q?", conversation_id="conv-2")
+    other = pilot.optimize(_docs("x", "y"), "Q?", conversation_id="conv-3")
+    assert len(keys) == 1 and alike.prompt_cache_key in keys
+    assert other.prompt_cache_key not in keys
+
+
+def _busy_pilot(tokenizer: Tokenizer, clock: Clock, store: str | None = None) -> ContextPilot:
+    rules = replace(OPENAI_RULES, key_rate_per_minute=2)
+    cloud = CloudCacheConfig(enabled=True, rules=rules, key_rate_share=1.0)
+    return ContextPilot(PilotConfig(cloud=cloud), tokenizer=tokenizer, clock=clock, store=store)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_busy_route_sends_new_requests_under_another_key(tokenizer: Tokenizer) -> None:
+    clock = Clock()
+    pilot = _busy_pilot(tokenizer, clock)
+    first = [pilot.optimize(_docs("a", f"d{n}"), f"Q{n}?").prompt_cache_key for n in range(5)]
+    assert first[0] == first[1] != first[2] == first[3] != first[4]  # two a minute per key
+    assert len(set(first)) == 3 and all(key and key.startswith("cpk-") for key in first)
+    clock.now += 61.0  # the first route's minute is over
+    assert pilot.optimize(_docs("a"), "Q?").prompt_cache_key == first[0]
+
+
+def test_a_conversation_keeps_its_key_when_its_route_gets_busy(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """The key is stored with the conversation: the third conversation, put under a
+    variant of the busy key, keeps the variant on later turns, also in another pilot
+    (process) sharing the store, which never saw the route busy."""
+    clock = Clock()
+    store = f"sqlite:///{tmp_path / 'conversations.db'}"
+    pilot = _busy_pilot(tokenizer, clock, store)
+    prompts = []
+    for number in range(3):
+        prompt = pilot.optimize(_docs("a", "b"), f"Q{number}?", conversation_id=f"c{number}")
+        pilot.record_answer(prompt, "A.")
+        prompts.append(prompt)
+    keys = [prompt.prompt_cache_key for prompt in prompts]
+    assert keys[0] == keys[1] != keys[2]
+    clock.now += 120.0
+    again = _busy_pilot(tokenizer, clock, store)
+    later = again.optimize(_docs("z"), "Next?", conversation_id="c2")
+    assert later.prompt_cache_key == keys[2]
 
 
 def test_keys_are_digests_of_no_user_text(pilot: ContextPilot) -> None:
@@ -78,3 +134,36 @@ def test_the_key_is_stable_across_pilots(tokenizer: Tokenizer) -> None:
         for _ in range(2)
     }
     assert len(keys) == 1
+
+
+def test_key_buckets_count_a_bounded_number_of_keys() -> None:
+    buckets = KeyBuckets(1.5, max_keys=2)
+    buckets.record("k", 0.0)
+    assert buckets.choose("k", 1.0) == "k"  # one request: under the rate of 1.5
+    buckets.record("k", 1.0)
+    assert buckets.choose("k", 2.0) == bucket_key("k", 1) != "k"
+    assert buckets.choose("k", 61.5) == "k"  # the first request left the minute
+    buckets.record("x", 3.0)
+    buckets.record("y", 3.0)  # the third key: "k", least recently used, is dropped
+    assert buckets.choose("k", 4.0) == "k"
+    unlimited = KeyBuckets(None, max_keys=1)
+    for _ in range(3):
+        unlimited.record("k", 0.0)
+    assert unlimited.choose("k", 0.0) == "k"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KeyBuckets(0, max_keys=1),
+        lambda: KeyBuckets(1, max_keys=0),
+        lambda: ProviderRules("p", key_rate_per_minute=0),
+        lambda: ProviderRules("p", key_rate_per_minute=True),
+        lambda: CloudCacheConfig(key_rate_share=0),
+        lambda: CloudCacheConfig(key_rate_share=1.5),
+    ],
+    ids=["rate-0", "no-keys", "rules-rate-0", "rules-rate-bool", "share-0", "share-above-1"],
+)
+def test_bad_key_settings_are_refused(make: object) -> None:
+    with pytest.raises(ConfigError):
+        make()  # type: ignore[operator]

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,15 +324,25 @@ def test_the_stored_form_keeps_every_field() -> None:
     assert b'"format":1' in data and "✓".encode() in data  # versioned, compact UTF-8
 
 
+def test_the_stored_form_keeps_the_cache_key_and_reads_records_without_one() -> None:
+    keyed = replace(a_conversation(turns=2), cache_key="cpk-" + "0" * 32)
+    assert decode_conversation(encode_conversation(keyed), "conv") == keyed
+    plain = a_conversation(turns=2)
+    data = encode_conversation(plain)
+    assert b"cache_key" not in data  # what earlier versions wrote, and still read
+    assert decode_conversation(data, "conv").cache_key is None
+
+
 @pytest.mark.parametrize(
     "data",
     [
+        b'{"format":1,"id":"conv","system":null,"turns":[],"cache_key":7}',
         b'{"format":2,"id":"conv","system":null,"turns":[]}',
         b'{"format":1,"id":"other","system":null,"turns":[]}',
         b'{"format":1,"id":"conv","system":null,"turns":[["cp-1"]]}',
         b"not json",
     ],
-    ids=["newer-format", "another-id", "damaged-turn", "not-json"],
+    ids=["bad-cache-key", "newer-format", "another-id", "damaged-turn", "not-json"],
 )
 def test_an_unreadable_record_is_a_format_error(data: bytes) -> None:
     with pytest.raises(StoreFormatError):

@@ -21,9 +21,14 @@ class CloudCacheConfig:
     within the lifetime (``None``: the pilot learns it per turn number from the
     conversations it serves, starting from ``(t + 1) / (t + 2)`` after ``t`` earlier
     turns; :class:`~.continuation.ContinuationTracker`).
-    ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``.
+    ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``;
+    ``key_rate_share``: the share of the provider's per-route rate
+    (:attr:`~.rules.ProviderRules.key_rate_per_minute`) a key's new requests may fill
+    before the next ones go under another variant of the key — the rest is left for
+    the later turns of the conversations already on the route (:mod:`.keys`).
     ``max_counted``: the most recent sharing requests counted per prefix (a bound on
-    the work). ``ledger_size``: the breakpoint prefixes remembered as cached.
+    the work). ``ledger_size``: the breakpoint prefixes remembered as cached (and the keys whose
+    request rate is counted).
 
     Off by default: planning reads the index for every prompt and makes ``optimize``
     markedly slower, which a self-hosted engine (whose prefix cache needs no
@@ -35,6 +40,7 @@ class CloudCacheConfig:
     ttl: str = "5m"
     next_turn_probability: float | None = None
     key_blocks: int = 1
+    key_rate_share: float = 0.5
     max_counted: int = 8
     ledger_size: int = 65_536
 
@@ -47,10 +53,20 @@ class CloudCacheConfig:
         probability = self.next_turn_probability
         if probability is not None and not 0 <= probability <= 1:
             raise ConfigError("CloudCacheConfig.next_turn_probability must be in [0, 1] or None")
+        share = self.key_rate_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ConfigError(f"CloudCacheConfig.key_rate_share must be in (0, 1], got {share!r}")
         for name in ("key_blocks", "max_counted", "ledger_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"CloudCacheConfig.{name} must be a positive int")
+
+    @property
+    def key_rate_per_minute(self) -> float | None:
+        """The requests a minute a key's new requests may fill on one route (``None``:
+        no limit)."""
+        rate = self.rules.key_rate_per_minute
+        return None if rate is None else rate * self.key_rate_share
 
     @property
     def ttl_s(self) -> float:

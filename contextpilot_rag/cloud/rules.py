@@ -32,8 +32,11 @@ class ProviderRules:
     ``lookback_blocks``: content blocks before a breakpoint searched for an earlier
     cached prefix. ``ttl_s``: the lifetimes on offer, by name. ``write_multiplier``
     (by lifetime) and ``read_multiplier``: a cache write and read as multiples of the
-    base input price. Guaranteed after construction: counts >= 0, multipliers > 0,
-    every lifetime priced."""
+    base input price. ``key_rate_per_minute``: the requests a minute one route (a prompt
+    prefix with one ``prompt_cache_key``) takes before the provider spreads the rest over
+    other cache servers (``None``: no such limit, or no key). Guaranteed after
+    construction: counts >= 0, multipliers > 0, every lifetime priced, the key rate
+    ``None`` or >= 1."""
 
     provider: str
     max_breakpoints: int = 4
@@ -47,6 +50,7 @@ class ProviderRules:
         default_factory=lambda: {"5m": 1.25, "1h": 2.0}, hash=False
     )
     read_multiplier: float = 0.1
+    key_rate_per_minute: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -65,6 +69,11 @@ class ProviderRules:
         multipliers = (*self.write_multiplier.values(), self.read_multiplier)
         if any(not multiplier > 0 for multiplier in multipliers):
             raise ConfigError("ProviderRules multipliers must be > 0")
+        rate = self.key_rate_per_minute
+        if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
+            raise ConfigError(
+                f"ProviderRules.key_rate_per_minute must be an int >= 1 or None, got {rate!r}"
+            )
         # private copies: a caller's later change to its dict cannot change the rules
         for name in ("model_min_tokens", "ttl_s", "write_multiplier"):
             object.__setattr__(self, name, dict(getattr(self, name)))
@@ -127,10 +136,12 @@ OPENAI_RULES = ProviderRules(
     ttl_s={"5m": 300.0},
     write_multiplier={"5m": 1.0},
     read_multiplier=0.5,
+    key_rate_per_minute=15,
 )
 """OpenAI's automatic cache: no breakpoints, prompts of 1,024 tokens and more, no write
-premium; the read price varies by model (0.1×–0.5×), so money comes from the price
-table (:mod:`.prices`), not from ``read_multiplier``."""
+premium, about 15 requests a minute per prefix and ``prompt_cache_key`` on one server;
+the read price varies by model (0.1×–0.5×), so money comes from the price table
+(:mod:`.prices`), not from ``read_multiplier``."""
 
 _BY_PROVIDER = {"anthropic": ANTHROPIC_RULES, "openai": OPENAI_RULES}
 

@@ -6,7 +6,12 @@ library can read older records and an older one refuses newer records
 
     {"format": 1, "id": "<conversation id>", "system": "<text>" | null,
      "turns": [[request_id, user_message, block_ids, block_digests, block_labels,
-                block_tokens, question, tail_tokens, answer | null, answer_tokens], ...]}
+                block_tokens, question, tail_tokens, answer | null, answer_tokens], ...],
+     "cache_key": "<prompt_cache_key>"}
+
+``cache_key`` is written only when the conversation has one; a record without it (as
+every earlier version wrote) reads as ``None``, and an earlier version reading a record
+with it ignores it (its later turns then take a key of their own).
 
 A turn is a positional array (its field names would outweigh short turns); it keeps
 everything de-duplication needs: the ids of the blocks the turn carried in full with
@@ -28,12 +33,14 @@ _TURN_FIELDS = 10
 
 def encode_conversation(conversation: Conversation) -> bytes:
     """The stored form of ``conversation``."""
-    record = {
+    record: dict[str, object] = {
         "format": FORMAT,
         "id": conversation.conversation_id,
         "system": conversation.system,
         "turns": [_encode_turn(turn) for turn in conversation.turns],
     }
+    if conversation.cache_key is not None:
+        record["cache_key"] = conversation.cache_key
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -53,10 +60,16 @@ def decode_conversation(data: bytes | str, conversation_id: str) -> Conversation
     if record.get("id") != conversation_id:
         raise StoreFormatError(f"the record under {conversation_id!r} is another conversation's")
     system, turns = record.get("system"), record.get("turns")
-    if (system is not None and not isinstance(system, str)) or not isinstance(turns, list):
+    cache_key = record.get("cache_key")
+    if (
+        (system is not None and not isinstance(system, str))
+        or not isinstance(turns, list)
+        or (cache_key is not None and not isinstance(cache_key, str))
+    ):
         raise StoreFormatError(f"conversation {conversation_id!r}: damaged record")
     try:
-        return Conversation(conversation_id, system, tuple(_decode_turn(t) for t in turns))
+        decoded = tuple(_decode_turn(t) for t in turns)
+        return Conversation(conversation_id, system, decoded, cache_key)
     except (TypeError, ValueError) as exc:
         raise StoreFormatError(f"conversation {conversation_id!r}: damaged turn ({exc})") from exc
 
