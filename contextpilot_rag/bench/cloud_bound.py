@@ -25,6 +25,21 @@ minimum cacheable prefix or 128-token step, no order inside a prompt, no markup,
 notes or labels, each unit's tokens counted on its own text. No strategy that keeps
 the same information in its prompts pays less, so ``baseline / bound`` is the most
 any strategy could save against the baseline.
+
+Both let a later turn read its new documents from another conversation's prompts.
+Chat prompts cannot: :func:`least_chat_append_cost` bounds the strategies whose every
+turn's prompt starts with the conversation's previous prompt, whole (the chat-history
+convention; the byte-stable prefixes the pilot keeps), and carries only the units its
+request must carry. A unit a conversation first carries at a later turn then follows
+that turn's own history — the previous question, unique to the conversation — so no
+earlier prompt of any conversation starts the same way, and nothing can serve it from
+the cache: it is paid, once written, then read at the conversation's later turns
+(``min(k · input, write + (k − 1) · read)`` over its ``k`` turns). Only a first turn
+reads across conversations, at most the system prompt and the first-turn documents it
+shares with one earlier conversation (the part of a prompt before its first
+question), each such token read once instead of paid (saving ``write − read`` where
+the conversation goes on, ``input − read`` where it does not). Optimistic in the same
+ways otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ from ..cloud import ModelPrice
 from ..sim.replay import synthetic_answer
 from .cloud_workloads import CloudWorkload
 
-__all__ = ["least_input_cost", "required_units"]
+__all__ = ["least_chat_append_cost", "least_input_cost", "required_units"]
 
 
 def required_units(workload: CloudWorkload) -> list[tuple[str, ...]]:
@@ -102,3 +117,53 @@ def least_input_cost(
     carried = required_units(workload)
     tokens = Counter({unit: count_tokens(unit) for units in carried for unit in units})
     return max(_per_unit(carried, price, tokens), _per_request(carried, price, tokens)) / 1e6
+
+
+def least_chat_append_cost(
+    workload: CloudWorkload, price: ModelPrice, count_tokens: Callable[[str], int]
+) -> float:
+    """The least input cost, in USD, of the strategies whose turns extend the
+    conversation's previous prompt and carry only what their request must (the module
+    docstring); ``price`` per million tokens, ``count_tokens`` the tokenizer's length."""
+    write = _write(price)
+    conversations: defaultdict[str, list[int]] = defaultdict(list)  # name -> request numbers
+    for number, timed in enumerate(workload.requests):
+        conversations[_conversation(timed.request.session, number)].append(number)
+    carried = required_units(workload)
+    tokens: dict[str, int] = {}
+
+    def size(unit: str) -> int:
+        found = tokens.get(unit)
+        if found is None:
+            found = tokens[unit] = count_tokens(unit)
+        return found
+
+    total = 0.0
+    for numbers in conversations.values():
+        first_turn: dict[str, int] = {}  # unit -> the turn that first carries it
+        for turn, number in enumerate(numbers):
+            for unit in carried[number]:
+                first_turn.setdefault(unit, turn)
+        for unit, turn in first_turn.items():
+            later = len(numbers) - 1 - turn
+            paid = (later + 1) * price.input
+            total += size(unit) * (min(paid, write + later * price.cache_read) if later else paid)
+    holders: defaultdict[str, list[int]] = defaultdict(list)  # head unit -> earlier first turns
+    starts = sorted(numbers[0] for numbers in conversations.values())
+    goes_on = {numbers[0]: len(numbers) > 1 for numbers in conversations.values()}
+    for number in starts:
+        head = [unit for unit in carried[number] if unit != workload.requests[number].request.query]
+        shared: defaultdict[int, int] = defaultdict(int)
+        for unit in head:
+            for earlier in holders[unit]:
+                shared[earlier] += size(unit)
+            holders[unit].append(number)
+        saving = (write if goes_on[number] else price.input) - price.cache_read
+        total -= max(shared.values(), default=0) * max(0.0, saving)
+    # the class is narrower than "any prompt": its least cost is at least that bound too
+    return max(total / 1e6, least_input_cost(workload, price, size))
+
+
+def _conversation(session: str | None, number: int) -> str:
+    """The conversation a request belongs to (a request without one is its own)."""
+    return f"s:{session}" if session is not None else f"r:{number}"

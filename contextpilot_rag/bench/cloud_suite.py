@@ -44,7 +44,7 @@ from ..sim.provider_cache import (
 from ..sim.replay import synthetic_answer
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens
-from .cloud_bound import least_input_cost
+from .cloud_bound import least_chat_append_cost, least_input_cost
 from .cloud_workloads import FAMILIES, CloudWorkload, TimedRequest, cloud_workload
 
 __all__ = [
@@ -106,6 +106,7 @@ class CloudRun:
     arms: tuple[ArmCost, ...]
     baselines: tuple[str, ...]
     least_cost_usd: float = 0.0  # :func:`~.cloud_bound.least_input_cost`; 0: not computed
+    least_chat_cost_usd: float = 0.0  # :func:`~.cloud_bound.least_chat_append_cost`
 
     def arm(self, name: str) -> ArmCost:
         return next(arm for arm in self.arms if arm.name == name)
@@ -129,6 +130,13 @@ class CloudRun:
         """Baseline input cost / the least any strategy could pay: the largest
         :attr:`ratio` reachable on this workload (0 when not computed)."""
         return self.baseline.cost_usd / self.least_cost_usd if self.least_cost_usd else 0.0
+
+    @property
+    def chat_bound(self) -> float:
+        """Baseline input cost / the least a strategy whose turns extend the previous
+        prompt could pay (0 when not computed)."""
+        chat = self.least_chat_cost_usd
+        return self.baseline.cost_usd / chat if chat else 0.0
 
 
 @dataclass(frozen=True)
@@ -420,6 +428,7 @@ def _run(
     names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
+    chat = least_chat_append_cost(workload, ours.tally.price, tokens.count)
     return CloudRun(
         workload.family,
         workload.seed,
@@ -429,6 +438,7 @@ def _run(
         (*arms, ours.tally.result()),
         names,
         least,
+        chat,
     )
 
 
