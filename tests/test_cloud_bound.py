@@ -3,6 +3,8 @@ tiny workload, and never above what a real arm of the benchmark pays."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from contextpilot_rag.bench.cloud_bound import (
@@ -44,37 +46,29 @@ def test_each_request_carries_its_conversation_so_far_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("write", "expected"),
+    ("bound", "write", "expected"),
     [
         # per request: r0 pays 115; r1 165 less its savings shared with r0 (S, A at
         # 0.9 - 0.25/2 each) = 79.75; r2 170 less the best partner r1 (S, A, B at 0.65)
         # = 52.25; the per-text bound (243.75) is lower
-        (1.25, 247.0),
+        (least_input_cost, 1.25, 247.0),
         # no write premium: r0 115, r1 165 - 0.9 * 110, r2 170 - 0.9 * 160
-        (None, 207.0),
-    ],
-)
-def test_the_bound_by_hand(write: float | None, expected: float) -> None:
-    price = ModelPrice("anthropic", "m", input=1.0, cache_read=0.1, cache_write_5m=write)
-    least = least_input_cost(_tiny(), price, lambda text: SIZES.get(text, 0))
-    assert least * 1e6 == pytest.approx(expected)
-
-
-@pytest.mark.parametrize(
-    ("write", "expected"),
-    [
-        # c1 (two turns): S, A, q0 written then read once (1.35 each), B and q2 first
-        # carried at its second turn, paid (1.0): 210.25; c2 (one turn) pays 165 less
-        # what its first turn shares with c1's before the question (S, A) read instead
-        # of paid (0.9 each, as c2 does not go on): 375.25 - 99
-        (1.25, 276.25),
+        (least_input_cost, None, 207.0),
+        # chat-append: c1 (two turns): S, A, q0 written then read once (1.35 each), B
+        # and q2 first carried at its second turn, paid (1.0): 210.25; c2 (one turn)
+        # pays 165 less what its first turn shares with c1's before the question (S, A)
+        # read instead of paid (0.9 each, as c2 does not go on): 375.25 - 99
+        (least_chat_append_cost, 1.25, 276.25),
         # no write premium: c1 11 + 110 + 5.5 + 50 + 5, c2 165 - 99
-        (None, 247.5),
+        (least_chat_append_cost, None, 247.5),
     ],
+    ids=["any-premium", "any-no-premium", "chat-premium", "chat-no-premium"],
 )
-def test_the_chat_append_bound_by_hand(write: float | None, expected: float) -> None:
+def test_the_bounds_by_hand(
+    bound: Callable[..., float], write: float | None, expected: float
+) -> None:
     price = ModelPrice("anthropic", "m", input=1.0, cache_read=0.1, cache_write_5m=write)
-    least = least_chat_append_cost(_tiny(), price, lambda text: SIZES.get(text, 0))
+    least = bound(_tiny(), price, lambda text: SIZES.get(text, 0))
     assert least * 1e6 == pytest.approx(expected)
     assert least >= least_input_cost(_tiny(), price, lambda text: SIZES.get(text, 0))
 
