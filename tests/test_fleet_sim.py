@@ -14,15 +14,18 @@ from hypothesis import strategies as st
 from contextpilot_rag.bench.workloads import WorkloadRequest, multiturn_workload
 from contextpilot_rag.errors import ConfigError, InvalidDecisionError, InvalidInputError
 from contextpilot_rag.routing.baselines import RandomPolicy, RoundRobinPolicy
+from contextpilot_rag.routing.registry import make_policy
 from contextpilot_rag.routing.types import Decision, FleetView, Outcome, RouteRequest
 from contextpilot_rag.sim.fleet import (
     Replica,
     SimSummary,
     default_fleet,
+    latency_floor,
     simulate,
 )
 from contextpilot_rag.sim.replay import EngineTokenizer
 from contextpilot_rag.sim.traces import (
+    conversation_trace,
     detect_language,
     from_workload,
     length_bucket,
@@ -434,3 +437,32 @@ def test_decode_steps_grow_with_the_batch_context() -> None:
 def test_replica_rejects_negative_engine_parameters(field: str) -> None:
     with pytest.raises(ConfigError):
         replica(**{field: -1})
+
+
+# -- the latency floor no policy beats --------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "prefix", "combined"])
+def test_no_policy_beats_the_latency_floor(policy: str) -> None:
+    requests = conversation_trace(seed=5, n_requests=300)
+    fleet = default_fleet(3, 1, block_tokens=requests[0].block_tokens)
+    floor = dict(zip((r.request_id for r in requests), latency_floor(requests, fleet), strict=True))
+    result = simulate(requests, make_policy(policy), fleet)
+    slack = [
+        (record.ttft_s - floor[record.request_id][0], record.e2e_s - floor[record.request_id][1])
+        for record in result.records
+    ]
+    assert min(min(pair) for pair in slack) >= -1e-9
+    assert max(e2e for _, e2e in slack) > 0  # the load of 300 requests adds to some
+
+
+def test_a_lone_request_meets_its_floor() -> None:
+    request = RouteRequest("r", 4000, tuple(range(1, 251)), 16, expected_output_tokens=50)
+    fleet = [Replica("far", rtt_s=0.3), Replica("near", rtt_s=0.05)]
+    ((ttft, e2e),) = latency_floor([request], fleet)
+    assert ttft == pytest.approx(0.05 + 4000 / 20_000)  # nothing shared: all prefilled
+    assert e2e == pytest.approx(ttft + 50 * (0.01 + 4e-8 * 4000))
+    record = simulate([request], Fixed("near"), fleet).records[0]
+    assert (record.ttft_s, record.e2e_s) == pytest.approx((ttft, e2e))
+    with pytest.raises(ConfigError):
+        latency_floor([request], [])

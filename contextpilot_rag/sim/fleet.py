@@ -69,6 +69,7 @@ __all__ = [
     "SimResult",
     "SimSummary",
     "default_fleet",
+    "latency_floor",
     "simulate",
 ]
 
@@ -560,3 +561,45 @@ def simulate(
     _validate_inputs(ordered, replicas)
     records = _Simulation(policy, replicas, clock_ns, late_binding).run(ordered)
     return SimResult(policy.name, seed, tuple(records), SimSummary.of(records))
+
+
+def latency_floor(
+    requests: Sequence[RouteRequest], replicas: Sequence[Replica]
+) -> list[tuple[float, float]]:
+    """Per request (in the order given), a TTFT and an E2E no routing policy can beat
+    in :func:`simulate` on ``replicas`` (caches cold at the start), in seconds.
+
+    Each is the best over the replicas of the request alone on an idle replica: the
+    replica's round trip, the prefill of the tokens no cache can hold for it (every
+    block that no *other* request of ``requests`` carries — which request goes first
+    is up to the policy, so any other may have left it in a cache), and for E2E the
+    decode of its output with the batch holding only itself (``1/decode_tokens_per_s +
+    decode_s_per_context_token · prompt_tokens`` per token). Queueing, other requests'
+    decoding and prefill interference only add to each, and the TTFT and E2E floors
+    may come from different replicas; so every request's simulated TTFT and E2E are at
+    least these, and so is every percentile over the requests."""
+    if not replicas:
+        raise ConfigError("latency_floor needs at least one replica")
+    carriers: Counter[int] = Counter()
+    for request in requests:
+        carriers.update(set(request.block_hashes))
+    floors = []
+    for request in requests:
+        cached_blocks = 0
+        for block in request.block_hashes:  # chained: a prefix of shared blocks
+            if carriers[block] < 2:
+                break
+            cached_blocks += 1
+        uncached = request.prompt_tokens - min(
+            cached_blocks * request.block_tokens, request.prompt_tokens
+        )
+        ttft = min(r.rtt_s + uncached / r.prefill_tokens_per_s for r in replicas)
+        e2e = min(
+            r.rtt_s
+            + uncached / r.prefill_tokens_per_s
+            + request.expected_output_tokens
+            * (1.0 / r.decode_tokens_per_s + r.decode_s_per_context_token * request.prompt_tokens)
+            for r in replicas
+        )
+        floors.append((ttft, e2e))
+    return floors
