@@ -239,3 +239,38 @@ def test_litellm_forwards_markers_to_anthropic_and_reports_cache_reads(
     assert server.requests[0].cache_control_paths == ["system[0]"]
     assert second.usage.prompt_tokens_details.cached_tokens >= 1024
     assert parse_cache_usage(second).cached_tokens >= 1024
+
+
+def test_openai_sdk_conversations_over_shared_documents_share_the_servers_cache(
+    gpt: Any, server: CloudCacheServer, clock: FakeClock
+) -> None:
+    """The pilot keys a conversation by the prefix its first turn starts with, so users
+    who open over the same documents reach the server that holds them (the emulator
+    spreads keys over 4 servers): every later user's first turn reads the shared
+    prefix, and each user's second turn keeps its first turn's key."""
+    from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
+    from contextpilot_rag.cloud import OPENAI_RULES, CloudCacheConfig
+
+    cloud = CloudCacheConfig(enabled=True, rules=OPENAI_RULES, model=GPT)
+    pilot = ContextPilot(PilotConfig(cloud=cloud), clock=clock)
+    docs = [ContextBlock(f"Passage {n}. " + LONG[:2400], id=f"d{n}") for n in range(4)]
+    cached, keys = [], []
+    for user in range(6):
+        clock.now += 20.0  # a user every 20 s: 6 requests a minute, under the key's share
+        conversation = f"user-{user}"
+        order = docs[user % 4 :] + docs[: user % 4]  # each retriever ranks them its way
+        for turn in range(2):
+            prompt = pilot.optimize(
+                order, f"Question {turn} of {conversation}?", conversation_id=conversation
+            )
+            response = gpt.chat.completions.create(model=GPT, **prompt.to_openai_request())
+            pilot.observe(prompt, response)
+            pilot.record_answer(prompt, response.choices[0].message.content)
+            keys.append((conversation, prompt.prompt_cache_key))
+            if turn == 0:
+                cached.append(response.usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0 and all(tokens >= 1024 for tokens in cached[1:])
+    by_user: dict[str, set[str | None]] = {}
+    for conversation, key in keys:
+        by_user.setdefault(conversation, set()).add(key)
+    assert all(len(found) == 1 for found in by_user.values())
