@@ -109,14 +109,15 @@ class TraceResult:
 
     def change(self, metric: str, policy: str = "combined") -> float:
         """``policy``'s ``metric`` relative to the best baseline's (negative: better)."""
-        best = min(r[metric] for r in self.rows if r["policy"] in BASELINES)
-        return float(self.row(policy)[metric] / best - 1)
+        return float(self.row(policy)[metric] / self._best_baseline(metric) - 1)
 
     def floor_change(self, metric: str) -> float:
         """The latency floor's p95 relative to the best baseline's: the most any
         policy could gain on ``metric`` (negative: better)."""
-        best = min(r[metric] for r in self.rows if r["policy"] in BASELINES)
-        return float(self.floor[metric] / best - 1)
+        return float(self.floor[metric] / self._best_baseline(metric) - 1)
+
+    def _best_baseline(self, metric: str) -> float:
+        return float(min(r[metric] for r in self.rows if r["policy"] in BASELINES))
 
     def peer_margin(self, policy: str = "combined") -> tuple[float, str]:
         """The smallest margin by which a published router is slower than ``policy``

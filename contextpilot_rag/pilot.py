@@ -1525,16 +1525,15 @@ class ContextPilot:
         """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
         self._registry.commit(plan.blocks, plan.entries, plan.keys)
-        if plan.cached_prefixes:
+        if self.config.cloud.enabled:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
-        if plan.prompt.prompt_cache_key is not None:
-            self._key_buckets.record(plan.prompt.prompt_cache_key, self._clock())
-        if plan.conversation is not None and self.config.cloud.enabled:
-            conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
-            turn = len(plan.conversation.turns) - 1
-            self._continuations.observe(conversation, turn, self._clock())
+            if plan.prompt.prompt_cache_key is not None:
+                self._key_buckets.record(plan.prompt.prompt_cache_key, now)
+            if plan.conversation is not None:
+                conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
+                self._continuations.observe(conversation, len(plan.conversation.turns) - 1, now)
         if plan.placements is None:
             self._index.insert(plan.index_path, plan.index_tokens, request_id)
         else:

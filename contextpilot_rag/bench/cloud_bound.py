@@ -115,8 +115,18 @@ def least_input_cost(
     """The larger of the two lower bounds of the module docstring, in USD (``price``
     per million tokens, ``count_tokens`` the tokenizer's length of a text)."""
     carried = required_units(workload)
-    tokens = Counter({unit: count_tokens(unit) for units in carried for unit in units})
-    return max(_per_unit(carried, price, tokens), _per_request(carried, price, tokens)) / 1e6
+    return _any_prompt(carried, price, _token_counts(carried, count_tokens)) / 1e6
+
+
+def _token_counts(
+    carried: list[tuple[str, ...]], count_tokens: Callable[[str], int]
+) -> Counter[str]:
+    return Counter({unit: count_tokens(unit) for units in carried for unit in units})
+
+
+def _any_prompt(carried: list[tuple[str, ...]], price: ModelPrice, tokens: Counter[str]) -> float:
+    """The larger of the per-unit and per-request bounds, in USD per million."""
+    return max(_per_unit(carried, price, tokens), _per_request(carried, price, tokens))
 
 
 def least_chat_append_cost(
@@ -130,14 +140,7 @@ def least_chat_append_cost(
     for number, timed in enumerate(workload.requests):
         conversations[_conversation(timed.request.session, number)].append(number)
     carried = required_units(workload)
-    tokens: dict[str, int] = {}
-
-    def size(unit: str) -> int:
-        found = tokens.get(unit)
-        if found is None:
-            found = tokens[unit] = count_tokens(unit)
-        return found
-
+    tokens = _token_counts(carried, count_tokens)
     total = 0.0
     for numbers in conversations.values():
         first_turn: dict[str, int] = {}  # unit -> the turn that first carries it
@@ -147,7 +150,7 @@ def least_chat_append_cost(
         for unit, turn in first_turn.items():
             later = len(numbers) - 1 - turn
             paid = (later + 1) * price.input
-            total += size(unit) * (min(paid, write + later * price.cache_read) if later else paid)
+            total += tokens[unit] * (min(paid, write + later * price.cache_read) if later else paid)
     holders: defaultdict[str, list[int]] = defaultdict(list)  # head unit -> earlier first turns
     starts = sorted(numbers[0] for numbers in conversations.values())
     goes_on = {numbers[0]: len(numbers) > 1 for numbers in conversations.values()}
@@ -156,12 +159,12 @@ def least_chat_append_cost(
         shared: defaultdict[int, int] = defaultdict(int)
         for unit in head:
             for earlier in holders[unit]:
-                shared[earlier] += size(unit)
+                shared[earlier] += tokens[unit]
             holders[unit].append(number)
         saving = (write if goes_on[number] else price.input) - price.cache_read
         total -= max(shared.values(), default=0) * max(0.0, saving)
     # the class is narrower than "any prompt": its least cost is at least that bound too
-    return max(total / 1e6, least_input_cost(workload, price, size))
+    return max(total, _any_prompt(carried, price, tokens)) / 1e6
 
 
 def _conversation(session: str | None, number: int) -> str:

@@ -27,8 +27,8 @@ class CloudCacheConfig:
     before the next ones go under another variant of the key — the rest is left for
     the later turns of the conversations already on the route (:mod:`.keys`).
     ``max_counted``: the most recent sharing requests counted per prefix (a bound on
-    the work). ``ledger_size``: the breakpoint prefixes remembered as cached (and the keys whose
-    request rate is counted).
+    the work). ``ledger_size``: the breakpoint prefixes remembered as cached (and the
+    keys whose request rate is counted).
 
     Off by default: planning reads the index for every prompt and makes ``optimize``
     markedly slower, which a self-hosted engine (whose prefix cache needs no
