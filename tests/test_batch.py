@@ -20,11 +20,13 @@ from contextpilot_rag import (
     render_block,
 )
 from contextpilot_rag.batch import (
+    REFINE_UP_TO,
     check_plan,
     greedy_plan,
     grouped_schedule,
     plan_batch,
     prefix_tree_schedule,
+    refine_sequences,
     shared_tokens,
 )
 from contextpilot_rag.batch.requests import BatchRequest
@@ -121,13 +123,16 @@ def test_shared_tokens_do_not_depend_on_the_execution_order(
 def test_auto_plan_is_valid_and_shares_as_much_as_the_better_builder(
     requests: list[list[int]],
 ) -> None:
-    auto = plan_batch(requests)  # "auto" is the default
+    auto = plan_batch(requests, refine=False)  # "auto" is the default
     check_plan(auto, [len(request) for request in requests])
     best = max(
-        shared_tokens(requests, plan_batch(requests, method=method).orders)
+        shared_tokens(requests, plan_batch(requests, method=method, refine=False).orders)
         for method in ("greedy", "cluster")
     )
     assert shared_tokens(requests, auto.orders) == best
+    refined = plan_batch(requests)  # refined by default at this size
+    check_plan(refined, [len(request) for request in requests])
+    assert shared_tokens(requests, refined.orders) >= best
 
 
 def test_auto_takes_the_clustering_on_near_duplicate_requests() -> None:
@@ -137,11 +142,49 @@ def test_auto_takes_the_clustering_on_near_duplicate_requests() -> None:
     codes: dict[str, int] = {}
     requests = [[codes.setdefault(d, len(codes)) for d in r.doc_ids] for r in workload.requests]
     shared = {
-        method: shared_tokens(requests, plan_batch(requests, method=method).orders)
+        method: shared_tokens(requests, plan_batch(requests, method=method, refine=False).orders)
         for method in ("greedy", "cluster", "auto")
     }
     assert shared["cluster"] > shared["greedy"]  # why "auto" builds both
     assert shared["auto"] == shared["cluster"]
+
+
+def test_refining_moves_a_request_to_the_prefix_it_shares_most() -> None:
+    # greedy splits on block 1 (three holders) and leaves request 0 there, where it
+    # shares one block; under request 1's prefix (2, 3) it shares two
+    requests = [[1, 2, 3], [2, 3, 4], [1, 5], [1, 6]]
+    greedy = plan_batch(requests, method="greedy", refine=False)
+    assert shared_tokens(requests, greedy.orders) == 2
+    refined = plan_batch(requests, method="greedy")
+    check_plan(refined, [len(request) for request in requests])
+    assert shared_tokens(requests, refined.orders) == 3
+    sequence = [requests[0][p] for p in refined.orders[0]]
+    assert sequence[:2] == [2, 3]
+
+
+@settings(max_examples=80, deadline=None)
+@given(requests_strategy, st.lists(st.integers(1, 9), min_size=13, max_size=13))
+def test_refined_sequences_are_permutations_and_never_share_less(
+    requests: list[list[int]], sizes: list[int]
+) -> None:
+    weights = [float(size) for size in sizes]
+    sequences = [list(request) for request in requests]
+    rank = list(range(13))
+    refined = refine_sequences(sequences, weights, rank)
+    assert [sorted(s) for s in refined] == [sorted(r) for r in requests]
+    identity = [list(range(len(s))) for s in sequences]
+    assert shared_tokens(refined, identity, weights) >= shared_tokens(sequences, identity, weights)
+
+
+def test_refine_is_off_for_large_batches_and_with_the_builders_schedule() -> None:
+    requests = [[1, 2, 3], [2, 3, 4], [1, 5], [1, 6]]
+    builder = plan_batch(requests, method="greedy", schedule="builder")  # refine: off
+    assert builder == greedy_plan(requests)
+    with pytest.raises(ConfigError, match="refine"):
+        plan_batch(requests, schedule="builder", refine=True)
+    large = [[1, 2, 3], [2, 3, 4], [1, 5], [1, 6]] * (REFINE_UP_TO // 4 + 1)
+    assert len(large) > REFINE_UP_TO
+    assert plan_batch(large, method="greedy") == plan_batch(large, method="greedy", refine=False)
 
 
 def test_empty_batch_plans_to_nothing() -> None:

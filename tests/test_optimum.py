@@ -15,6 +15,7 @@ from contextpilot_rag.bench.optimum import (
     plan_hits,
     random_instance,
     seen_before_bound,
+    separation_bound,
 )
 
 
@@ -111,3 +112,44 @@ def test_best_partner_shares_per_request() -> None:
     weights = {1: 10.0, 2: 1.0, 3: 5.0, 4: 1.0, 5: 1.0}
     assert best_partner_shares(requests, weights).tolist() == [11.0, 11.0, 5.0]
     assert best_partner_shares([]).tolist() == []
+
+
+def test_separation_bound_by_hand() -> None:
+    # all six pairs of {1,2,3,4}: a request shares one block with four others, so the
+    # partner bound allows 6 - 1 = 5 hits. At depth 0, {1,2} and {3,4} share nothing:
+    # the trie has at least 2 root children; at depth 1 all six part: 2 + 6 = 8 nodes
+    # of the 12 blocks sent, at most 4 hits. The optimum is 3 (only three requests hold
+    # any one block, and the other three hold no common block).
+    pairs = [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)]
+    assert best_partner_bound(pairs) == 5
+    assert separation_bound(pairs, levels=2) == 4
+    assert optimal_hits(pairs).hits == 3
+    # identical requests never part: everything after the first copy hits
+    assert separation_bound([(1, 2)] * 4, levels=2) == 6
+    # nothing shared: nothing hits
+    assert separation_bound([(1, 2), (3, 4)], levels=2) == 0
+    assert separation_bound([(1, 2)], levels=2) == separation_bound([], levels=2) == 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_separation_bound_holds_with_weights_on_any_grid(seed: int) -> None:
+    requests = random_instance(seed, n_requests=6, blocks_per_request=3, vocabulary=7)
+    weights = {block: float(1 + (block * 7 + seed) % 5) for block in range(7)}
+    optimum = optimal_hits(requests, weights).hits
+    for levels in (1, 3, 7, 40):
+        assert optimum <= separation_bound(requests, weights, levels=levels) + 1e-9
+
+
+def test_separation_bound_is_tighter_on_a_zipf_batch() -> None:
+    requests = [
+        random_instance(seed, n_requests=1, blocks_per_request=6, vocabulary=60)[0]
+        for seed in range(150)
+    ]
+    ours = ours_hits(requests)
+    bound = separation_bound(requests, levels=6)
+    assert ours <= bound < best_partner_bound(requests)
+
+
+def test_separation_bound_rejects_bad_levels() -> None:
+    with pytest.raises(ValueError, match="levels"):
+        separation_bound([(1, 2), (1, 3)], levels=0)

@@ -13,7 +13,8 @@ lightest trie. :func:`optimal_hits` finds it by exhaustive search with memoisati
 (exponential: a handful of requests only); :func:`seen_before_bound` bounds every plan
 of every size without search ("every block seen before is a hit"), and
 :func:`best_partner_bound` more tightly ("a request hits at most what it shares with
-the one request whose path it follows").
+the one request whose path it follows"), and :func:`separation_bound` by counting the
+trie's nodes at every depth (requests that share little must part early).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "plan_hits",
     "random_instance",
     "seen_before_bound",
+    "separation_bound",
 ]
 
 _Key = tuple[tuple[int, ...], ...]
@@ -121,6 +123,84 @@ def best_partner_bound(
     best = best_partner_shares(requests, weights, earlier_only=earlier_only)
     total = float(best.sum())
     return total if earlier_only or not len(requests) else total - float(best.min())
+
+
+def separation_bound(
+    requests: Sequence[Collection[int]],
+    weights: Mapping[int, float] | None = None,
+    *,
+    levels: int = 300,
+) -> float:
+    """An upper bound on the hits of every plan, in any execution order, from the
+    trie's width at every depth.
+
+    Measure depth in weight: block ``j`` of a sequence spans ``[c_{j-1}, c_j)``, its
+    prefix's cumulative weights, and the trie's weight is the integral over depth ``t``
+    of ``N(t)``, the number of trie nodes spanning ``t``. Two requests pass through the
+    same node at ``t`` only if their sequences share a prefix heavier than ``t``, so
+    only if the blocks they share weigh more than ``t``. Hence any set of requests
+    heavier than ``t`` that pairwise share at most ``t`` sits on distinct nodes at
+    ``t``: ``N(t)`` is at least its size. On ``levels`` equal depth intervals this
+    takes, per interval, an independent set (minimum-degree greedy; any one is a valid
+    witness) of the graph joining requests that share more than the interval's start,
+    among the requests at least as heavy as its end; hits are at most the weight sent
+    less that trie weight. Exact depth counts for unit weights with ``levels`` at the
+    longest request's length. Cost: O(n²) memory for the pairwise shares and about
+    O(levels · n²) vectorised work, so meant for a few thousand requests."""
+    if levels < 1:
+        raise ValueError(f"levels must be at least 1, got {levels}")
+    sets = [sorted(set(request)) for request in requests]
+    n = len(sets)
+    if n < 2:
+        return 0.0
+    heavy = np.array([sum(_weight(weights, b) for b in blocks) for blocks in sets])
+    shared = _pairwise_shares(sets, weights)
+    top = float(heavy.max())
+    step = top / levels
+    trie = 0.0
+    for level in range(levels):
+        start, end = level * step, (level + 1) * step
+        alive = heavy >= end - 1e-9 * top
+        if alive.any():
+            trie += step * _greedy_independent_set(shared > start + 1e-9 * top, alive)
+    return max(0.0, float(heavy.sum()) - trie)
+
+
+def _pairwise_shares(
+    sets: Sequence[Sequence[int]], weights: Mapping[int, float] | None
+) -> np.ndarray:
+    """``shares[i, j]``: the weight of the blocks requests i and j share (0 on the
+    diagonal). Work: the sum over blocks of their holders squared."""
+    holders: dict[int, list[int]] = defaultdict(list)
+    for row, blocks in enumerate(sets):
+        for block in blocks:
+            holders[block].append(row)
+    shares = np.zeros((len(sets), len(sets)))
+    for block, members in holders.items():
+        if len(members) > 1:
+            index = np.asarray(members)
+            shares[np.ix_(index, index)] += _weight(weights, block)
+    np.fill_diagonal(shares, 0.0)
+    return shares
+
+
+def _greedy_independent_set(adjacent: np.ndarray, alive: np.ndarray) -> int:
+    """Size of an independent set of the ``alive`` vertices: repeatedly take a vertex
+    of least degree among those left and drop its neighbours."""
+    left = alive.copy()
+    if not adjacent[np.ix_(left, left)].any():
+        return int(left.sum())
+    degree = adjacent[:, left].sum(axis=1)
+    size = 0
+    while left.any():
+        candidates = np.flatnonzero(left)
+        vertex = candidates[np.argmin(degree[candidates])]
+        size += 1
+        dropped = adjacent[vertex] & left
+        dropped[vertex] = True
+        left &= ~dropped
+        degree -= adjacent[:, dropped].sum(axis=1)
+    return size
 
 
 def optimal_hits(
