@@ -88,6 +88,7 @@ bench: $(STAMP)
 # Workload families (issue 22): many drawn workloads per mode, the held-out worst case,
 # bounds and small-instance optima; about ten minutes on two cores.
 bench-families: $(STAMP)
+	$(BIN)/pip install --quiet scipy numpy
 	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
 	$(BIN)/python benchmarks/families.py --write docs/benchmarks.md --plot docs/img/families.png
 
