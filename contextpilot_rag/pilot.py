@@ -412,6 +412,7 @@ class ContextPilot:
         system: str | None = None,
         method: BatchMethod = "auto",
         schedule: BatchSchedule = "prefix-tree",
+        refine: bool | None = None,
         progress: bool = False,
     ) -> list[Prompt]:
         """Plan a whole batch at once and return its prompts **in execution order**;
@@ -420,9 +421,9 @@ class ContextPilot:
         ``requests`` are ``(blocks, query)``, ``(blocks, query, conversation_id)`` or
         ``(blocks, query, conversation_id, tenant)`` tuples (or
         :class:`~contextpilot_rag.batch.requests.BatchRequest`). Requests without a
-        conversation or a tenant are planned together (``method``, ``schedule``: see
-        :func:`contextpilot_rag.batch.plan_batch`) so that those sharing blocks share
-        a prefix and run back to back; each carries an order note like online
+        conversation or a tenant are planned together (``method``, ``schedule``,
+        ``refine``: see :func:`contextpilot_rag.batch.plan_batch`) so that those
+        sharing blocks share a prefix and run back to back; each carries an order note like online
         prompts. Requests of a conversation (one turn per conversation per batch)
         and requests of a tenant are planned as :meth:`optimize` would (against the
         state before the batch), after the others. All prompts enter
@@ -441,7 +442,7 @@ class ContextPilot:
             with self._lock:
                 if replay:
                     self._replay(replay)
-                planned = self._plan_batch(batch, system, method, schedule, bars)
+                planned = self._plan_batch(batch, system, method, schedule, refine, bars)
                 plans = [self._stored_batch_plan(plan, batch, system) for plan in planned]
                 for plan in plans:
                     self._record(plan)
@@ -923,6 +924,7 @@ class ContextPilot:
         system: str | None,
         method: BatchMethod,
         schedule: BatchSchedule,
+        refine: bool | None,
         progress: BatchProgress,
     ) -> list[_Plan]:
         # a tenant's blocks are resolved under the tenant's keys, in its own plan
@@ -952,6 +954,7 @@ class ContextPilot:
             method=method if self.config.reorder else "greedy",
             schedule=schedule,
             weights=[resolved[block_id].tokens for block_id in codes],
+            refine=refine,
             progress=progress,
         )
         system_text = system if system is not None else self.config.system_prompt

@@ -230,6 +230,27 @@ def test_unknown_method_or_schedule_is_a_config_error() -> None:
 # -- optimize_batch ----------------------------------------------------------------------
 
 
+def test_optimize_batch_refines_small_batches_unless_told_not_to(tokenizer: Tokenizer) -> None:
+    # the refining case of the planner tests, as documents: greedy leaves "abc" under
+    # "a", refining moves it under "bc", the prefix "bcd" starts with
+    batch = [
+        (blocks("abc"), "q0"),
+        (blocks("bcd"), "q1"),
+        (blocks("ae"), "q2"),
+        (blocks("af"), "q3"),
+    ]
+
+    def first_blocks(refine: bool | None) -> str:
+        pilot = ContextPilot(PilotConfig(), tokenizer=tokenizer)
+        prompts = pilot.optimize_batch(batch, method="greedy", refine=refine)
+        text = next(p for p in prompts if p.index == 0).messages[-1]["content"]
+        found = {name: text.index(DOCS[name].text) for name in "abc"}
+        return "".join(sorted(found, key=found.__getitem__))[:2]
+
+    assert first_blocks(None) == first_blocks(True) == "bc"
+    assert first_blocks(False)[0] == "a"
+
+
 def test_prompts_come_in_execution_order_with_their_input_index(pilot: ContextPilot) -> None:
     batch = [(blocks("abc"), "q0"), (blocks("def"), "q1"), (blocks("cba"), "q2")]
     prompts = pilot.optimize_batch(batch)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from contextpilot_rag.batch import BatchMethod, BatchSchedule, plan_batch
+from contextpilot_rag.batch import REFINE_UP_TO, BatchMethod, BatchSchedule, plan_batch
 from contextpilot_rag.bench.workloads import Workload, online_workload
 from contextpilot_rag.blocks import ContextBlock, render_block
 from contextpilot_rag.experiment import Progress, baseline_config
@@ -113,6 +113,7 @@ def run_batch(
         ("ours, Alg. 5 schedule", "auto", "grouped"),
         ("ours, Alg. 4 clustering", "cluster", "prefix-tree"),
     ),
+    refine_arm_up_to: int = 20_000,
     reference_timeout_s: float | None = 120.0,
     measure_memory: bool = True,
     runs: int = 1,
@@ -123,7 +124,9 @@ def run_batch(
     ``reference_timeout_s=None`` skips the reference implementation;
     ``measure_memory`` measures the first arm's planner in a child process (peak
     memory added by planning, the workload itself excluded); the planner is timed
-    ``runs`` times (hit ratios do not depend on it: planning is deterministic)."""
+    ``runs`` times (hit ratios do not depend on it: planning is deterministic). Up to
+    ``refine_arm_up_to`` requests one more arm plans like the first with the refining
+    pass the other way round from its default (``plan_batch``'s ``REFINE_UP_TO``)."""
     tokenizer = tokenizer or default_tokenizer()
     workload = online_workload(n_docs=n_docs, n_requests=n_requests, k=k, seed=seed)
     blocks = {doc_id: ContextBlock(text, id=doc_id) for doc_id, text in workload.corpus.items()}
@@ -146,10 +149,18 @@ def run_batch(
     codes = _codes(workload)
     coded = [[codes[d] for d in r.doc_ids] for r in workload.requests]
     weights = [float(tokenizer.count(render_block(blocks[doc_id]))) for doc_id in codes]
-    for name, method, schedule in arms:
+    planned: list[tuple[str, BatchMethod, BatchSchedule, bool | None]] = [
+        (name, method, schedule, None) for name, method, schedule in arms
+    ]
+    if arms and n_requests <= refine_arm_up_to:
+        name, method, schedule = arms[0]
+        flipped = n_requests > REFINE_UP_TO  # the opposite of the default
+        label = f"{name}, refine {'on' if flipped else 'off'}"
+        planned.insert(1, (label, method, schedule, flipped))
+    for name, method, schedule, refine in planned:
         try:
             plan_runs_s = tuple(
-                _time_plan(coded, method, schedule, weights) for _ in range(max(1, runs))
+                _time_plan(coded, method, schedule, weights, refine) for _ in range(max(1, runs))
             )
         except ImportError as exc:  # an optional planner whose module is absent
             results.append(BatchArm(name, 0.0, 0.0, None, None, note=f"unavailable: {exc}"))
@@ -160,7 +171,11 @@ def run_batch(
         )
         started = time.perf_counter()
         prompts = pilot.optimize_batch(
-            requests, system=workload.system_prompt, method=method, schedule=schedule
+            requests,
+            system=workload.system_prompt,
+            method=method,
+            schedule=schedule,
+            refine=refine,
         )
         total_s = time.perf_counter() - started
         peak_mb, note = None, ""
@@ -193,9 +208,10 @@ def _time_plan(
     method: BatchMethod,
     schedule: BatchSchedule,
     weights: Sequence[float],
+    refine: bool | None = None,
 ) -> float:
     started = time.perf_counter()
-    plan_batch(coded, method=method, schedule=schedule, weights=weights)
+    plan_batch(coded, method=method, schedule=schedule, weights=weights, refine=refine)
     return time.perf_counter() - started
 
 

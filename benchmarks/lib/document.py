@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from contextpilot_rag.batch import REFINE_UP_TO
 from contextpilot_rag.experiment import ExperimentResult
 
 from .batch import BatchResult
@@ -135,7 +136,10 @@ def batch_section(batches: Sequence[BatchResult]) -> list[str]:
         "planning (tracemalloc, numpy included) in a fresh process; the note gives that "
         "process's peak RSS (interpreter and workload included). The reference runs its "
         "batch mode (`build_and_schedule`, CPU) in a child process with a time limit; its "
-        "prompts use our rendering without notes.",
+        "prompts use our rendering without notes. `ours` and the arms after it use "
+        "`plan_batch`'s defaults, which refine plans of up to "
+        f"{REFINE_UP_TO:,} requests (one local-search pass after the build); *ours, refine "
+        "off* / *ours, refine on* is `ours` the other way round, up to 20,000 requests.",
         "",
     ]
     targets = batch_targets_markdown(batches)

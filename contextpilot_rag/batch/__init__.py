@@ -38,11 +38,12 @@ __all__ = [
 BatchMethod = Literal["auto", "greedy", "cluster"]
 BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
-REFINE_UP_TO = 20_000
-"""``plan_batch`` refines batches up to this many requests unless told otherwise: a
-pass costs about 0.1 s per 2,000 requests there and gains 0.1–1.2 points of sharing,
-while at 100,000 requests it costs more than the greedy build itself."""
-_REFINE_PASSES = 3
+REFINE_UP_TO = 5_000
+"""``plan_batch`` refines batches up to this many requests unless told otherwise. One
+pass over 2,000 requests costs about 0.1–0.2 s and shares 1–2% more tokens (0.1–1.2
+points); the pass grows faster than the batch (at 12,000 requests it adds about 60% to
+the plan's time for 0.6% more), and at 100,000 it costs more than the greedy build.
+Further passes gain about a tenth of the first, so the default is one."""
 
 
 def plan_batch(
@@ -62,9 +63,9 @@ def plan_batch(
     greedy on independent Zipf draws, clustering by several points on workloads whose
     requests come in near-duplicate groups (topics, query templates), measured in the
     ``families`` section of docs/benchmarks.md. ``refine``: after the build, move each
-    request to the prefix it shares most (:mod:`.refine`; never shares less); with
-    ``"auto"`` both builds get one pass before the comparison and the better one the
-    rest. Default: on up to :data:`REFINE_UP_TO` requests. ``schedule``:
+    request to the prefix it shares most (:mod:`.refine`, one pass; never shares less);
+    with ``"auto"`` both builds are refined before the comparison. Default: on up to
+    :data:`REFINE_UP_TO` requests. ``schedule``:
     ``"prefix-tree"`` (depth first over the final sequences, default), ``"grouped"``
     (Alg. 5), or ``"builder"`` (the builder's own order; unrefined plans only, since
     refining moves requests between subtrees). ``weights[code]``: the block's size in
@@ -97,16 +98,11 @@ def plan_batch(
     else:
         sized = _code_weights(requests, weights)
         rank = _popularity_rank(requests)
-        if len(candidates) > 1:
-            refined = [
-                refine_sequences(_sequences(requests, plan.orders), sized, rank, passes=1)
-                for plan in candidates
-            ]
-            sequences = max(refined, key=lambda seqs: shared_tokens(seqs, _identity(seqs), sized))
-            passes = _REFINE_PASSES - 1
-        else:
-            sequences, passes = _sequences(requests, candidates[0].orders), _REFINE_PASSES
-        sequences = refine_sequences(sequences, sized, rank, passes=passes)
+        refined = [
+            refine_sequences(_sequences(requests, plan.orders), sized, rank, passes=1)
+            for plan in candidates
+        ]
+        sequences = max(refined, key=lambda seqs: shared_tokens(seqs, _identity(seqs), sized))
     orders = tuple(_orders(requests, sequences))
     return BatchPlan(orders, schedulers[schedule](sequences))
 

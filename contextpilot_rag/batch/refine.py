@@ -7,7 +7,8 @@ request at a time, removes the request's sequence and puts it back along the hea
 path the rest of the tree offers inside its own blocks; it keeps the move only where
 that path outweighs the prefix the request shared before (so the tree never gets
 heavier). After the path the request's other blocks follow by popularity, as in the
-builders. Passes repeat until a pass moves nothing or the pass limit is reached.
+builders. Passes (one by default) repeat until a pass moves nothing or the limit is
+reached.
 
 Cost: per request, the removal and insertion are O(k) and the search visits the tree
 nodes whose path lies inside the request's blocks, at most ``_VISIT_LIMIT`` of them
@@ -98,7 +99,7 @@ def refine_sequences(
     weights: Sequence[float],
     rank: Sequence[int],
     *,
-    passes: int = 3,
+    passes: int = 1,
 ) -> list[list[int]]:
     """Improved block sequences for a batch (see the module docstring).
     ``sequences[i]``: request ``i``'s blocks in the plan's order (distinct codes);
