@@ -90,3 +90,32 @@ def test_the_report_says_whether_each_target_is_within_the_bound() -> None:
         assert check.within_bound == ("yes" if reachable else "no")
     text = markdown(result)
     assert "within the chat-append bound" in text and "ours of chat-append bound" in text
+
+
+def test_a_first_turn_reads_nothing_below_the_minimum_prefix() -> None:
+    price = ModelPrice("anthropic", "m", input=1.0, cache_read=0.1, cache_write_5m=1.25)
+    count = lambda text: SIZES.get(text, 0)  # noqa: E731
+    # c2's first turn shares S and A (110 tokens) with c1's: below a 200-token minimum
+    # it reads nothing and pays its 165 tokens like the rest of the chat-append cost
+    least = least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=200)
+    assert least * 1e6 == pytest.approx(276.25 + 99)
+    assert least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=110) * 1e6 == (
+        pytest.approx(276.25)
+    )
+
+
+def test_first_turns_together_read_no_more_than_their_trie_allows() -> None:
+    # six one-turn conversations, each on one pair of four 100-token documents: each
+    # shares a document with an earlier one (500 tokens by best partners), but their
+    # trie has at least 2 + 6 nodes of the 12 documents sent, so at most 400 are read
+    pairs = ["12", "13", "14", "23", "24", "34"]
+    texts = {name: name * 50 for name in "1234"}
+    requests = tuple(
+        TimedRequest(WorkloadRequest(tuple(pair), f"q{i}", f"c{i}", 0), float(i), f"c{i}")
+        for i, pair in enumerate(pairs)
+    )
+    workload = CloudWorkload("multi-session", 0, "pairs", texts, requests, system_prompt="")
+    sizes = {text: 100 for text in texts.values()}
+    price = ModelPrice("anthropic", "m", input=1.0, cache_read=0.1, cache_write_5m=1.25)
+    least = least_chat_append_cost(workload, price, lambda text: sizes.get(text, 0))
+    assert least * 1e6 == pytest.approx(1200 - 400 * 0.9)  # best partners alone: 1200 - 450

@@ -38,8 +38,12 @@ the cache: it is paid, once written, then read at the conversation's later turns
 reads across conversations, at most the system prompt and the first-turn documents it
 shares with one earlier conversation (the part of a prompt before its first
 question), each such token read once instead of paid (saving ``write − read`` where
-the conversation goes on, ``input − read`` where it does not). Optimistic in the same
-ways otherwise.
+the conversation goes on, ``input − read`` where it does not). With the provider's
+minimum cacheable prefix (``min_prefix_tokens``), a first turn sharing less than that
+with every earlier one reads nothing, and all first turns together read no more than
+:func:`~.optimum.separation_bound` allows their heads (in any order, counting only
+reads of at least the minimum); the savings then go to the first turns that save most
+per token, each up to its own share. Optimistic in the same ways otherwise.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from collections.abc import Callable
 from ..cloud import ModelPrice
 from ..sim.replay import synthetic_answer
 from .cloud_workloads import CloudWorkload
+from .optimum import separation_bound
 
 __all__ = ["least_chat_append_cost", "least_input_cost", "required_units"]
 
@@ -130,11 +135,16 @@ def _any_prompt(carried: list[tuple[str, ...]], price: ModelPrice, tokens: Count
 
 
 def least_chat_append_cost(
-    workload: CloudWorkload, price: ModelPrice, count_tokens: Callable[[str], int]
+    workload: CloudWorkload,
+    price: ModelPrice,
+    count_tokens: Callable[[str], int],
+    *,
+    min_prefix_tokens: int = 0,
 ) -> float:
     """The least input cost, in USD, of the strategies whose turns extend the
     conversation's previous prompt and carry only what their request must (the module
-    docstring); ``price`` per million tokens, ``count_tokens`` the tokenizer's length."""
+    docstring); ``price`` per million tokens, ``count_tokens`` the tokenizer's length,
+    ``min_prefix_tokens`` the shortest prefix the provider caches (0: any)."""
     write = _write(price)
     conversations: defaultdict[str, list[int]] = defaultdict(list)  # name -> request numbers
     for number, timed in enumerate(workload.requests):
@@ -151,20 +161,50 @@ def least_chat_append_cost(
             later = len(numbers) - 1 - turn
             paid = (later + 1) * price.input
             total += tokens[unit] * (min(paid, write + later * price.cache_read) if later else paid)
-    holders: defaultdict[str, list[int]] = defaultdict(list)  # head unit -> earlier first turns
     starts = sorted(numbers[0] for numbers in conversations.values())
     goes_on = {numbers[0]: len(numbers) > 1 for numbers in conversations.values()}
-    for number in starts:
-        head = [unit for unit in carried[number] if unit != workload.requests[number].request.query]
+    heads = [
+        [unit for unit in carried[number] if unit != workload.requests[number].request.query]
+        for number in starts
+    ]
+    shares = _earlier_partner_shares(heads, tokens)
+    offers = sorted(
+        (
+            (max(0.0, (write if goes_on[number] else price.input) - price.cache_read), share)
+            for number, share in zip(starts, shares, strict=True)
+            if share >= min_prefix_tokens
+        ),
+        reverse=True,
+    )
+    codes: dict[str, int] = {}
+    coded = [[codes.setdefault(unit, len(codes)) for unit in head] for head in heads]
+    readable = separation_bound(
+        coded,
+        {code: float(tokens[unit]) for unit, code in codes.items()},
+        min_prefix=min_prefix_tokens,
+    )
+    for saving, share in offers:  # the most saving per token first, up to what is readable
+        read = min(float(share), readable)
+        total -= read * saving
+        readable -= read
+        if readable <= 0:
+            break
+    # the class is narrower than "any prompt": its least cost is at least that bound too
+    return max(total, _any_prompt(carried, price, tokens)) / 1e6
+
+
+def _earlier_partner_shares(heads: list[list[str]], tokens: Counter[str]) -> list[int]:
+    """Per head, the tokens it shares with the earlier head it shares most with."""
+    holders: defaultdict[str, list[int]] = defaultdict(list)  # unit -> earlier heads
+    best = []
+    for number, head in enumerate(heads):
         shared: defaultdict[int, int] = defaultdict(int)
         for unit in head:
             for earlier in holders[unit]:
                 shared[earlier] += tokens[unit]
             holders[unit].append(number)
-        saving = (write if goes_on[number] else price.input) - price.cache_read
-        total -= max(shared.values(), default=0) * max(0.0, saving)
-    # the class is narrower than "any prompt": its least cost is at least that bound too
-    return max(total, _any_prompt(carried, price, tokens)) / 1e6
+        best.append(max(shared.values(), default=0))
+    return best
 
 
 def _conversation(session: str | None, number: int) -> str:

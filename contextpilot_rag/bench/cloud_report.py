@@ -279,8 +279,11 @@ def markdown(result: CloudSuiteResult) -> str:
             "across turns) and carries only what the request must carry: a document a "
             "conversation first retrieves at a later turn is paid (then read at its later "
             "turns), and only a first turn reads across conversations, at most what it "
-            "shares with one earlier conversation's first turn before its question "
-            "(`least_chat_append_cost`). *ours of chat-append bound* = that least cost / "
+            "shares with one earlier conversation's first turn before its question, nothing "
+            "where that is below the model's minimum cacheable prefix, and all first turns "
+            "together no more than their trie allows (`separation_bound`: requests that "
+            "share little part early; `least_chat_append_cost`). *ours of chat-append "
+            "bound* = that least cost / "
             "ours; *within the chat-append bound*: whether the target is reachable at all "
             "by such prompts on every seed.",
             _workloads(result),

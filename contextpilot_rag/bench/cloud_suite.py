@@ -428,7 +428,12 @@ def _run(
     names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
-    chat = least_chat_append_cost(workload, ours.tally.price, tokens.count)
+    chat = least_chat_append_cost(
+        workload,
+        ours.tally.price,
+        tokens.count,
+        min_prefix_tokens=rules_for(provider).min_tokens(model),
+    )
     return CloudRun(
         workload.family,
         workload.seed,

@@ -130,6 +130,7 @@ def separation_bound(
     weights: Mapping[int, float] | None = None,
     *,
     levels: int = 300,
+    min_prefix: float = 0.0,
 ) -> float:
     """An upper bound on the hits of every plan, in any execution order, from the
     trie's width at every depth.
@@ -140,30 +141,47 @@ def separation_bound(
     same node at ``t`` only if their sequences share a prefix heavier than ``t``, so
     only if the blocks they share weigh more than ``t``. Hence any set of requests
     heavier than ``t`` that pairwise share at most ``t`` sits on distinct nodes at
-    ``t``: ``N(t)`` is at least its size. On ``levels`` equal depth intervals this
-    takes, per interval, an independent set (minimum-degree greedy; any one is a valid
-    witness) of the graph joining requests that share more than the interval's start,
-    among the requests at least as heavy as its end; hits are at most the weight sent
-    less that trie weight. Exact depth counts for unit weights with ``levels`` at the
-    longest request's length. Cost: O(n²) memory for the pairwise shares and about
-    O(levels · n²) vectorised work, so meant for a few thousand requests."""
+    ``t``: ``N(t)`` is at least its size. And in any execution order the requests that
+    hit deeper than ``t`` (share more than ``t`` with an earlier one) number ``A(t) −
+    N(t)``, ``A(t)`` being the requests heavier than ``t``: of each node's requests all
+    but the first. Hits are the integral of that count, at most the weight sent less
+    the integral of the independent sets' sizes.
+
+    ``min_prefix``: only hits of at least that weight count (a provider caches no
+    shorter prefix); they are at most ``min_prefix · (A − N)`` just below
+    ``min_prefix`` plus the integral above it.
+
+    On ``levels`` equal depth intervals this takes, per interval, an independent set
+    (minimum-degree greedy; any one is a valid witness) of the graph joining requests
+    that share more than the interval's start, among the requests at least as heavy as
+    its end. Exact depth counts for unit weights with ``levels`` at the longest
+    request's length. Cost: O(n²) memory for the pairwise shares and about O(levels ·
+    n²) vectorised work, so meant for a few thousand requests."""
     if levels < 1:
         raise ValueError(f"levels must be at least 1, got {levels}")
+    if not min_prefix >= 0:
+        raise ValueError(f"min_prefix must be >= 0, got {min_prefix}")
     sets = [sorted(set(request)) for request in requests]
-    n = len(sets)
-    if n < 2:
+    if len(sets) < 2:
         return 0.0
     heavy = np.array([sum(_weight(weights, b) for b in blocks) for blocks in sets])
     shared = _pairwise_shares(sets, weights)
     top = float(heavy.max())
+    if min_prefix > top:
+        return 0.0
+    slack = 1e-9 * top  # float rounding: toward more hits (more edges, more alive)
+    hits = float(np.maximum(heavy - min_prefix, 0.0).sum())  # the integral of A above it
+    if min_prefix > 0:
+        alive = heavy >= min_prefix - slack
+        parted = _greedy_independent_set(shared >= min_prefix - slack, alive)
+        hits += min_prefix * (int(alive.sum()) - parted)
     step = top / levels
-    trie = 0.0
     for level in range(levels):
-        start, end = level * step, (level + 1) * step
-        alive = heavy >= end - 1e-9 * top
-        if alive.any():
-            trie += step * _greedy_independent_set(shared > start + 1e-9 * top, alive)
-    return max(0.0, float(heavy.sum()) - trie)
+        start, end = max(level * step, min_prefix), (level + 1) * step
+        alive = heavy >= end
+        if end > start and alive.any():
+            hits -= (end - start) * _greedy_independent_set(shared > start, alive)
+    return max(0.0, hits)
 
 
 def _pairwise_shares(
