@@ -39,11 +39,12 @@ BatchMethod = Literal["auto", "greedy", "cluster"]
 BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
 REFINE_UP_TO = 5_000
-"""``plan_batch`` refines batches up to this many requests unless told otherwise. One
-pass over 2,000 requests costs about 0.1–0.2 s and shares 1–2% more tokens (0.1–1.2
-points); the pass grows faster than the batch (at 12,000 requests it adds about 60% to
-the plan's time for 0.6% more), and at 100,000 it costs more than the greedy build.
-Further passes gain about a tenth of the first, so the default is one."""
+"""``plan_batch`` refines batches up to this many requests unless told otherwise. At
+2,000 requests the pass adds a third to the plan's time and shares 1–2% more tokens;
+it grows faster than the batch (at 12,000 requests it about doubles the plan's time
+for about 1% more; the ``bench`` section of docs/benchmarks.md times both sizes), and at
+100,000 one pass costs more than the greedy build. Further passes gain about a tenth of
+the first, so the pass runs once."""
 
 
 def plan_batch(
