@@ -41,6 +41,8 @@ from .suite import REFERENCE
 
 __all__ = ["BatchArm", "BatchResult", "measure_plan_memory", "run_batch"]
 
+REFINE_ARM_UP_TO = 20_000  # batch sizes that also run an arm with refining flipped
+
 
 @dataclass(frozen=True)
 class BatchArm:
@@ -113,7 +115,7 @@ def run_batch(
         ("ours, Alg. 5 schedule", "auto", "grouped"),
         ("ours, Alg. 4 clustering", "cluster", "prefix-tree"),
     ),
-    refine_arm_up_to: int = 20_000,
+    refine_arm_up_to: int = REFINE_ARM_UP_TO,
     reference_timeout_s: float | None = 120.0,
     measure_memory: bool = True,
     runs: int = 1,

@@ -8,7 +8,7 @@ from pathlib import Path
 from contextpilot_rag.batch import REFINE_UP_TO
 from contextpilot_rag.experiment import ExperimentResult
 
-from .batch import BatchResult
+from .batch import REFINE_ARM_UP_TO, BatchResult
 from .report import batch_markdown, experiment_markdown, latency_markdown
 from .sections import provenance
 from .suite import LatencyResult
@@ -139,7 +139,8 @@ def batch_section(batches: Sequence[BatchResult]) -> list[str]:
         "prompts use our rendering without notes. `ours` and the arms after it use "
         "`plan_batch`'s defaults, which refine plans of up to "
         f"{REFINE_UP_TO:,} requests (one local-search pass after the build); *ours, refine "
-        "off* / *ours, refine on* is `ours` the other way round, up to 20,000 requests.",
+        "off* / *ours, refine on* is `ours` the other way round, up to "
+        f"{REFINE_ARM_UP_TO:,} requests.",
         "",
     ]
     targets = batch_targets_markdown(batches)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .greedy import greedy_plan
-from .plan import BatchPlan, Progress, check_plan, no_progress
+from .plan import BatchPlan, Progress, check_plan, no_progress, orders_of, sequences_of
 from .refine import refine_sequences
 from .schedule import grouped_schedule, prefix_tree_schedule
 from .trie import PrefixTrie
@@ -95,17 +95,16 @@ def plan_batch(
         plan = _most_shared(requests, candidates, weights)
         if schedule == "builder":
             return plan
-        sequences = _sequences(requests, plan.orders)
+        sequences = sequences_of(requests, plan.orders)
     else:
         sized = _code_weights(requests, weights)
         rank = _popularity_rank(requests)
         refined = [
-            refine_sequences(_sequences(requests, plan.orders), sized, rank, passes=1)
+            refine_sequences(sequences_of(requests, plan.orders), sized, rank, passes=1)
             for plan in candidates
         ]
-        sequences = max(refined, key=lambda seqs: shared_tokens(seqs, _identity(seqs), sized))
-    orders = tuple(_orders(requests, sequences))
-    return BatchPlan(orders, schedulers[schedule](sequences))
+        sequences = max(refined, key=lambda seqs: _shared_along(seqs, sized))
+    return BatchPlan(orders_of(requests, sequences), schedulers[schedule](sequences))
 
 
 def shared_tokens(
@@ -118,10 +117,14 @@ def shared_tokens(
     ``weights[code]`` (default 1 per block). The same in every execution order (it is
     the total weight less the weight of the prefix tree of the final sequences), so
     it compares builders before scheduling. O(total blocks)."""
+    return _shared_along(sequences_of(requests, orders), weights)
+
+
+def _shared_along(sequences: Sequence[Sequence[int]], weights: Sequence[float] | None) -> float:
+    """:func:`shared_tokens` of the final sequences."""
     trie = PrefixTrie()
     shared = 0.0
-    for index, (request, order) in enumerate(zip(requests, orders, strict=True)):
-        sequence = [request[position] for position in order]
+    for index, sequence in enumerate(sequences):
         matched = trie.add(sequence, index)
         if weights is None:
             shared += matched
@@ -142,29 +145,6 @@ def _most_shared(
         if shared > best_shared:
             best, best_shared = plan, shared
     return best
-
-
-def _sequences(
-    requests: Sequence[Sequence[int]], orders: Sequence[Sequence[int]]
-) -> list[list[int]]:
-    return [
-        [request[position] for position in order]
-        for request, order in zip(requests, orders, strict=True)
-    ]
-
-
-def _orders(
-    requests: Sequence[Sequence[int]], sequences: Sequence[Sequence[int]]
-) -> list[tuple[int, ...]]:
-    orders = []
-    for request, sequence in zip(requests, sequences, strict=True):
-        position = {code: index for index, code in enumerate(request)}
-        orders.append(tuple(position[code] for code in sequence))
-    return orders
-
-
-def _identity(sequences: Sequence[Sequence[int]]) -> list[range]:
-    return [range(len(sequence)) for sequence in sequences]
 
 
 def _code_weights(

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .plan import BatchPlan, Progress, no_progress
+from .plan import BatchPlan, Progress, no_progress, orders_of
 
 __all__ = ["greedy_plan"]
 
@@ -202,8 +202,4 @@ def greedy_plan(
         return BatchPlan((), ())
     builder = _Builder(requests, weights, progress)
     builder.split(np.arange(len(requests), dtype=np.int64), [])
-    orders = []
-    for request, sequence in zip(requests, builder.sequences, strict=True):
-        position = {code: index for index, code in enumerate(request)}
-        orders.append(tuple(position[code] for code in sequence))
-    return BatchPlan(tuple(orders), tuple(builder.schedule))
+    return BatchPlan(orders_of(requests, builder.sequences), tuple(builder.schedule))

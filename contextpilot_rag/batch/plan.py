@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "Progress", "check_plan", "no_progress"]
+__all__ = ["BatchPlan", "Progress", "check_plan", "no_progress", "orders_of", "sequences_of"]
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """``progress(label, total)`` returns ``advance(n)``; used for long builds."""
@@ -34,3 +34,24 @@ def check_plan(plan: BatchPlan, sizes: Sequence[int]) -> None:
     for order, size in zip(plan.orders, sizes, strict=True):
         assert sorted(order) == list(range(size)), "each order is a permutation"
     assert sorted(plan.schedule) == list(range(len(sizes))), "schedule is a permutation"
+
+
+def sequences_of(
+    requests: Sequence[Sequence[int]], orders: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Each request's block codes in its plan's order."""
+    return [
+        [request[position] for position in order]
+        for request, order in zip(requests, orders, strict=True)
+    ]
+
+
+def orders_of(
+    requests: Sequence[Sequence[int]], sequences: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], ...]:
+    """The plan orders (positions into each request) that give ``sequences``."""
+    orders = []
+    for request, sequence in zip(requests, sequences, strict=True):
+        position = {code: index for index, code in enumerate(request)}
+        orders.append(tuple(position[code] for code in sequence))
+    return tuple(orders)

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from ..cloud import ModelPrice
 from ..sim.replay import synthetic_answer
 from .cloud_workloads import CloudWorkload
-from .optimum import separation_bound
+from .optimum import best_partner_shares, separation_bound
 
 __all__ = ["least_chat_append_cost", "least_input_cost", "required_units"]
 
@@ -167,44 +167,27 @@ def least_chat_append_cost(
         [unit for unit in carried[number] if unit != workload.requests[number].request.query]
         for number in starts
     ]
-    shares = _earlier_partner_shares(heads, tokens)
+    codes: dict[str, int] = {}
+    coded = [[codes.setdefault(unit, len(codes)) for unit in head] for head in heads]
+    sizes = {code: float(tokens[unit]) for unit, code in codes.items()}
+    shares = best_partner_shares(coded, sizes, earlier_only=True)
     offers = sorted(
         (
-            (max(0.0, (write if goes_on[number] else price.input) - price.cache_read), share)
+            (max(0.0, (write if goes_on[number] else price.input) - price.cache_read), float(share))
             for number, share in zip(starts, shares, strict=True)
             if share >= min_prefix_tokens
         ),
         reverse=True,
     )
-    codes: dict[str, int] = {}
-    coded = [[codes.setdefault(unit, len(codes)) for unit in head] for head in heads]
-    readable = separation_bound(
-        coded,
-        {code: float(tokens[unit]) for unit, code in codes.items()},
-        min_prefix=min_prefix_tokens,
-    )
+    readable = separation_bound(coded, sizes, min_prefix=min_prefix_tokens)
     for saving, share in offers:  # the most saving per token first, up to what is readable
-        read = min(float(share), readable)
+        read = min(share, readable)
         total -= read * saving
         readable -= read
         if readable <= 0:
             break
     # the class is narrower than "any prompt": its least cost is at least that bound too
     return max(total, _any_prompt(carried, price, tokens)) / 1e6
-
-
-def _earlier_partner_shares(heads: list[list[str]], tokens: Counter[str]) -> list[int]:
-    """Per head, the tokens it shares with the earlier head it shares most with."""
-    holders: defaultdict[str, list[int]] = defaultdict(list)  # unit -> earlier heads
-    best = []
-    for number, head in enumerate(heads):
-        shared: defaultdict[int, int] = defaultdict(int)
-        for unit in head:
-            for earlier in holders[unit]:
-                shared[earlier] += tokens[unit]
-            holders[unit].append(number)
-        best.append(max(shared.values(), default=0))
-    return best
 
 
 def _conversation(session: str | None, number: int) -> str:
