@@ -365,6 +365,17 @@ def test_bad_batches_raise_typed_errors_and_change_nothing(
     assert pilot.optimize(blocks("ab"), "after").stats.blocks_matched == 2
 
 
+def test_refining_the_builders_own_order_is_refused_before_anything_is_stored(
+    pilot: ContextPilot,
+) -> None:
+    pilot.optimize(blocks("ab"), "before")
+    before = pilot.index_stats()
+    with pytest.raises(ConfigError, match="refine"):
+        pilot.optimize_batch([(blocks("abc"), "q0")], schedule="builder", refine=True)
+    assert pilot.index_stats() == before
+    assert pilot.optimize(blocks("ab"), "after").stats.blocks_matched == 2
+
+
 def test_a_block_conflicting_with_an_earlier_call_is_rejected(pilot: ContextPilot) -> None:
     pilot.optimize(blocks("ab"), "before")
     with pytest.raises(BlockConflictError):

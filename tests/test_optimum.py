@@ -153,3 +153,5 @@ def test_separation_bound_is_tighter_on_a_zipf_batch() -> None:
 def test_separation_bound_rejects_bad_levels() -> None:
     with pytest.raises(ValueError, match="levels"):
         separation_bound([(1, 2), (1, 3)], levels=0)
+    with pytest.raises(ValueError, match="min_prefix"):
+        separation_bound([(1, 2), (1, 3)], min_prefix=-1.0)
