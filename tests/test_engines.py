@@ -39,6 +39,7 @@ from contextpilot_rag.engines import (
     usable_cpus,
     vllm_launch_spec,
 )
+from contextpilot_rag.engines._llama_build import cpu_flags
 from contextpilot_rag.engines.cache_info import (
     kv_cache_tokens_from_log,
     kv_cache_tokens_from_metrics,
@@ -443,6 +444,35 @@ def test_gemma_runs_on_llama_server_only() -> None:
     with pytest.raises(ConfigError, match="llama-server"):
         start_engine("vllm", "gemma3")
     assert main(["engine", "start", "--engine", "vllm", "--model", "gemma3"]) == 2
+
+
+# --- llama-server build flags ---------------------------------------------------------
+
+SAPPHIRE_RAPIDS_FLAGS = (
+    "fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512dq avx512cd avx512bw avx512vl "
+    "avx512vbmi avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
+)
+
+
+def test_llama_server_on_x86_names_the_cpus_instruction_sets_and_never_amx() -> None:
+    cpuinfo = f"processor\t: 0\nflags\t\t: {SAPPHIRE_RAPIDS_FLAGS}\n\nflags\t: avx\n"
+    flags = cpu_flags("x86_64", cpuinfo)
+    assert "-DGGML_NATIVE=OFF" in flags  # -march=native would turn AMX on
+    for option in ("AVX2", "FMA", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AVX512_VBMI"):
+        assert f"-DGGML_{option}=ON" in flags
+    assert "-DGGML_AVX_VNNI=OFF" in flags  # not listed
+    for option in ("AMX_TILE", "AMX_INT8", "AMX_BF16"):
+        assert f"-DGGML_{option}=OFF" in flags
+
+
+def test_avx512_needs_every_subset_ggml_compiles_it_with() -> None:
+    flags = cpu_flags("x86_64", "flags : avx avx2 avx512f avx512cd avx512vl avx512dq\n")
+    assert "-DGGML_AVX512=OFF" in flags and "-DGGML_AVX2=ON" in flags
+
+
+def test_other_machines_and_unreadable_cpuinfo_build_native() -> None:
+    assert cpu_flags("aarch64", "Features : fp asimd\n") == ("-DGGML_NATIVE=ON",)
+    assert cpu_flags("x86_64", "") == ("-DGGML_NATIVE=ON",)
 
 
 # --- install detection ----------------------------------------------------------------

@@ -2,13 +2,21 @@
 ``llama-cpp-python`` sdist (~7 min on 2 cores) into ``<home>/llama.cpp/bin``.
 
 ``LLAMA_USE_PREBUILT_UI`` stays off: it would download a web UI.
+
+On x86-64 the instruction sets are named from ``/proc/cpuinfo`` (:func:`cpu_flags`)
+instead of ``GGML_NATIVE``: ``-march=native`` turns on AMX wherever the CPU advertises
+it, and some virtual machines advertise AMX (and grant the kernel permission for it)
+yet fault on its tile instructions, so the server died with ``SIGILL`` on its first
+matrix product. AMX stays off; everything else the CPU lists is used.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from ._commands import StepOutcome, run_logged
@@ -17,7 +25,7 @@ from ._stamps import read_stamp, write_stamp
 from .errors import EngineInstallError
 from .home import EngineLayout
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "ensure_llama_server"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "cpu_flags", "ensure_llama_server"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _CMAKE_FLAGS = (
@@ -28,9 +36,56 @@ _CMAKE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    "-DGGML_NATIVE=ON",
     "-DBUILD_SHARED_LIBS=OFF",
 )
+_BUILD_NAME = "x86-64 named instruction sets, no AMX"  # in the stamp: older builds are redone
+
+# ggml option -> the /proc/cpuinfo flags it needs (all of them)
+_X86_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("GGML_SSE42", ("sse4_2",)),
+    ("GGML_AVX", ("avx",)),
+    ("GGML_AVX2", ("avx2",)),
+    ("GGML_FMA", ("fma",)),
+    ("GGML_F16C", ("f16c",)),
+    ("GGML_BMI2", ("bmi2",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)),
+    ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+)
+_AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+
+
+def cpu_flags(machine: str, cpuinfo: str) -> tuple[str, ...]:
+    """The ggml instruction-set options of the build, for ``machine`` (as
+    :func:`platform.machine` names it) with ``cpuinfo`` the text of ``/proc/cpuinfo``
+    (empty where there is none): ``GGML_NATIVE`` except on x86-64 where the CPU lists
+    its flags; there each option is on exactly when every flag it needs is listed, and
+    AMX is off (see the module docstring)."""
+    if machine.lower() not in ("x86_64", "amd64"):
+        return ("-DGGML_NATIVE=ON",)
+    listed: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            listed.update(value.split())
+            break
+    if not listed:
+        return ("-DGGML_NATIVE=ON",)
+    options = [
+        f"-D{option}={'ON' if all(f in listed for f in needs) else 'OFF'}"
+        for option, needs in _X86_OPTIONS
+    ]
+    return ("-DGGML_NATIVE=OFF", *options, *(f"-D{option}=OFF" for option in _AMX_OPTIONS))
+
+
+def _this_cpu() -> Sequence[str]:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        cpuinfo = ""
+    return cpu_flags(platform.machine(), cpuinfo)
 
 
 def _check_toolchain() -> None:
@@ -64,12 +119,14 @@ def _sources(layout: EngineLayout, log: Path) -> Path:
 def ensure_llama_server(layout: EngineLayout, log: Path) -> StepOutcome:
     """Build llama-server unless a stamped binary is there (``"skipped"``)."""
     binary = layout.llama_server
-    if read_stamp(layout.stamp("llama-server")) is not None and os.access(binary, os.X_OK):
+    version = f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, {_BUILD_NAME}"
+    stamp = read_stamp(layout.stamp("llama-server"))
+    if stamp is not None and stamp.version == version and os.access(binary, os.X_OK):
         return "skipped"
     _check_toolchain()
     source = _sources(layout, log)
     build = layout.llama_dir / "build"
-    configure = ["cmake", "-S", source, "-B", build, *_CMAKE_FLAGS]
+    configure = ["cmake", "-S", source, "-B", build, *_CMAKE_FLAGS, *_this_cpu()]
     run_logged(configure, log_path=log, what="cmake configure")
     jobs = str(os.cpu_count() or 1)
     compile_ = ["cmake", "--build", build, "--target", "llama-server", "-j", jobs]
@@ -78,7 +135,6 @@ def ensure_llama_server(layout: EngineLayout, log: Path) -> StepOutcome:
     partial = binary.with_name("llama-server.partial")
     shutil.copy2(build / "bin" / "llama-server", partial)
     partial.replace(binary)
-    version = f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}"
     write_stamp(
         layout.stamp("llama-server"),
         kind="llama-server",
