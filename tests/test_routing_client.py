@@ -112,6 +112,19 @@ def test_a_keep_alive_connection_the_server_closed_is_retried_on_the_same_endpoi
     assert sample(client, "attempts_total", endpoint=first.endpoint, model="m", result="stale") == 1
 
 
+def test_the_stale_retry_stays_on_its_endpoint_whatever_the_policy_would_pick_next(
+    fleet: list[OpenAICompatibleServer],
+) -> None:
+    # round-robin would send the retry to the next server: the retry is not a new route
+    with RoutingClient([s.base_url for s in fleet], model="m", policy="round-robin") as client:
+        sent = [client.chat(messages(f"Question {n}?")).endpoint for n in range(len(fleet))]
+        server = next(s for s in fleet if s.base_url == sent[0])
+        server.disconnect_next()
+        again = client.chat(messages("Question again?"))
+    assert again.endpoint == sent[0] and again.attempts == 2
+    assert all(r.healthy for r in client.replicas) and idle(client)
+
+
 def test_a_resumed_stream_that_diverges_is_a_clear_error() -> None:
     with (
         OpenAICompatibleServer(reply=named_reply("a"), token_delay_s=0.05) as slow,

@@ -159,7 +159,12 @@ def _dispatch(
     """Route one attempt, waiting while the policy holds it (late binding), until
     the call's deadline at most."""
     call.check_deadline()
-    plan = call.dispatcher.plan(call.ask, call.logical_id, attempt, call.excluded, new_waiter)
+    excluded = call.excluded
+    if call.retry_on is not None:  # a stale connection: the same endpoint again
+        replicas = call.dispatcher.replicas.values()
+        excluded |= {(r.replica_id, r.model) for r in replicas} - {call.retry_on}
+        call.retry_on = None
+    plan = call.dispatcher.plan(call.ask, call.logical_id, attempt, excluded, new_waiter)
     try:
         while isinstance(plan, Held):
             yield Wait(plan.waiter, call.capped(plan.wait_s))
@@ -246,6 +251,7 @@ class _Call:
         "max_attempts",
         "max_backoff_s",
         "resume",
+        "retry_on",
         "timeout_s",
     )
 
@@ -255,6 +261,7 @@ class _Call:
         self.ask = Ask.of(spec.kind, spec.prompt, spec.params, dispatcher.template)
         self.logical_id = spec.logical_id or uuid.uuid4().hex
         self.excluded = spec.excluded
+        self.retry_on: tuple[str, str] | None = None  # the next attempt's only pair
         self.errors = spec.failures if spec.failures is not None else []
         self.resume = Resume(spec.streaming)
         self.timeout_s, self.max_attempts = config.timeout_s, config.max_attempts
@@ -315,6 +322,7 @@ class _Call:
         stale = isinstance(exc, TransportFailed) and exc.remote_protocol and not reply.responded
         if stale and self.resume.stale_retry:
             self.resume.stale_retry = False
+            self.retry_on = (plan.decision.replica_id, plan.decision.model)
             self.dispatcher.finish(plan, reply, error, cancelled=True, result="stale")
         else:
             stale = False
