@@ -89,6 +89,24 @@ def test_correct_forgets_what_the_engine_showed_it_does_not_hold(
     assert longest(table, sent) == {}
 
 
+def test_a_disproved_prediction_keeps_the_requests_own_longer_prefixes(
+    make: Callable[..., Table],
+) -> None:
+    # a first turn predicted to read only the shared system prompt (block 1) on "a",
+    # where the engine had nothing: the system prompt's route goes, but "a" has just
+    # prefilled the whole prompt, so the next turn must still find it there
+    table = make()
+    system = request("system", 1)
+    record(table, system, "a")
+    hashes = (system.block_hashes[0], *(hash(("turn", b)) for b in range(2, 5)))
+    first_turn = RouteRequest("t0", 4 * 16, hashes, boundaries=(1, 2, 3, 4))
+    record(table, first_turn, "a")
+    decision = Decision("a", "m", "route", predicted_cached_tokens=16)
+    table.correct(Outcome(first_turn, decision, 0.1, 0.2, cached_tokens=0))
+    assert longest(table, system) == {}
+    assert longest(table, first_turn) == {"a": 4}
+
+
 def test_a_cancelled_request_corrects_nothing(make: Callable[..., Table]) -> None:
     table = make()
     sent = request("p", 2)

@@ -82,24 +82,37 @@ class RouteTableBase(ABC, Generic[Entry]):
         overrides it."""
 
     def correct(self, outcome: Outcome) -> None:
-        """Forget the prefixes the engine showed ``outcome``'s replica does not hold:
-        every boundary beyond the cached tokens it reported (all of them on error).
-        A cancelled request, or one served at least as well as predicted, changes
-        nothing."""
+        """Forget the prefixes the engine showed ``outcome``'s replica did not hold: the
+        boundaries the decision counted as cached beyond the cached tokens the engine
+        reported (every boundary on error: nothing was served). The request's own
+        boundaries beyond what the decision counted on stay: the replica has just
+        prefilled them, so nothing shows it lacks them (forgetting them hid a
+        conversation's prompt from the route table whenever its first turn was predicted
+        a cached system prompt the engine did not have, and its next turn went wherever
+        the load pointed). A cancelled request, or one served at least as well as
+        predicted, changes nothing."""
         request, decision = outcome.request, outcome.decision
         if outcome.cancelled or (
             outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens
         ):
             return
-        kept = 0 if outcome.error is not None else outcome.cached_tokens // request.block_tokens
-        self.forget_beyond(request, decision.replica_id, kept)
+        if outcome.error is not None:
+            self.forget_between(request, decision.replica_id, 0, len(request.block_hashes))
+            return
+        block = request.block_tokens
+        kept = outcome.cached_tokens // block
+        relied_on = -(-decision.predicted_cached_tokens // block)
+        self.forget_between(request, decision.replica_id, kept, relied_on)
 
-    def forget_beyond(self, request: RouteRequest, replica_id: str, kept_blocks: int) -> None:
+    def forget_between(
+        self, request: RouteRequest, replica_id: str, kept_blocks: int, up_to_blocks: int
+    ) -> None:
         """:meth:`forget` ``replica_id`` at every boundary of ``request`` longer than
-        ``kept_blocks`` blocks."""
+        ``kept_blocks`` blocks and at most ``up_to_blocks``."""
         hashes = request.block_hashes
+        last = min(up_to_blocks, len(hashes))
         for b in request.boundaries:
-            if kept_blocks < b <= len(hashes):
+            if kept_blocks < b <= last:
                 self.forget(hashes[b - 1], replica_id)
 
     def _evict(self) -> None:
