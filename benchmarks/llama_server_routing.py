@@ -681,13 +681,19 @@ def seeds_benchmark(
     and the worst seed against the target."""
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     by_seed: dict[int, list[Summary]] = {}
+    every: list[str] = []  # --rows: each request, with its seed and repeat
     with progress_bars() as progress:
         for seed in seeds:
             seeded = argparse.Namespace(**{**vars(args), "seed": seed})
             runs = []
             for repeat in range(args.repeats):
                 label = f"seed {seed}" + (f" #{repeat + 1}" if args.repeats > 1 else "") + ": "
-                runs.append(closed_loop(policies, engine, seeded, progress, label)[1])
+                rows, summaries = closed_loop(policies, engine, seeded, progress, label)
+                runs.append(summaries)
+                tags = {"seed": seed, "repeat": repeat}
+                every += [json.dumps(tags | asdict(row)) + "\n" for row in rows]
+                if args.rows:  # after every run: a long benchmark keeps what it measured
+                    args.rows.write_text("".join(every), encoding="utf-8")
             by_seed[seed] = combine_repeats(runs)
     if args.json:
         print(json.dumps({seed: [asdict(s) for s in rows] for seed, rows in by_seed.items()}))
@@ -943,7 +949,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--write", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--rows", type=Path, help="stream: every request as JSON lines")
+    parser.add_argument("--rows", type=Path, help="stream and --seeds: every request as JSON lines")
     return parser
 
 

@@ -78,6 +78,7 @@ def test_no_arm_pays_less_than_the_bounds() -> None:
     for family, scale in (("multi-turn", 0.04), ("multi-session", 0.02)):
         for run in run_cloud_workload(cloud_workload(family, 1, scale=scale)):
             assert 0 < run.least_cost_usd <= run.least_chat_cost_usd
+            assert run.least_chat_cost_usd <= run.least_chat_own_cost_usd
             assert all(arm.cost_usd >= run.least_chat_cost_usd for arm in run.arms)
             assert run.bound >= run.chat_bound >= run.ratio
 
@@ -99,6 +100,9 @@ def test_a_first_turn_reads_nothing_below_the_minimum_prefix() -> None:
     # it reads nothing and pays its 165 tokens like the rest of the chat-append cost
     least = least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=200)
     assert least * 1e6 == pytest.approx(276.25 + 99)
+    # the same as reading nothing across conversations at all
+    own = least_chat_append_cost(_tiny(), price, count, across_conversations=False)
+    assert own == pytest.approx(least)
     assert least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=110) * 1e6 == (
         pytest.approx(276.25)
     )

@@ -140,11 +140,14 @@ def least_chat_append_cost(
     count_tokens: Callable[[str], int],
     *,
     min_prefix_tokens: int = 0,
+    across_conversations: bool = True,
 ) -> float:
     """The least input cost, in USD, of the strategies whose turns extend the
     conversation's previous prompt and carry only what their request must (the module
     docstring); ``price`` per million tokens, ``count_tokens`` the tokenizer's length,
-    ``min_prefix_tokens`` the shortest prefix the provider caches (0: any)."""
+    ``min_prefix_tokens`` the shortest prefix the provider caches (0: any).
+    ``across_conversations=False``: the same strategies with first turns reading
+    nothing from other conversations (what the bound owes to them is the difference)."""
     write = _write(price)
     conversations: defaultdict[str, list[int]] = defaultdict(list)  # name -> request numbers
     for number, timed in enumerate(workload.requests):
@@ -161,6 +164,8 @@ def least_chat_append_cost(
             later = len(numbers) - 1 - turn
             paid = (later + 1) * price.input
             total += tokens[unit] * (min(paid, write + later * price.cache_read) if later else paid)
+    if not across_conversations:
+        return max(total, _any_prompt(carried, price, tokens)) / 1e6
     starts = sorted(numbers[0] for numbers in conversations.values())
     goes_on = {numbers[0]: len(numbers) > 1 for numbers in conversations.values()}
     heads = [

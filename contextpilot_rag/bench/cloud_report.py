@@ -121,6 +121,7 @@ _DETAIL = (
     "baseline / ours",
     "bound: any / chat-append",
     "ours of chat-append bound",
+    "chat-append bound $, none read across conversations",
     "prompt tokens, ours / baseline",
     "baseline read / written",
     "ours read / written",
@@ -170,6 +171,11 @@ def _detail_row(run: CloudRun) -> tuple[str, ...]:
         (
             f"{run.least_chat_cost_usd / ours.cost_usd:.0%}"
             if run.chat_bound and ours.cost_usd
+            else "—"
+        ),
+        (
+            f"{run.least_chat_cost_usd:.3f} ({run.least_chat_own_cost_usd:.3f})"
+            if run.least_chat_own_cost_usd
             else "—"
         ),
         f"{ours.prompt_tokens / max(1, base.prompt_tokens):.1%}",
@@ -285,7 +291,12 @@ def markdown(result: CloudSuiteResult) -> str:
             "share little part early; `least_chat_append_cost`). *ours of chat-append "
             "bound* = that least cost / "
             "ours; *within the chat-append bound*: whether the target is reachable at all "
-            "by such prompts on every seed.",
+            "by such prompts on every seed. In parentheses beside that least cost, the "
+            "same bound with no first turn reading from another conversation: the "
+            "difference is what the bound credits to first turns reading across "
+            "conversations, to be set against the gap between ours and the bound (the bound "
+            "also knows which turn is a conversation's last, so it never writes what no "
+            "later turn reads).",
             _workloads(result),
             "### Summary against the targets\n\n"
             + _md_table(_SUMMARY, _summary_rows(result))

@@ -107,6 +107,7 @@ class CloudRun:
     baselines: tuple[str, ...]
     least_cost_usd: float = 0.0  # :func:`~.cloud_bound.least_input_cost`; 0: not computed
     least_chat_cost_usd: float = 0.0  # :func:`~.cloud_bound.least_chat_append_cost`
+    least_chat_own_cost_usd: float = 0.0  # the same, nothing read across conversations
 
     def arm(self, name: str) -> ArmCost:
         return next(arm for arm in self.arms if arm.name == name)
@@ -428,11 +429,15 @@ def _run(
     names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
-    chat = least_chat_append_cost(
-        workload,
-        ours.tally.price,
-        tokens.count,
-        min_prefix_tokens=rules_for(provider).min_tokens(model),
+    chat, own = (
+        least_chat_append_cost(
+            workload,
+            ours.tally.price,
+            tokens.count,
+            min_prefix_tokens=rules_for(provider).min_tokens(model),
+            across_conversations=across,
+        )
+        for across in (True, False)
     )
     return CloudRun(
         workload.family,
@@ -444,6 +449,7 @@ def _run(
         names,
         least,
         chat,
+        own,
     )
 
 
