@@ -9,6 +9,7 @@ import pytest
 
 from contextpilot_rag.bench.cloud_bound import (
     least_chat_append_cost,
+    least_chat_append_costs,
     least_input_cost,
     required_units,
 )
@@ -101,7 +102,7 @@ def test_a_first_turn_reads_nothing_below_the_minimum_prefix() -> None:
     least = least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=200)
     assert least * 1e6 == pytest.approx(276.25 + 99)
     # the same as reading nothing across conversations at all
-    own = least_chat_append_cost(_tiny(), price, count, across_conversations=False)
+    _, own = least_chat_append_costs(_tiny(), price, count)
     assert own == pytest.approx(least)
     assert least_chat_append_cost(_tiny(), price, count, min_prefix_tokens=110) * 1e6 == (
         pytest.approx(276.25)

@@ -56,7 +56,12 @@ from ..sim.replay import synthetic_answer
 from .cloud_workloads import CloudWorkload
 from .optimum import best_partner_shares, separation_bound
 
-__all__ = ["least_chat_append_cost", "least_input_cost", "required_units"]
+__all__ = [
+    "least_chat_append_cost",
+    "least_chat_append_costs",
+    "least_input_cost",
+    "required_units",
+]
 
 
 def required_units(workload: CloudWorkload) -> list[tuple[str, ...]]:
@@ -140,14 +145,27 @@ def least_chat_append_cost(
     count_tokens: Callable[[str], int],
     *,
     min_prefix_tokens: int = 0,
-    across_conversations: bool = True,
 ) -> float:
     """The least input cost, in USD, of the strategies whose turns extend the
     conversation's previous prompt and carry only what their request must (the module
     docstring); ``price`` per million tokens, ``count_tokens`` the tokenizer's length,
-    ``min_prefix_tokens`` the shortest prefix the provider caches (0: any).
-    ``across_conversations=False``: the same strategies with first turns reading
-    nothing from other conversations (what the bound owes to them is the difference)."""
+    ``min_prefix_tokens`` the shortest prefix the provider caches (0: any)."""
+    least, _ = least_chat_append_costs(
+        workload, price, count_tokens, min_prefix_tokens=min_prefix_tokens
+    )
+    return least
+
+
+def least_chat_append_costs(
+    workload: CloudWorkload,
+    price: ModelPrice,
+    count_tokens: Callable[[str], int],
+    *,
+    min_prefix_tokens: int = 0,
+) -> tuple[float, float]:
+    """:func:`least_chat_append_cost`, and the same bound with first turns reading
+    nothing from other conversations (what the bound owes to such reads is the
+    difference), from one pass."""
     write = _write(price)
     conversations: defaultdict[str, list[int]] = defaultdict(list)  # name -> request numbers
     for number, timed in enumerate(workload.requests):
@@ -164,8 +182,9 @@ def least_chat_append_cost(
             later = len(numbers) - 1 - turn
             paid = (later + 1) * price.input
             total += tokens[unit] * (min(paid, write + later * price.cache_read) if later else paid)
-    if not across_conversations:
-        return max(total, _any_prompt(carried, price, tokens)) / 1e6
+    # the class is narrower than "any prompt": its least cost is at least that bound too
+    floor = _any_prompt(carried, price, tokens)
+    without_reads = max(total, floor) / 1e6
     starts = sorted(numbers[0] for numbers in conversations.values())
     goes_on = {numbers[0]: len(numbers) > 1 for numbers in conversations.values()}
     heads = [
@@ -191,8 +210,7 @@ def least_chat_append_cost(
         readable -= read
         if readable <= 0:
             break
-    # the class is narrower than "any prompt": its least cost is at least that bound too
-    return max(total, _any_prompt(carried, price, tokens)) / 1e6
+    return max(total, floor) / 1e6, without_reads
 
 
 def _conversation(session: str | None, number: int) -> str:

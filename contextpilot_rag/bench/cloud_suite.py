@@ -44,7 +44,7 @@ from ..sim.provider_cache import (
 from ..sim.replay import synthetic_answer
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens
-from .cloud_bound import least_chat_append_cost, least_input_cost
+from .cloud_bound import least_chat_append_costs, least_input_cost
 from .cloud_workloads import FAMILIES, CloudWorkload, TimedRequest, cloud_workload
 
 __all__ = [
@@ -429,15 +429,11 @@ def _run(
     names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
-    chat, own = (
-        least_chat_append_cost(
-            workload,
-            ours.tally.price,
-            tokens.count,
-            min_prefix_tokens=rules_for(provider).min_tokens(model),
-            across_conversations=across,
-        )
-        for across in (True, False)
+    chat, own = least_chat_append_costs(
+        workload,
+        ours.tally.price,
+        tokens.count,
+        min_prefix_tokens=rules_for(provider).min_tokens(model),
     )
     return CloudRun(
         workload.family,

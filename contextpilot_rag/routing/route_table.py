@@ -96,12 +96,11 @@ class RouteTableBase(ABC, Generic[Entry]):
             outcome.error is None and outcome.cached_tokens >= decision.predicted_cached_tokens
         ):
             return
-        if outcome.error is not None:
-            self.forget_between(request, decision.replica_id, 0, len(request.block_hashes))
-            return
-        block = request.block_tokens
-        kept = outcome.cached_tokens // block
-        relied_on = -(-decision.predicted_cached_tokens // block)
+        block, failed = request.block_tokens, outcome.error is not None
+        kept = 0 if failed else outcome.cached_tokens // block
+        relied_on = (
+            len(request.block_hashes) if failed else -(-decision.predicted_cached_tokens // block)
+        )
         self.forget_between(request, decision.replica_id, kept, relied_on)
 
     def forget_between(
