@@ -381,7 +381,7 @@ def _has(result: TraceResult, policy: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=8, help="traces (8)")
+    parser.add_argument("--count", type=int, default=16, help="traces (16)")
     parser.add_argument("--requests", type=int, default=12_031, help="per trace (12,031)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (2)")

@@ -30,6 +30,18 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   step with a chunk is longer by the chunk's time, so the prefill time ``u`` runs
   during ``x``'s decode adds to the decode one for one: at duty ``d`` a decode of
   ``n`` steps takes ``n · step / (1 - d)``.
+- **Batch slots** (when the fleet view gives ``max_batch``): a replica serves at most
+  that many requests at once and the next waits for one to end, however idle its
+  prefill unit. With ``in_flight`` at the limit, ``wait(u)`` is at least the time until
+  enough of them end: the later of this router's predicted decode ends and the
+  replica's observed pace (``max_batch`` answers per observed decode time, Little's
+  law; predictions go stale exactly when slots saturate). Without it a saturated
+  replica looked idle to the queue model and kept taking requests that waited a
+  minute for a slot.
+- **Calibration**: every answer's observed decode time, over what the step model
+  predicted for it, moves the replica's ``decode_scale`` (an EWMA, clipped to
+  ``[0.5, 20]``), which multiplies its decode steps: what the model misses (other
+  routers' prefills, a batch outgrowing it) is learned per replica.
 - ``harm`` is the delay ``x``'s prefill imposes on requests already decoding on ``u``
   (each step carries a chunk of ``x``), weighted by ``externality_weight`` ``e``: the
   router minimises the fleet's time, not only ``x``'s.
@@ -68,7 +80,9 @@ one, and long answers go where few prefills will interrupt them.
 (or after ``hold_s``), smallest predicted TTFT first. Requests then wait at the router
 instead of in a replica's FIFO queue: the replica that drains first takes the request
 that is cheapest *then*, with the caches and queues of that moment, and short prefills
-are not stuck behind long ones.
+are not stuck behind long ones. A hold waits for a prefill unit, never for a batch
+slot (a slot frees on its own), and is never shorter than a tick (``_HOLD_TICK_S``): a
+request within a tick of ``max_hold_s`` is dispatched.
 
 **Retry warm-ups** (``warm_retries``): when the caller may retry a wrong answer, the
 decision also names in ``Decision.warm`` the replica a retry would take if that
@@ -201,6 +215,8 @@ class _ReplicaModel:
     __slots__ = (
         "context_tokens",
         "decode_ends",
+        "decode_mean_s",
+        "decode_scale",
         "duty",
         "duty_at",
         "head_since",
@@ -217,6 +233,8 @@ class _ReplicaModel:
         self.head_since = 0.0  # when the oldest pending prompt started prefilling (estimate)
         self.context_tokens = 0
         self.decode_ends: list[float] = []
+        self.decode_scale = 1.0  # observed / predicted decode time (interference model)
+        self.decode_mean_s = 0.0  # observed decode time of an answer (EWMA; 0: none yet)
         self.tail_ends: list[float] = []
         self.duty = 0.0  # decayed booked prefill seconds
         self.duty_at = 0.0
@@ -236,12 +254,18 @@ class _ReplicaModel:
         return self.duty * math.exp(-max(0.0, now - self.duty_at) / tau_s)
 
 
-# (cost, ttft_s, quality, replica, cached tokens, prefill_s, decode_s)
-_Option = tuple[float, float, float, ReplicaState, int, float, float]
+# (cost, ttft_s, quality, replica, cached tokens, prefill_s, decode_s, slot_s: the part
+# of the wait for a batch slot beyond the prefill queue's)
+_Option = tuple[float, float, float, ReplicaState, int, float, float, float]
 _COST = itemgetter(0)
 _HOLD_TICK_S = 0.05  # a held request is offered again at most this often (by timer)
 _TAIL_WINDOW = 1000  # recent expected outputs the tail quantile is taken over
 _TAIL_EVERY = 50  # dispatches between two updates of the tail threshold
+_SCALE_ALPHA = 0.05  # weight of one answer in a replica's decode_scale
+_SCALE_MIN, _SCALE_MAX = 0.5, 20.0
+# an in-flight request: (replica_id, predicted decode end, prompt tokens, tail request,
+# its decode time as the step model predicts it, unscaled; 0: no step model)
+_Tracked = tuple[str, float, int, bool, float]
 
 
 class CombinedPolicy:
@@ -265,8 +289,7 @@ class CombinedPolicy:
         self.accuracy = accuracy
         self.locations = locations if locations is not None else PrefixLocations()
         self._models: dict[str, _ReplicaModel] = {}
-        # request_id -> (replica_id, predicted decode end, prompt tokens, tail request)
-        self._tracked: dict[str, tuple[str, float, int, bool]] = {}
+        self._tracked: dict[str, _Tracked] = {}
         self._ttfts: deque[float] = deque(maxlen=self.config.ttft_window)
         self._observed = 0
         self.ttft_budget_s = 0.0
@@ -349,6 +372,15 @@ class CombinedPolicy:
                     wait_s += left
             if wait_s < 0.0:
                 wait_s = 0.0
+            slot_s = 0.0
+            limit = replica.max_batch
+            if limit is not None and replica.in_flight >= limit:
+                needed = replica.in_flight + 1 - limit
+                slot_s = self._slot_wait(state, needed, limit, now) - half_rtt - wait_s
+                if slot_s > 0.0:
+                    wait_s += slot_s
+                else:
+                    slot_s = 0.0
             per_context = replica.decode_s_per_context_token
             chunk = replica.prefill_chunk_tokens
             harm_s = 0.0
@@ -357,7 +389,7 @@ class CombinedPolicy:
                     step_s += per_context * (state.context_tokens - state.pending_tokens)
                 if chunk and replica.in_flight > len(pending):
                     prefill_s += -(-uncached // chunk) * step_s
-                decode_step_s = step_s + per_context * tokens
+                decode_step_s = (step_s + per_context * tokens) * state.decode_scale
                 if chunk:
                     duty = state.duty * exp((state.duty_at - now) / tau) / tau
                     # the replica's prefill time during x's decode adds to it (each
@@ -386,8 +418,23 @@ class CombinedPolicy:
             if per_replica_rate:
                 cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
             cost /= q
-            options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
+            options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s, slot_s))
         return options, fastest, same_q
+
+    @staticmethod
+    def _slot_wait(state: _ReplicaModel, needed: int, limit: int, now: float) -> float:
+        """Seconds until ``needed`` of the replica's ``limit`` batch slots free up: the
+        later of this router's predicted decode ends (a request past its predicted
+        end taken to end now) and the replica's observed pace (``limit`` answers per
+        observed decode time, Little's law), which holds when the predictions are
+        stale."""
+        ends = state.decode_ends
+        wait_s = state.decode_mean_s * needed / limit
+        if ends:
+            free_at = ends[min(needed, len(ends)) - 1] - now
+            if free_at > wait_s:
+                wait_s = free_at
+        return wait_s
 
     def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
         options, fastest, same_q = self._options(request, fleet)
@@ -402,18 +449,21 @@ class CombinedPolicy:
                     best, best_cost = option, option[0]
         else:
             best = min(options, key=_COST)  # first minimum: fleet order breaks ties
-        _, ttft_s, _, replica, cached, prefill_s, decode_s = best
+        _, ttft_s, _, replica, cached, prefill_s, decode_s, slot_s = best
         now = fleet.now
         hold_wait_s, max_hold_s = config.hold_wait_s, config.max_hold_s
         if request.may_hold and hold_wait_s is not None:
-            wait_s = ttft_s - replica.rtt_s - prefill_s
-            held_s = now - request.arrival_s
-            if wait_s > hold_wait_s and held_s < max_hold_s:
-                hold_s = min(max(wait_s - hold_wait_s, _HOLD_TICK_S), max_hold_s - held_s)
+            # a hold waits for the prefill unit; a batch slot frees on its own
+            wait_s = ttft_s - replica.rtt_s - prefill_s - slot_s
+            left_s = max_hold_s - (now - request.arrival_s)
+            # a hold shorter than a tick would not move the clock (a request held for
+            # 1e-14 s at t = 900 s is offered again at the same instant, for ever)
+            if wait_s > hold_wait_s and left_s >= _HOLD_TICK_S:
+                hold_s = min(max(wait_s - hold_wait_s, _HOLD_TICK_S), left_s)
                 return Decision(
                     replica.replica_id, replica.model, "hold", cached, ttft_s, hold_s=hold_s
                 )
-        self._dispatch(request, replica, prefill_s, ttft_s + decode_s, cached, now)
+        self._dispatch(request, replica, prefill_s, ttft_s, decode_s, cached, now)
         warm: tuple[str, ...] = ()
         retry_follows = request.attempt + 1 < request.max_attempts
         target = (
@@ -457,7 +507,8 @@ class CombinedPolicy:
         request: RouteRequest,
         replica: ReplicaState,
         prefill_s: float,
-        e2e_s: float,
+        ttft_s: float,
+        decode_s: float,
         cached: int,
         now: float,
     ) -> None:
@@ -466,12 +517,14 @@ class CombinedPolicy:
         decay = math.exp((self._arrivals_at - now) / self.config.duty_tau_s)
         self._arrivals = self._arrivals * decay + 1
         self._arrivals_at = now
-        ends_at = now + e2e_s
+        ends_at = now + ttft_s + decode_s
         insort(state.decode_ends, ends_at)
         in_tail = self._in_tail(request.expected_output_tokens)
         if in_tail:
             insort(state.tail_ends, ends_at)
-        entry = (replica.replica_id, ends_at, request.prompt_tokens, in_tail)
+        interfering = bool(replica.decode_s_per_context_token or replica.prefill_chunk_tokens)
+        modelled_s = decode_s / state.decode_scale if interfering else 0.0
+        entry = (replica.replica_id, ends_at, request.prompt_tokens, in_tail, modelled_s)
         self._track(request.request_id, entry)
 
     def _decode_weight(self, output_tokens: int) -> float:
@@ -498,7 +551,7 @@ class CombinedPolicy:
             self._tail_from = ordered[int(quantile * (len(ordered) - 1))]
         return in_tail
 
-    def _track(self, request_id: str, entry: tuple[str, float, int, bool]) -> None:
+    def _track(self, request_id: str, entry: _Tracked) -> None:
         """Remember an in-flight request; beyond ``max_tracked`` (outcomes lost), the
         oldest are forgotten so memory stays bounded."""
         self._untrack(request_id)
@@ -506,21 +559,24 @@ class CombinedPolicy:
         while len(self._tracked) > self.config.max_tracked:
             self._untrack(next(iter(self._tracked)))
 
-    def _untrack(self, request_id: str) -> None:
+    def _untrack(self, request_id: str) -> _Tracked | None:
         entry = self._tracked.pop(request_id, None)
         if entry is None:
-            return
-        replica_id, ends_at, prompt_tokens, in_tail = entry
+            return None
+        replica_id, ends_at, prompt_tokens, in_tail, _ = entry
         state = self._model(replica_id)
         state.context_tokens -= prompt_tokens
         _remove(state.decode_ends, ends_at)
         if in_tail:
             _remove(state.tail_ends, ends_at)
+        return entry
 
     def observe(self, outcome: Outcome) -> None:
         """Close the request's in-flight entry, update the TTFT budget and forget
         prefixes the engine reported as not cached (as :class:`CostPolicy`)."""
-        self._untrack(outcome.request.request_id)
+        entry = self._untrack(outcome.request.request_id)
+        if outcome.error is None and entry is not None:
+            self._calibrate(entry, outcome.e2e_s - outcome.ttft_s)
         if outcome.error is None:
             self._ttfts.append(outcome.ttft_s)
             self._observed += 1
@@ -530,6 +586,20 @@ class CombinedPolicy:
                 rank = percentile / 100 * (len(ordered) - 1)
                 self.ttft_budget_s = ordered[round(rank)]
         self.locations.correct(outcome)
+
+    def _calibrate(self, entry: _Tracked, decoded_s: float) -> None:
+        """Fold an answer's decode time into its replica's ``decode_scale``: the
+        step model (context reads, prefill duty) predicts the decode, the scale
+        carries what it misses, such as the prefills other routers send or a batch
+        whose steps outgrow the model (EWMA of the ratio, clipped)."""
+        state = self._model(entry[0])
+        mean = state.decode_mean_s
+        state.decode_mean_s = decoded_s if mean == 0.0 else mean + _SCALE_ALPHA * (decoded_s - mean)
+        if entry[4] <= 0.0:
+            return
+        ratio = decoded_s / entry[4]
+        ratio = min(max(ratio, _SCALE_MIN), _SCALE_MAX)
+        state.decode_scale += _SCALE_ALPHA * (ratio - state.decode_scale)
 
 
 def _remove(ends: list[float], ends_at: float) -> None:

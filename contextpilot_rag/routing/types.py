@@ -111,6 +111,7 @@ class ReplicaState:
     decode_s_per_context_token: float = 0.0  # step-time growth with the batch's context
     prefill_chunk_tokens: int = 0  # chunked prefill (steps decode shares with a prefill)
     healthy: bool = True
+    max_batch: int | None = None  # requests served at once, if known; more wait for a slot
 
 
 class FleetView(Protocol):

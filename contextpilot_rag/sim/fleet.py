@@ -126,6 +126,7 @@ class Replica:
             decode_s_per_context_token=self.decode_s_per_context_token,
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             healthy=self.healthy,
+            max_batch=self.max_batch,
         )
 
 
