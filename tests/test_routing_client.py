@@ -26,6 +26,7 @@ from contextpilot_rag.routing import (
     RoutingClient,
     RoutingError,
 )
+from contextpilot_rag.routing.client.endpoints import replicas_of
 from contextpilot_rag.routing.gorgo import PrefixLocations
 from contextpilot_rag.routing.metrics import DECISION_LOGGER
 from contextpilot_rag.routing.prompt_keys import CHAT_TEMPLATES, PromptKeys, serialise
@@ -762,7 +763,18 @@ def test_bad_slot_settings_are_rejected_before_any_client_exists() -> None:
     for bad in (0, -2, 2.5, False):
         with pytest.raises(ConfigError, match="max_cached_prompts"):
             Endpoint(url, max_cached_prompts=bad)  # type: ignore[arg-type]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="max_batch"):
+            Endpoint(url, max_batch=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="distinct"):
         RoutingClient([Endpoint(url, slot=1), Endpoint(url, slot=1)], model="m")
     assert Endpoint(url, slot=0).target == f"{url}#slot0"
     assert Endpoint(url).target == url
+
+
+def test_an_endpoints_batch_limit_reaches_the_policy() -> None:
+    url = "http://127.0.0.1:1/v1"
+    (limited,) = replicas_of([Endpoint(url, models=("m",), max_batch=2)], None)
+    (unknown,) = replicas_of([Endpoint(url, models=("m",))], None)
+    assert limited.state(0.0).max_batch == 2
+    assert unknown.state(0.0).max_batch is None

@@ -38,6 +38,11 @@ class Endpoint:
     earlier prefixes; the policy's route memory then forgets prefixes newer prompts
     have overwritten.
 
+    ``max_batch``: how many requests the server runs at once (vLLM's
+    ``--max-num-seqs``, llama-server's ``-np``; a slot endpoint runs one), if known: a
+    policy that models batch slots (``combined``) then predicts the wait for one when
+    the endpoint's in-flight requests reach it.
+
     ``send_cache_salt``: whether a call's ``cache_salt`` (a salted Prompt's, or the
     parameter) goes into the request body, vLLM's top-level field; ``None`` (default):
     as the client's ``send_cache_salt`` says. Set ``False`` for a server that refuses
@@ -53,6 +58,7 @@ class Endpoint:
     slot: int | None = None
     max_cached_prompts: int | None = None
     send_cache_salt: bool | None = None
+    max_batch: int | None = None
 
     def __post_init__(self) -> None:
         url = self.base_url
@@ -68,7 +74,7 @@ class Endpoint:
             raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s}")
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
             raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
-        for name in ("slot", "max_cached_prompts"):
+        for name in ("slot", "max_cached_prompts", "max_batch"):
             value, least = getattr(self, name), 0 if name == "slot" else 1
             if value is not None and (type(value) is not int or value < least):
                 raise ConfigError(f"{name} must be None or an integer >= {least}, got {value!r}")
@@ -205,6 +211,7 @@ class Replica:
             prefill_tokens_per_s=self.prefill_rate,
             decode_tokens_per_s=self.decode_rate,
             healthy=now >= self.open_until,
+            max_batch=e.max_batch,
         )
 
 
