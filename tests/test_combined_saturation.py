@@ -3,9 +3,12 @@ the decode model calibrated against observed answers."""
 
 from __future__ import annotations
 
+import pytest
+
+from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.routing import CombinedPolicy
 from contextpilot_rag.routing.baselines import PrefixCachePolicy
-from contextpilot_rag.routing.types import Decision, Outcome, RouteRequest
+from contextpilot_rag.routing.types import Decision, Outcome, ReplicaState, RouteRequest
 from contextpilot_rag.sim import Replica, default_fleet, simulate
 from contextpilot_rag.sim.fleet import SimFleetView
 from contextpilot_rag.sim.traces import conversation_trace
@@ -88,7 +91,7 @@ def test_slower_answers_than_predicted_raise_the_replicas_decode_estimate() -> N
 def test_an_overloaded_conversation_trace_keeps_its_ttft_tail() -> None:
     # a conversation trace (one of a generated family) that saturates the replicas'
     # batch slots: the policy used to keep sending to a replica whose slots were all
-    # taken, predicting a second where requests waited a minute (p95 TTFT 6.8x the
+    # taken, predicting a second where requests waited a minute (p95 TTFT several times the
     # prefix router's); and late binding livelocked there (a hold of 1e-14 s)
     requests = conversation_trace(
         seed=500686379,
@@ -104,3 +107,11 @@ def test_an_overloaded_conversation_trace_keeps_its_ttft_tail() -> None:
     prefix = simulate(held_out, PrefixCachePolicy(), fleet).summary
     assert ours.ttft_p95_ms < 2.5 * prefix.ttft_p95_ms
     assert ours.e2e_p95_s < 1.25 * prefix.e2e_p95_s
+
+
+def test_a_bad_batch_limit_is_refused_where_the_state_is_built() -> None:
+    # a custom fleet view with max_batch=0 would divide by zero in the slot wait
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="max_batch"):
+            ReplicaState("a", MODEL, max_batch=bad)  # type: ignore[arg-type]
+    assert ReplicaState("a", MODEL, max_batch=1).max_batch == 1

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..errors import InvalidRouteRequestError
+from ..errors import ConfigError, InvalidRouteRequestError
 
 if TYPE_CHECKING:
     from ..prompt import Prompt
@@ -112,6 +112,14 @@ class ReplicaState:
     prefill_chunk_tokens: int = 0  # chunked prefill (steps decode shares with a prefill)
     healthy: bool = True
     max_batch: int | None = None  # requests served at once, if known; more wait for a slot
+
+    def __post_init__(self) -> None:
+        limit = self.max_batch
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ConfigError(
+                f"replica {self.replica_id!r}: max_batch must be None or an integer >= 1, "
+                f"got {limit!r}"
+            )
 
 
 class FleetView(Protocol):
