@@ -34,9 +34,10 @@ from lib.sections import markdown_table, provenance, pyplot, save_figure, write_
 
 from contextpilot_rag.routing import CombinedPolicy
 from contextpilot_rag.routing.combined import CombinedOptions
+from contextpilot_rag.routing.types import RouteRequest
 from contextpilot_rag.sim import default_fleet, simulate
 from contextpilot_rag.sim.fleet import latency_floor
-from contextpilot_rag.sim.traces import conversation_trace
+from contextpilot_rag.sim.traces import conversation_trace, load_mooncake
 
 SECTION = "conversation-routing"
 REGIONS = 3
@@ -59,10 +60,16 @@ class Draw:
     index: int
     seed: int
     mean_turns: float
-    think_s: float
-    spread: float
+    think_s: float  # median think time between turns
+    think_spread: float
+    spread: float  # first messages' log standard deviation
     mean_input_tokens: float
+    apps: int
     app_prefix_max: int
+    follow_up_tokens: float
+    paste_share: float
+    short_answer_share: float
+    answer_shape: float
 
     @property
     def held_out(self) -> bool:
@@ -74,35 +81,72 @@ class Draw:
             "n_requests": n_requests,
             "mean_turns": self.mean_turns,
             "think_s": self.think_s,
+            "think_spread": self.think_spread,
             "spread": self.spread,
             "mean_input_tokens": self.mean_input_tokens,
+            "apps": self.apps,
             "app_prefix_tokens": (512, self.app_prefix_max),
+            "follow_up_tokens": self.follow_up_tokens,
+            "paste_share": self.paste_share,
+            "short_answer_share": self.short_answer_share,
+            "answer_shape": self.answer_shape,
         }
 
 
+# Parameter ranges of the family, around the published trace's shape (the generator's
+# defaults): (low, high) drawn uniformly
+RANGES: dict[str, tuple[float, float]] = {
+    "mean_turns": (1.3, 2.2),
+    "think_s": (60.0, 200.0),
+    "think_spread": (0.7, 1.3),
+    "spread": (1.0, 1.6),
+    "mean_input_tokens": (8_000.0, 16_000.0),
+    "apps": (1, 20),
+    "app_prefix_max": (512, 4096),
+    "follow_up_tokens": (15.0, 60.0),
+    "paste_share": (0.05, 0.3),
+    "short_answer_share": (0.1, 0.3),
+    "answer_shape": (2.0, 8.0),
+}
+
+
 def draw_traces(count: int, seed: int) -> list[Draw]:
-    rng = np.random.default_rng([seed, 22])
+    rng = np.random.default_rng([seed, 22, 2])
+
+    def value(name: str) -> Any:
+        low, high = RANGES[name]
+        if isinstance(low, int):
+            return int(rng.integers(low, int(high) + 1))
+        return float(rng.uniform(low, high))
+
     return [
-        Draw(
-            index,
-            int(rng.integers(2**31)),
-            float(rng.uniform(1.2, 2.5)),
-            float(rng.uniform(20.0, 120.0)),
-            float(rng.uniform(0.7, 1.2)),
-            float(rng.uniform(8_000.0, 16_000.0)),
-            int(rng.integers(1024, 4097)),
-        )
+        Draw(index, int(rng.integers(2**31)), **{name: value(name) for name in RANGES})
         for index in range(count)
     ]
 
 
+def _range_text() -> str:
+    def number(value: float) -> str:
+        return f"{value:,.0f}" if isinstance(value, int) or value >= 1000 else f"{value:g}"
+
+    return ", ".join(f"{name} {number(low)}–{number(high)}" for name, (low, high) in RANGES.items())
+
+
 @dataclass(frozen=True)
 class TraceResult:
-    draw: Draw
+    draw: Draw | None  # None: a trace read from a file, not one of the family
     requests: int
     block_reuse: float
     rows: tuple[Row, ...]
     floor: Row  # p95 of :func:`latency_floor` over the held-out half (ttft_p95_ms, e2e_p95_s)
+    mean_input: float
+
+    @property
+    def family(self) -> Draw:
+        """The family parameters of this trace (a trace from a file has none)."""
+        if self.draw is None:
+            raise ValueError("this trace was read from a file, not drawn from the family")
+        return self.draw
 
     def row(self, policy: str) -> Row:
         return next(r for r in self.rows if r["policy"] == policy)
@@ -145,7 +189,12 @@ def _block_reuse(requests: Sequence[Any]) -> float:
 
 def run_trace(job: tuple[Draw, int]) -> TraceResult:
     draw, n_requests = job
-    requests = conversation_trace(**draw.trace_arguments(n_requests))
+    return evaluate(conversation_trace(**draw.trace_arguments(n_requests)), draw)
+
+
+def evaluate(requests: Sequence[RouteRequest], draw: Draw | None) -> TraceResult:
+    """Every policy on the held-out second half of ``requests`` (``draw``: the family
+    parameters it came from; ``None`` for a trace from a file)."""
     results = route_sim_results(requests, regions=REGIONS, replicas_per_region=1)
     rows = [result_row(result.policy, result) for result in results]
     _, held_out = split_trace(requests, 0.5)
@@ -159,7 +208,8 @@ def run_trace(job: tuple[Draw, int]) -> TraceResult:
         "ttft_p95_ms": float(np.percentile(ttft_s, 95)) * 1000.0,
         "e2e_p95_s": float(np.percentile(e2e_s, 95)),
     }
-    return TraceResult(draw, len(requests), _block_reuse(requests), tuple(rows), floor)
+    mean_input = float(np.mean([r.prompt_tokens for r in requests]))
+    return TraceResult(draw, len(requests), _block_reuse(requests), tuple(rows), floor, mean_input)
 
 
 def run_all(draws: Sequence[Draw], n_requests: int, jobs: int) -> list[TraceResult]:
@@ -221,11 +271,36 @@ def _yes(met: bool) -> str:
     return "yes" if met else "no"
 
 
+OUTCOME_COLUMNS = (
+    "p95 TTFT",
+    "p95 E2E",
+    "closest published router (slower by)",
+    "busiest replica",
+    "tail + budget: p95 TTFT",
+    "tail + budget: p95 E2E",
+    "tail + budget: busiest replica",
+)  # the columns of :func:`_outcome_cells`
+
+
+def _outcome_cells(result: TraceResult) -> list[str]:
+    """combined's p95 changes, closest published router and busiest replica, then the
+    same for the tail-weighting configuration."""
+    margin, closest = result.peer_margin()
+    return [
+        _pct(result.change("ttft_p95_ms")),
+        _pct(result.change("e2e_p95_s")),
+        f"{closest} {margin:+.1%}",
+        f"{result.row('combined')['max_replica_share']:.0%}",
+        _pct(result.change("ttft_p95_ms", TAIL)),
+        _pct(result.change("e2e_p95_s", TAIL)),
+        f"{result.row(TAIL)['max_replica_share']:.0%}",
+    ]
+
+
 def trace_rows(results: Sequence[TraceResult]) -> list[list[str]]:
     rows = []
     for r in results:
-        d = r.draw
-        margin, closest = r.peer_margin()
+        d = r.family
         rows.append(
             [
                 str(d.index),
@@ -235,13 +310,7 @@ def trace_rows(results: Sequence[TraceResult]) -> list[list[str]]:
                 f"{d.think_s:.0f} s",
                 f"{d.mean_input_tokens:,.0f}",
                 f"{r.block_reuse:.0%}",
-                _pct(r.change("ttft_p95_ms")),
-                _pct(r.change("e2e_p95_s")),
-                f"{closest} {margin:+.1%}",
-                f"{r.row('combined')['max_replica_share']:.0%}",
-                _pct(r.change("ttft_p95_ms", TAIL)),
-                _pct(r.change("e2e_p95_s", TAIL)),
-                f"{r.row(TAIL)['max_replica_share']:.0%}",
+                *_outcome_cells(r),
                 f"{_pct(r.floor_change('ttft_p95_ms'))} / {_pct(r.floor_change('e2e_p95_s'))}",
             ]
         )
@@ -251,7 +320,7 @@ def trace_rows(results: Sequence[TraceResult]) -> list[list[str]]:
 def policy_rows(results: Sequence[TraceResult]) -> list[list[str]]:
     """Per policy, median over the held-out traces of p95 TTFT / E2E relative to the
     best baseline of each trace."""
-    held_out = [r for r in results if r.draw.held_out]
+    held_out = [r for r in results if r.draw is not None and r.draw.held_out]
     policies = [row["policy"] for row in held_out[0].rows]
     return [
         [
@@ -264,18 +333,26 @@ def policy_rows(results: Sequence[TraceResult]) -> list[list[str]]:
     ]
 
 
-def report(command: str, results: Sequence[TraceResult], seconds: float, image: Path | None) -> str:
-    held_out = [r for r in results if r.draw.held_out]
+def report(
+    command: str,
+    results: Sequence[TraceResult],
+    seconds: float,
+    image: Path | None,
+    reference: tuple[str, TraceResult] | None = None,
+) -> str:
+    held_out = [r for r in results if r.draw is not None and r.draw.held_out]
     lines = [
         "## Routing on conversation traces: held-out worst case "
         "(`benchmarks/conversation_routing.py`)",
         "",
         provenance(command, 1, "one run; every figure is simulated time, deterministic (seeded)"),
-        f"- traces: `conversation_trace` (Mooncake's published conversation-workload shape), "
-        f"{len(results)} drawn: turns per session 1.2–2.5 (mean of a geometric, at most 10), "
-        "think time 20–120 s, log-normal message spread 0.7–1.2, mean input 8,000–16,000 "
-        "tokens, application prompts 512–1,024…4,096 tokens, 512-token blocks; even-numbered "
-        "traces are the tuning half, odd-numbered the held-out half",
+        f"- traces: `conversation_trace` (the shape of Mooncake's published conversation "
+        "trace: an hour's window of a steady stream, 512-token blocks, answers mean 343 "
+        "tokens, a 128k context window), "
+        f"{len(results)} drawn, each parameter uniform in its range: {_range_text()} "
+        "(`app_prefix_max`: application prompts 512 to that many tokens; `think_s`: median "
+        "think time; `spread`: first messages' log-normal spread); even-numbered traces are "
+        "the tuning half, odd-numbered the held-out half",
         f"- fleet: {REGIONS} regions × 1 replica (`default_fleet`, RTT 37 / 279 / 456 ms); "
         "every policy routes the held-out second half of each trace; `gorgo` tunes its "
         f"weights on the first half; `{BUDGET}` is the combined policy with "
@@ -322,16 +399,10 @@ def report(command: str, results: Sequence[TraceResult], seconds: float, image: 
                 "half",
                 "requests",
                 "turns (mean)",
-                "think",
+                "think (median)",
                 "mean input",
                 "blocks reused",
-                "p95 TTFT",
-                "p95 E2E",
-                "closest published router (slower by)",
-                "busiest replica",
-                "tail + budget: p95 TTFT",
-                "tail + budget: p95 E2E",
-                "tail + budget: busiest replica",
+                *OUTCOME_COLUMNS,
                 "latency floor: p95 TTFT / E2E",
             ),
             trace_rows(results),
@@ -342,9 +413,41 @@ def report(command: str, results: Sequence[TraceResult], seconds: float, image: 
         "",
         *markdown_table(("policy", "p95 TTFT", "p95 E2E", "busiest replica"), policy_rows(results)),
     ]
+    if reference is not None:
+        lines += ["", *reference_lines(*reference)]
     if image is not None:
         lines += ["", f"![p95 TTFT and E2E per trace]({image.as_posix()})"]
     return "\n".join(lines)
+
+
+def reference_lines(name: str, result: TraceResult) -> list[str]:
+    """The table of a trace read from a file (not part of the family's halves)."""
+    return [
+        f"### A trace from a file: `{name}` (not in the family, not used for tuning)",
+        "",
+        "The same policies and fleet on the held-out second half of a Mooncake-format "
+        "trace given with `--reference-trace`; the generator's defaults follow the "
+        "statistics of Mooncake's public conversation trace "
+        "(`FAST25-release/traces/conversation_trace.jsonl` in kvcache-ai/Mooncake, "
+        "Apache-2.0), which is not shipped here.",
+        "",
+        *markdown_table(
+            (
+                "requests",
+                "mean input",
+                "blocks reused",
+                *OUTCOME_COLUMNS,
+            ),
+            [
+                [
+                    f"{result.requests:,}",
+                    f"{result.mean_input:,.0f}",
+                    f"{result.block_reuse:.0%}",
+                    *_outcome_cells(result),
+                ]
+            ],
+        ),
+    ]
 
 
 def plot(results: Sequence[TraceResult], path: Path) -> bool:
@@ -366,7 +469,7 @@ def plot(results: Sequence[TraceResult], path: Path) -> bool:
         axis.bar(x, tailed, 0.27, label="combined, tail weighting + budget", color="#55a868")
         axis.bar(x + 0.27, peers, 0.27, label="best published router", color="#dd8452")
         axis.axhline(target * 100, color="black", linestyle="--", label="target")
-        axis.set_xticks(x, [f"{r.draw.index}{'*' if r.draw.held_out else ''}" for r in results])
+        axis.set_xticks(x, [f"{r.family.index}{'*' if r.family.held_out else ''}" for r in results])
         axis.set_xlabel("trace (* held-out)")
         axis.set_ylabel("% change (negative: faster)")
         axis.set_title(title)
@@ -387,11 +490,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (2)")
     parser.add_argument("--write", type=Path, help="write the markdown section into this file")
     parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
+    parser.add_argument(
+        "--reference-trace",
+        type=Path,
+        help="also route this Mooncake-format trace (reported apart from the family)",
+    )
     args = parser.parse_args(argv)
     if args.count < 2 or args.requests < 10:
         parser.error("--count must be >= 2 (a tuning and a held-out trace), --requests >= 10")
     started = time.perf_counter()
+    reference = None
+    if args.reference_trace is not None:
+        # read first: a bad file fails before the family's minutes of simulation
+        trace = load_mooncake(args.reference_trace)
     results = run_all(draw_traces(args.count, args.seed), args.requests, args.jobs)
+    if args.reference_trace is not None:
+        reference = (args.reference_trace.name, evaluate(trace, None))
     image = None
     if args.plot and plot(results, args.plot) and args.write:
         image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
@@ -400,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results,
         time.perf_counter() - started,
         image,
+        reference,
     )
     write_or_print(text, SECTION, args.write)
     return 0

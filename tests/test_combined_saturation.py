@@ -10,7 +10,7 @@ from contextpilot_rag.routing import CombinedPolicy
 from contextpilot_rag.routing.baselines import PrefixCachePolicy
 from contextpilot_rag.routing.types import Decision, Outcome, ReplicaState, RouteRequest
 from contextpilot_rag.sim import Replica, default_fleet, simulate
-from contextpilot_rag.sim.fleet import SimFleetView
+from contextpilot_rag.sim.fleet import SimFleetView, SimSummary
 from contextpilot_rag.sim.traces import conversation_trace
 
 FLEET = (Replica("a", max_batch=4), Replica("b", max_batch=4))
@@ -75,6 +75,44 @@ def test_waiting_for_a_slot_is_no_reason_to_hold() -> None:
     assert decision.predicted_ttft_s is not None and decision.predicted_ttft_s > 1.0
 
 
+def test_prompts_queued_behind_full_slots_are_no_reason_to_hold() -> None:
+    # a replica whose slots are all taken keeps prompts queued; the prefill unit is idle
+    # meanwhile, so holding for it only waits (requests used to sit at the router until
+    # max_hold_s while dispatched ones kept the queue full)
+    policy = CombinedPolicy(hold_wait_s=0.5)
+    _fill(policy, "a", 16)  # 4 in slots, 12 queued for one
+    _fill(policy, "b", 16)
+    view = SimFleetView(0.1, tuple(r.state(16, 12 * 2_000) for r in FLEET))
+    request = RouteRequest("probe", prompt_tokens=2_000, expected_output_tokens=200, may_hold=True)
+    assert policy.choose(request, view).hold_s == 0.0
+    # the same queue with free slots is a prefill backlog: hold
+    spare = tuple(Replica(r.replica_id, max_batch=32) for r in FLEET)
+    backlog = SimFleetView(0.1, tuple(r.state(16, 12 * 2_000) for r in spare))
+    assert CombinedPolicy(hold_wait_s=0.5).choose(request, backlog).hold_s > 0.0
+
+
+def test_the_decode_estimate_under_constant_prefill_is_one_chunk_per_token() -> None:
+    # while a replica prefills, every engine step carries a chunk and still yields a
+    # token: a decode takes at most (step + chunk time) per token, however busy the
+    # prefill unit; the earlier estimate, steps / (1 - duty), grew without bound
+    replica = Replica("a", decode_s_per_context_token=0.0)
+    policy = CombinedPolicy(hold_wait_s=None)
+    probe = RouteRequest("probe", prompt_tokens=2_000, expected_output_tokens=100)
+    view = SimFleetView(0.0, (replica.state(0, 0),))
+    idle = policy._options(probe, view)[0][0][6]
+    step_s = 1.0 / replica.decode_tokens_per_s
+    chunk_s = replica.prefill_chunk_tokens / replica.prefill_tokens_per_s
+    assert idle == pytest.approx(100 * step_s)
+    state = policy._model("a")
+    state.duty, state.duty_at = policy.config.duty_tau_s, 0.0  # prefilling all the time
+    busy = policy._options(probe, view)[0][0][6]
+    assert busy == pytest.approx(100 * (step_s + chunk_s))
+    state.duty = policy.config.duty_tau_s / 2  # half the time
+    half = policy._options(probe, view)[0][0][6]
+    expected = 100 / (0.5 / (step_s + chunk_s) + 0.5 / step_s)  # tokens per second, mixed
+    assert half == pytest.approx(expected)
+
+
 def test_slower_answers_than_predicted_raise_the_replicas_decode_estimate() -> None:
     policy = CombinedPolicy(hold_wait_s=None)
     probe = _request("probe", only="a")
@@ -88,11 +126,22 @@ def test_slower_answers_than_predicted_raise_the_replicas_decode_estimate() -> N
     assert policy.choose(_request("next"), _view(5.0, {})).replica_id == "b"
 
 
+def _held_out_against_prefix(requests: list[RouteRequest]) -> tuple[SimSummary, SimSummary]:
+    """The combined policy's and the prefix router's summaries on the second half of
+    ``requests``, 3 regions x 1 replica."""
+    held_out = requests[len(requests) // 2 :]
+    fleet = default_fleet(3, 1, block_tokens=requests[0].block_tokens)
+    ours = simulate(held_out, CombinedPolicy(), fleet).summary
+    return ours, simulate(held_out, PrefixCachePolicy(), fleet).summary
+
+
 def test_an_overloaded_conversation_trace_keeps_its_ttft_tail() -> None:
     # a conversation trace (one of a generated family) that saturates the replicas'
     # batch slots: the policy used to keep sending to a replica whose slots were all
     # taken, predicting a second where requests waited a minute (p95 TTFT several times the
     # prefix router's); and late binding livelocked there (a hold of 1e-14 s)
+    # (the generator's earlier shape: exponential answers and think times, follow-ups as
+    # long as first messages, no context window, sessions starting inside the trace)
     requests = conversation_trace(
         seed=500686379,
         mean_turns=1.6571,
@@ -100,11 +149,16 @@ def test_an_overloaded_conversation_trace_keeps_its_ttft_tail() -> None:
         spread=1.0576,
         mean_input_tokens=14_758.6,
         app_prefix_tokens=(512, 1478),
+        apps=20,
+        think_spread=None,
+        follow_up_tokens=None,
+        short_answer_share=0.0,
+        answer_shape=1.0,
+        max_output_tokens=None,
+        lead_s=0.0,
+        max_input_tokens=None,
     )
-    held_out = requests[len(requests) // 2 :]
-    fleet = default_fleet(3, 1, block_tokens=requests[0].block_tokens)
-    ours = simulate(held_out, CombinedPolicy(), fleet).summary
-    prefix = simulate(held_out, PrefixCachePolicy(), fleet).summary
+    ours, prefix = _held_out_against_prefix(requests)
     assert ours.ttft_p95_ms < 2.5 * prefix.ttft_p95_ms
     assert ours.e2e_p95_s < 1.25 * prefix.e2e_p95_s
 
@@ -115,3 +169,26 @@ def test_a_bad_batch_limit_is_refused_where_the_state_is_built() -> None:
         with pytest.raises(ConfigError, match="max_batch"):
             ReplicaState("a", MODEL, max_batch=bad)  # type: ignore[arg-type]
     assert ReplicaState("a", MODEL, max_batch=1).max_batch == 1
+
+
+def test_a_trace_that_fills_the_slots_of_the_replica_holding_its_prefixes() -> None:
+    # one of the conversation family (published shape): bursts fill the batch slots of
+    # the replica most conversations are cached on; requests were held at the router
+    # until max_hold_s (p95 TTFT a third above the prefix router's, E2E a fifth)
+    requests = conversation_trace(
+        seed=1355203196,
+        mean_turns=1.7961,
+        think_s=166.885,
+        think_spread=1.1068,
+        spread=1.2952,
+        mean_input_tokens=14_695.3,
+        apps=16,
+        app_prefix_tokens=(512, 1984),
+        follow_up_tokens=33.375,
+        paste_share=0.2291,
+        short_answer_share=0.2240,
+        answer_shape=5.1136,
+    )
+    ours, prefix = _held_out_against_prefix(requests)
+    assert ours.ttft_p95_ms < 1.2 * prefix.ttft_p95_ms
+    assert ours.e2e_p95_s < prefix.e2e_p95_s

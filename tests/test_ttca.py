@@ -182,12 +182,13 @@ def test_combined_keeps_a_long_prefill_away_from_decoding_requests() -> None:
     assert policy.choose(heavy, _Fleet(5.0, (busy_a, b))).replica_id == "b/0"
 
 
-def test_combined_prices_prefill_interference_as_decode_time_over_one_minus_duty() -> None:
+def test_combined_prices_prefill_interference_as_decode_time_mixed_by_duty() -> None:
     # a spent 15 s of the last 30 s prefilling (duty 0.5): every decode step that
-    # carries a 2,048-token chunk takes 0.2 s longer, so half of a's time goes to
-    # prefill and a 1,000-token answer takes 1,000 x 0.02 s / (1 - 0.5) = 40 s there.
-    # b is idle but decodes at 20 tokens/s: 50 s. So a. (Charging every step
-    # duty x chunk time, 0.02 + 0.5 x 0.2048 s, would predict 122 s and pick b.)
+    # carries a 2,048-token chunk takes 0.2 s longer and still yields a token, so a
+    # 1,000-token answer runs half its time at 0.22 s a token and half at 0.02 s:
+    # 1,000 / (0.5 / 0.2248 + 0.5 / 0.02) = 36.7 s there. b is idle but decodes at 20
+    # tokens/s: 50 s. So a. (Charging every step duty x chunk time, 0.02 + 0.5 x
+    # 0.2048 s, would predict 122 s and pick b.)
     engine = {"prefill_chunk_tokens": 2048}
     policy = CombinedPolicy(externality_weight=0.0, queue_externality_weight=0.0)
     a = ReplicaState("a/0", "a", **engine)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
     TTFT(u, x)   = RTT(u) + wait(u) + prefill(u, x)
     prefill(u, x) = uncached(u, x) / prefill_rate(u)
                     + ceil(uncached / chunk) · decode step(u)      (chunked prefill)
-    decode(u, x) = output_tokens(x) · decode step(u) with x / (1 - duty(u))
+    decode(u, x) = output_tokens(x) · step(u) · (step(u) + c(u))
+                                    / (step(u) + (1 - duty(u)) · c(u))
     harm(u, x)   = decoders on u still running when x's prefill starts
                    · uncached(u, x) / prefill_rate(u)
     queue_harm(u, x) = prefill(u, x) · λ · (wait(u) + prefill(u, x))
@@ -25,11 +26,14 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 - ``decode step`` = ``1/decode_rate + decode_s_per_context_token · context`` of the
   requests decoding on ``u`` (this router's in-flight prompts minus the queued ones).
   ``duty`` is the fraction of time ``u`` spends prefilling (an exponentially decayed
-  sum of the prefill time this router booked on it, capped below 1), during which
-  every decode step also carries a prefill chunk (prefill–decode interference). A
-  step with a chunk is longer by the chunk's time, so the prefill time ``u`` runs
-  during ``x``'s decode adds to the decode one for one: at duty ``d`` a decode of
-  ``n`` steps takes ``n · step / (1 - d)``.
+  sum of the prefill time this router booked on it, at most 1), during which every
+  decode step also carries a prefill chunk taking ``c(u) = chunk / prefill_rate``
+  (prefill–decode interference) and still yields one token per decoder. So a decode
+  runs a share ``duty`` of its time at ``step + c`` per token and the rest at
+  ``step``: the harmonic mix above, ``step`` on an idle prefill unit and ``step + c``
+  on one always busy. (``step / (1 - duty)``, which counts a prefill's time as
+  yielding no token, grew without bound at high duty: 20x the step at 95%, where the
+  engine runs about 5x.)
 - **Batch slots** (when the fleet view gives ``max_batch``): a replica serves at most
   that many requests at once and the next waits for one to end, however idle its
   prefill unit. With ``in_flight`` at the limit, ``wait(u)`` is at least the time until
@@ -81,8 +85,11 @@ one, and long answers go where few prefills will interrupt them.
 instead of in a replica's FIFO queue: the replica that drains first takes the request
 that is cheapest *then*, with the caches and queues of that moment, and short prefills
 are not stuck behind long ones. A hold waits for a prefill unit, never for a batch
-slot (a slot frees on its own), and is never shorter than a tick (``_HOLD_TICK_S``): a
-request within a tick of ``max_hold_s`` is dispatched.
+slot (a slot frees on its own): a request whose best replica has every slot taken is
+dispatched, since that replica's queued prompts wait for slots while its prefill unit
+idles, and holding for them would keep every later request at the router until
+``max_hold_s``. A hold is never shorter than a tick (``_HOLD_TICK_S``): a request within
+a tick of ``max_hold_s`` is dispatched.
 
 **Retry warm-ups** (``warm_retries``): when the caller may retry a wrong answer, the
 decision also names in ``Decision.warm`` the replica a retry would take if that
@@ -392,9 +399,15 @@ class CombinedPolicy:
                 decode_step_s = (step_s + per_context * tokens) * state.decode_scale
                 if chunk:
                     duty = state.duty * exp((state.duty_at - now) / tau) / tau
-                    # the replica's prefill time during x's decode adds to it (each
-                    # step then carries a chunk): decode = steps / (1 - duty)
-                    decode_step_s /= 1.0 - (duty if duty < 0.95 else 0.95)
+                    if duty > 1.0:
+                        duty = 1.0
+                    # a share ``duty`` of x's decode runs in steps that carry a chunk
+                    # (one token per step + chunk), the rest in plain steps
+                    decode_step_s = (
+                        decode_step_s
+                        * (decode_step_s + chunk / rate)
+                        / (decode_step_s + (1.0 - duty) * chunk / rate)
+                    )
                     ends = state.decode_ends
                     if ends:
                         starts_at = now + half_rtt + wait_s
@@ -452,8 +465,11 @@ class CombinedPolicy:
         _, ttft_s, _, replica, cached, prefill_s, decode_s, slot_s = best
         now = fleet.now
         hold_wait_s, max_hold_s = config.hold_wait_s, config.max_hold_s
-        if request.may_hold and hold_wait_s is not None:
-            # a hold waits for the prefill unit; a batch slot frees on its own
+        slots = replica.max_batch
+        saturated = slots is not None and replica.in_flight >= slots
+        if request.may_hold and hold_wait_s is not None and not saturated:
+            # a hold waits for the prefill unit; a batch slot frees on its own (and a
+            # full replica's queue waits for slots, not for its prefill unit)
             wait_s = ttft_s - replica.rtt_s - prefill_s - slot_s
             left_s = max_hold_s - (now - request.arrival_s)
             # a hold shorter than a tick would not move the clock (a request held for

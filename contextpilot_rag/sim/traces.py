@@ -21,7 +21,7 @@ import math
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -297,58 +297,96 @@ def conversation_trace(
     duration_s: float = 3600.0,
     mean_input_tokens: float = 12_035.0,
     mean_output_tokens: float = 343.0,
-    mean_turns: float = 1.45,
+    mean_turns: float = 1.7,
     max_turns: int = 10,
-    think_s: float = 60.0,
-    apps: int = 20,
-    app_prefix_tokens: tuple[int, int] = (512, 2048),
-    spread: float = 1.0,
+    think_s: float = 120.0,
+    think_spread: float | None = 1.0,
+    apps: int = 1,
+    app_prefix_tokens: tuple[int, int] = (512, 512),
+    spread: float = 1.3,
+    follow_up_tokens: float | None = 30.0,
+    paste_share: float = 0.15,
+    short_answer_share: float = 0.2,
+    answer_shape: float = 4.0,
+    max_output_tokens: int | None = 2000,
+    lead_s: float | None = None,
+    max_input_tokens: int | None = 128_000,
     block_tokens: int = 512,
 ) -> list[RouteRequest]:
-    """A multi-turn conversation trace with Mooncake's published conversation-workload
-    statistics as defaults (12,031 requests in an hour, mean input 12,035 and output 343
-    tokens, 512-token blocks; about a third of the blocks reused), ordered by arrival.
+    """A multi-turn conversation trace of the shape of Mooncake's published FAST'25
+    conversation trace (``conversation_trace.jsonl``: 12,031 requests in an hour, mean
+    input 12,035 and output 343 tokens, 512-token blocks, about 37% of them reused),
+    ordered by arrival; the defaults follow that trace.
 
-    Sessions arrive as a Poisson process over ``duration_s``; each has a geometric
-    number of turns (mean ``mean_turns``, at most ``max_turns``) separated by
-    exponential think times (mean ``think_s``). A session belongs to one of ``apps``
-    applications (Zipf popularity) whose system prompt (``app_prefix_tokens`` range)
-    every session of the app shares; a later turn's prompt is the previous prompt, the
-    previous answer and a new message, so its block hashes extend the previous turn's.
-    Message lengths are log-normal (``spread``: the log standard deviation), scaled so
-    the mean input is ``mean_input_tokens``. Block hashes are chained ids as in the
-    Mooncake format (equal id = equal prefix up to that block); every block end is a
-    boundary. Deterministic in its arguments."""
-    if n_requests < 1 or duration_s <= 0 or block_tokens < 1 or apps < 1:
-        raise ConfigError("n_requests, duration_s, block_tokens and apps must be positive")
-    if not 1.0 <= mean_turns <= max_turns:
-        raise ConfigError(f"mean_turns must be in [1, max_turns={max_turns}], got {mean_turns}")
-    if mean_input_tokens < block_tokens or mean_output_tokens < 1 or think_s < 0 or spread < 0:
-        raise ConfigError("token means, think_s and spread out of range")
+    The trace is a window of ``duration_s`` cut from a steady stream: sessions start
+    uniformly from ``lead_s`` before the window (``None``: one ``duration_s``) to its
+    end, so it opens with later turns of sessions begun before it (their earlier
+    prompts not in the trace), and it holds the first ``n_requests`` requests from the
+    window's start (about ``duration_s`` of them; ``lead_s=0``: sessions start inside
+    the window and the trace ends where the requests run out). Each session has a geometric
+    number of turns (mean ``mean_turns``, at most ``max_turns``). A later turn comes
+    a think time after the previous one: log-normal with median ``think_s`` and log
+    standard deviation ``think_spread`` (``None``: exponential with mean ``think_s``).
+    A session belongs to one of ``apps`` applications (Zipf popularity) whose system
+    prompt (``app_prefix_tokens`` range) every session of the app shares; a later
+    turn's prompt is the previous prompt, the previous answer and a new message, so its
+    block hashes extend the previous turn's.
+
+    First messages are log-normal (``spread``: the log standard deviation), scaled so
+    the mean input is ``mean_input_tokens``. A follow-up message is short (log-normal,
+    median ``follow_up_tokens``, log standard deviation 1) except for a ``paste_share``
+    of them, drawn like first messages; ``follow_up_tokens=None`` draws every follow-up
+    like a first message. Answers: a ``short_answer_share`` of short ones (exponential,
+    mean 32 tokens), the others gamma-distributed with shape ``answer_shape`` (1:
+    exponential), scaled so the mean answer is ``mean_output_tokens``, and capped at
+    ``max_output_tokens``. A prompt never exceeds the context window
+    ``max_input_tokens``: a first message is cut to fit, and a session whose next turn
+    would not fit ends. Block hashes are chained ids as in the Mooncake format (equal
+    id = equal prefix up to that block); every block end is a boundary. Deterministic
+    in its arguments."""
+    _ConversationArguments(
+        n_requests=n_requests, duration_s=duration_s, block_tokens=block_tokens, apps=apps,
+        mean_turns=mean_turns, max_turns=max_turns, mean_input_tokens=mean_input_tokens,
+        mean_output_tokens=mean_output_tokens, think_s=think_s, think_spread=think_spread,
+        spread=spread, app_prefix_tokens=app_prefix_tokens, follow_up_tokens=follow_up_tokens,
+        paste_share=paste_share, short_answer_share=short_answer_share,
+        answer_shape=answer_shape, max_output_tokens=max_output_tokens, lead_s=lead_s,
+        max_input_tokens=max_input_tokens,
+    )  # fmt: skip
+    window = math.inf if max_input_tokens is None else max_input_tokens
+    lead = duration_s if lead_s is None else lead_s
     low, high = app_prefix_tokens
-    if not 0 <= low <= high:
-        raise ConfigError(f"app_prefix_tokens must be an ordered range, got {app_prefix_tokens}")
     rng = random.Random(seed)
     app_weights = [1.0 / (rank + 1) for rank in range(apps)]
     app_prefix = [rng.randint(low, high) for _ in range(apps)]
-    sessions = _sessions(rng, n_requests, mean_turns, max_turns)
-    # message lengths before scaling: a first message, then the later messages
-    shapes = [[rng.lognormvariate(0.0, spread) for _ in range(turns)] for turns in sessions]
-    outputs = [[rng.expovariate(1.0 / mean_output_tokens) for _ in range(t)] for t in sessions]
+    # enough sessions that about n_requests fall in the window (5% to spare)
+    wanted = n_requests if not lead else math.ceil(n_requests * 1.05 * (1.0 + lead / duration_s))
+    sessions = _sessions(rng, wanted, mean_turns, max_turns)
+    # messages before scaling: (the part scaled to the mean input, a fixed part)
+    shapes = [_messages(rng, turns, spread, follow_up_tokens, paste_share) for turns in sessions]
+    answer = _AnswerLengths(mean_output_tokens, short_answer_share, answer_shape)
+    outputs = [[answer.draw(rng, max_output_tokens) for _ in range(t)] for t in sessions]
     scale = _message_scale(sessions, shapes, outputs, app_prefix, mean_input_tokens)
+    if max_input_tokens is not None:
+        scale = _capped_message_scale(shapes, outputs, app_prefix, mean_input_tokens, window, scale)
     hashes = _HashIds()
     app_blocks = [hashes.fresh(size // block_tokens) for size in app_prefix]
     requests: list[RouteRequest] = []
     for number, turns in enumerate(sessions):
         app = rng.choices(range(apps), weights=app_weights)[0]
-        at = rng.uniform(0.0, duration_s)
+        at = rng.uniform(-lead, duration_s)
         prompt = app_prefix[app]
         blocks = list(app_blocks[app])
         for turn in range(turns):
             if turn:
-                at += rng.expovariate(1.0 / think_s) if think_s else 0.0
+                at += _think_time(rng, think_s, think_spread)
                 prompt += round(outputs[number][turn - 1])
-            prompt += max(1, round(shapes[number][turn] * scale))
+            scaled, fixed = shapes[number][turn]
+            prompt += max(1, round(scaled * scale + fixed))
+            if prompt > window:
+                if turn:
+                    break  # the context window is full: the conversation ends
+                prompt = int(window)
             full = prompt // block_tokens
             blocks += hashes.fresh(full - len(blocks))
             requests.append(
@@ -364,7 +402,120 @@ def conversation_trace(
                 )
             )
     requests.sort(key=lambda r: r.arrival_s)
-    return requests[:n_requests]
+    return [r for r in requests if r.arrival_s >= 0.0][:n_requests]
+
+
+@dataclass(frozen=True)
+class _ConversationArguments:
+    """The arguments of :func:`conversation_trace`, checked on construction: a
+    :class:`ConfigError` for any out of range."""
+
+    n_requests: int
+    duration_s: float
+    block_tokens: int
+    apps: int
+    mean_turns: float
+    max_turns: int
+    mean_input_tokens: float
+    mean_output_tokens: float
+    think_s: float
+    think_spread: float | None
+    spread: float
+    app_prefix_tokens: tuple[int, int]
+    follow_up_tokens: float | None
+    paste_share: float
+    short_answer_share: float
+    answer_shape: float
+    max_output_tokens: int | None
+    lead_s: float | None
+    max_input_tokens: int | None
+
+    def __post_init__(self) -> None:
+        if self.n_requests < 1 or self.duration_s <= 0 or self.block_tokens < 1 or self.apps < 1:
+            raise ConfigError("n_requests, duration_s, block_tokens and apps must be positive")
+        if not 1.0 <= self.mean_turns <= self.max_turns:
+            raise ConfigError(
+                f"mean_turns must be in [1, max_turns={self.max_turns}], got {self.mean_turns}"
+            )
+        if (
+            self.mean_input_tokens < self.block_tokens
+            or self.mean_output_tokens < 1
+            or self.think_s < 0
+            or self.spread < 0
+        ):
+            raise ConfigError("token means, think_s and spread out of range")
+        low, high = self.app_prefix_tokens
+        if not 0 <= low <= high:
+            raise ConfigError(
+                f"app_prefix_tokens must be an ordered range, got {self.app_prefix_tokens}"
+            )
+        if (self.think_spread is not None and self.think_spread < 0) or (
+            self.follow_up_tokens is not None and self.follow_up_tokens < 1
+        ):
+            raise ConfigError("think_spread must be >= 0 and follow_up_tokens >= 1 (or None)")
+        if not (0.0 <= self.paste_share <= 1.0 and 0.0 <= self.short_answer_share < 1.0):
+            raise ConfigError("paste_share must be in [0, 1] and short_answer_share in [0, 1)")
+        if self.answer_shape <= 0 or (
+            self.max_output_tokens is not None and self.max_output_tokens < 1
+        ):
+            raise ConfigError("answer_shape must be > 0 and max_output_tokens >= 1 (or None)")
+        if self.max_input_tokens is not None and self.max_input_tokens < self.block_tokens:
+            raise ConfigError(
+                f"max_input_tokens must be >= block_tokens, got {self.max_input_tokens}"
+            )
+        if self.lead_s is not None and self.lead_s < 0:
+            raise ConfigError(f"lead_s must be >= 0 (or None), got {self.lead_s}")
+        if self.short_answer_share * _SHORT_ANSWER_TOKENS >= self.mean_output_tokens:
+            raise ConfigError("short answers alone exceed mean_output_tokens")
+
+
+_SHORT_ANSWER_TOKENS = 32.0  # mean of a short answer (acknowledgements, one-liners)
+_FOLLOW_UP_SPREAD = 1.0  # log standard deviation of a short follow-up message
+
+
+def _messages(
+    rng: random.Random,
+    turns: int,
+    spread: float,
+    follow_up_tokens: float | None,
+    paste_share: float,
+) -> list[tuple[float, float]]:
+    """One session's messages as ``(part scaled to the mean input, fixed tokens)``."""
+    messages = []
+    for turn in range(turns):
+        if turn and follow_up_tokens is not None and rng.random() >= paste_share:
+            messages.append((0.0, follow_up_tokens * rng.lognormvariate(0.0, _FOLLOW_UP_SPREAD)))
+        else:
+            messages.append((rng.lognormvariate(0.0, spread), 0.0))
+    return messages
+
+
+@dataclass(frozen=True)
+class _AnswerLengths:
+    """A mixture of short answers and gamma-distributed ones with the given mean."""
+
+    mean: float
+    short_share: float
+    shape: float
+
+    def draw(self, rng: random.Random, cap: int | None) -> float:
+        if self.short_share and rng.random() < self.short_share:
+            value = rng.expovariate(1.0 / _SHORT_ANSWER_TOKENS)
+        else:
+            mean = (self.mean - self.short_share * _SHORT_ANSWER_TOKENS) / (1.0 - self.short_share)
+            if self.shape == 1.0:
+                value = rng.expovariate(1.0 / mean)
+            else:
+                value = rng.gammavariate(self.shape, mean / self.shape)
+        return value if cap is None else min(value, float(cap))
+
+
+def _think_time(rng: random.Random, think_s: float, think_spread: float | None) -> float:
+    if not think_s:
+        return 0.0
+    if think_spread is None:
+        return rng.expovariate(1.0 / think_s)
+    return think_s * rng.lognormvariate(0.0, think_spread)
 
 
 def _sessions(rng: random.Random, n_requests: int, mean_turns: float, max_turns: int) -> list[int]:
@@ -384,26 +535,80 @@ def _sessions(rng: random.Random, n_requests: int, mean_turns: float, max_turns:
 
 def _message_scale(
     sessions: Sequence[int],
-    shapes: Sequence[Sequence[float]],
+    shapes: Sequence[Sequence[tuple[float, float]]],
     outputs: Sequence[Sequence[float]],
     app_prefix: Sequence[int],
     mean_input: float,
 ) -> float:
     """The message-length scale that makes the mean prompt ``mean_input`` tokens: a
-    turn's prompt is linear in it (the app prefix (its mean used) and earlier answers
-    are fixed)."""
+    turn's prompt is linear in it (the app prefix (its mean used), earlier answers and
+    the fixed parts of messages are not scaled)."""
     fixed = scaled = 0.0
     count = 0
     prefix = sum(app_prefix) / len(app_prefix)
     for turns, shape, answers in zip(sessions, shapes, outputs, strict=True):
-        messages = answered = 0.0
+        messages = constant = answered = 0.0
         for turn in range(turns):
-            messages += shape[turn]
+            messages += shape[turn][0]
+            constant += shape[turn][1]
             answered += answers[turn - 1] if turn else 0.0
-            fixed += prefix + answered
+            fixed += prefix + answered + constant
             scaled += messages
             count += 1
     return max(1.0, (mean_input * count - fixed) / max(scaled, math.ulp(1.0)))
+
+
+def _session_prompts(
+    shape: Sequence[tuple[float, float]],
+    answers: Sequence[float],
+    prefix: float,
+    scale: float,
+    window: float,
+) -> list[float]:
+    """A session's prompt lengths (as :func:`conversation_trace` builds them, lengths
+    not rounded), ending where the next turn would not fit ``window``."""
+    prompts: list[float] = []
+    prompt = prefix
+    for turn, (scaled, fixed) in enumerate(shape):
+        if turn:
+            prompt += answers[turn - 1]
+        prompt += max(1.0, scaled * scale + fixed)
+        if prompt > window:
+            if turn:
+                break
+            prompt = window
+        prompts.append(prompt)
+    return prompts
+
+
+def _capped_message_scale(
+    shapes: Sequence[Sequence[tuple[float, float]]],
+    outputs: Sequence[Sequence[float]],
+    app_prefix: Sequence[int],
+    mean_input: float,
+    window: float,
+    uncapped: float,
+) -> float:
+    """The message-length scale that makes the mean prompt ``mean_input`` tokens when
+    prompts are capped at ``window`` (the mean grows with the scale: bisection from the
+    uncapped scale up; the largest scale tried where the mean cannot reach it)."""
+    prefix = sum(app_prefix) / len(app_prefix)
+
+    def mean_prompt(scale: float) -> float:
+        prompts = [
+            p
+            for shape, answers in zip(shapes, outputs, strict=True)
+            for p in _session_prompts(shape, answers, prefix, scale, window)
+        ]
+        return sum(prompts) / len(prompts)
+
+    low, high = uncapped, uncapped
+    while mean_prompt(high) < mean_input and high < 1024.0 * uncapped:
+        low, high = high, 2.0 * high
+    for _ in range(30):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if mean_prompt(middle) < mean_input else (low, middle)
+    return high
 
 
 class _HashIds:
