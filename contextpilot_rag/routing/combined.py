@@ -261,9 +261,8 @@ class _ReplicaModel:
         return self.duty * math.exp(-max(0.0, now - self.duty_at) / tau_s)
 
 
-# (cost, ttft_s, quality, replica, cached tokens, prefill_s, decode_s, slot_s: the part
-# of the wait for a batch slot beyond the prefill queue's)
-_Option = tuple[float, float, float, ReplicaState, int, float, float, float]
+# (cost, ttft_s, quality, replica, cached tokens, prefill_s, decode_s)
+_Option = tuple[float, float, float, ReplicaState, int, float, float]
 _COST = itemgetter(0)
 _HOLD_TICK_S = 0.05  # a held request is offered again at most this often (by timer)
 _TAIL_WINDOW = 1000  # recent expected outputs the tail quantile is taken over
@@ -379,15 +378,12 @@ class CombinedPolicy:
                     wait_s += left
             if wait_s < 0.0:
                 wait_s = 0.0
-            slot_s = 0.0
             limit = replica.max_batch
             if limit is not None and replica.in_flight >= limit:
                 needed = replica.in_flight + 1 - limit
-                slot_s = self._slot_wait(state, needed, limit, now) - half_rtt - wait_s
-                if slot_s > 0.0:
-                    wait_s += slot_s
-                else:
-                    slot_s = 0.0
+                slot_s = self._slot_wait(state, needed, limit, now) - half_rtt
+                if slot_s > wait_s:
+                    wait_s = slot_s
             per_context = replica.decode_s_per_context_token
             chunk = replica.prefill_chunk_tokens
             harm_s = 0.0
@@ -431,7 +427,7 @@ class CombinedPolicy:
             if per_replica_rate:
                 cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
             cost /= q
-            options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s, slot_s))
+            options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
         return options, fastest, same_q
 
     @staticmethod
@@ -462,15 +458,16 @@ class CombinedPolicy:
                     best, best_cost = option, option[0]
         else:
             best = min(options, key=_COST)  # first minimum: fleet order breaks ties
-        _, ttft_s, _, replica, cached, prefill_s, decode_s, slot_s = best
+        _, ttft_s, _, replica, cached, prefill_s, decode_s = best
         now = fleet.now
         hold_wait_s, max_hold_s = config.hold_wait_s, config.max_hold_s
         slots = replica.max_batch
         saturated = slots is not None and replica.in_flight >= slots
         if request.may_hold and hold_wait_s is not None and not saturated:
             # a hold waits for the prefill unit; a batch slot frees on its own (and a
-            # full replica's queue waits for slots, not for its prefill unit)
-            wait_s = ttft_s - replica.rtt_s - prefill_s - slot_s
+            # full replica's queue waits for slots, not for its prefill unit), so a
+            # replica with a slot free has no slot wait in its TTFT
+            wait_s = ttft_s - replica.rtt_s - prefill_s
             left_s = max_hold_s - (now - request.arrival_s)
             # a hold shorter than a tick would not move the clock (a request held for
             # 1e-14 s at t = 900 s is offered again at the same instant, for ever)
