@@ -54,7 +54,7 @@ from .cloud.breakpoints import plan_breakpoints
 from .cloud.config import CloudCacheConfig
 from .cloud.continuation import ContinuationTracker
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
-from .cloud.keys import KeyBuckets, prefix_cache_key
+from .cloud.keys import ROUTE_WINDOW_S, KeyBuckets, prefix_cache_key
 from .cloud.ledger import CacheLedger
 from .cloud.segments import SplitSpec
 from .conversations import (
@@ -279,6 +279,11 @@ class _Plan(NamedTuple):
     keys: tuple[str, ...] | None = None  # the blocks' registry keys (None: their ids)
     placements: tuple[_Placement, ...] | None = None  # a tenant's; None: the main index
     cached_prefixes: tuple[tuple[str, ...], ...] = ()  # ledger keys of its breakpoints
+
+
+_RETURN_QUANTILE = 0.95
+"""A conversation that has not sent its next turn within this quantile of the gaps
+between turns is no longer expected on its route (:class:`~.cloud.keys.KeyBuckets`)."""
 
 
 class ContextPilot:
@@ -1532,11 +1537,24 @@ class ContextPilot:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
-            if plan.prompt.prompt_cache_key is not None:
-                self._key_buckets.record(plan.prompt.prompt_cache_key, now)
-            if plan.conversation is not None:
+            key = plan.prompt.prompt_cache_key
+            if plan.conversation is None:
+                if key is not None:
+                    self._key_buckets.record(key, now)
+            else:
                 conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
-                self._continuations.observe(conversation, len(plan.conversation.turns) - 1, now)
+                turn = len(plan.conversation.turns) - 1
+                self._continuations.observe(conversation, turn, now)
+                if key is not None:
+                    # the route will also carry this conversation's next turn
+                    returns = self._continuations.returns_within(turn, ROUTE_WINDOW_S, now)
+                    self._key_buckets.record(
+                        key,
+                        now,
+                        conversation=conversation,
+                        returns=returns,
+                        until=now + self._continuations.gap_quantile(_RETURN_QUANTILE),
+                    )
         if plan.placements is None:
             self._index.insert(plan.index_path, plan.index_tokens, request_id)
         else:

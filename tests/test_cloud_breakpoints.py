@@ -285,6 +285,24 @@ def test_continuations_learn_where_conversations_stop() -> None:
     assert tracker.probability(1, 20_000.0) < 0.1
 
 
+def test_continuations_learn_how_soon_a_next_turn_comes() -> None:
+    """Turns 30 s apart: a next turn within a minute is as likely as one within the
+    lifetime, one within 10 s unlikely; until a gap is seen, the lifetime is assumed."""
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    assert tracker.gap_quantile(0.95) == 300.0
+    assert tracker.returns_within(0, 10.0, 0.0) == tracker.probability(0, 0.0)
+    for number in range(20):
+        start = number * 1000.0
+        for turn in range(3):
+            tracker.observe(number, turn, start + 30.0 * turn)
+    now = 20_000.0
+    assert tracker.gap_quantile(0.95) == pytest.approx(30.0)
+    assert tracker.returns_within(0, 60.0, now) == pytest.approx(tracker.probability(0, now))
+    assert tracker.returns_within(0, 10.0, now) < 0.1 * tracker.probability(0, now)
+
+
 def test_a_next_turn_after_the_cache_expired_does_not_count_as_followed() -> None:
     from contextpilot_rag.cloud.continuation import ContinuationTracker
 

@@ -23,9 +23,11 @@ class CloudCacheConfig:
     turns; :class:`~.continuation.ContinuationTracker`).
     ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``;
     ``key_rate_share``: the share of the provider's per-route rate
-    (:attr:`~.rules.ProviderRules.key_rate_per_minute`) a key's new requests may fill
-    before the next ones go under another variant of the key — the rest is left for
-    the later turns of the conversations already on the route (:mod:`.keys`).
+    (:attr:`~.rules.ProviderRules.key_rate_per_minute`) a route's load may reach
+    before new requests go under another variant of the key; the load counts the
+    route's requests of the last minute and the next turns its open conversations are
+    expected to send, and the rest of the rate is a margin for when those turns come
+    (:mod:`.keys`).
     ``max_counted``: the most recent sharing requests counted per prefix (a bound on
     the work). ``ledger_size``: the breakpoint prefixes remembered as cached (and the
     keys whose request rate is counted).
@@ -40,7 +42,7 @@ class CloudCacheConfig:
     ttl: str = "5m"
     next_turn_probability: float | None = None
     key_blocks: int = 1
-    key_rate_share: float = 0.5
+    key_rate_share: float = 0.6
     max_counted: int = 8
     ledger_size: int = 65_536
 

@@ -8,6 +8,9 @@ share of resolved turns that were followed, shrunk toward the rule of succession
 pseudo-turns. So a workload whose conversations stop at a fixed length stops writing
 tails its last turns never read, and one whose conversations go on keeps them.
 
+It also keeps the gaps between followed turns, so :meth:`returns_within` can say how
+likely the next turn is within a shorter window (what a route's request rate sees).
+
 Invariant: every observed turn is either pending (its conversation's next turn may
 still come within ``ttl_s``; at most one per conversation, oldest first) or counted
 in ``resolved`` (and in ``followed`` when its next turn came in time). Not
@@ -16,12 +19,14 @@ thread-safe by itself: the pilot's lock guards it.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable
 
 from ..errors import ConfigError
 
 __all__ = ["ContinuationTracker"]
+
+_GAPS_KEPT = 256
 
 
 class ContinuationTracker:
@@ -38,6 +43,7 @@ class ContinuationTracker:
         self._pending: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
         self._followed: Counter[int] = Counter()
         self._resolved: Counter[int] = Counter()
+        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # between followed turns
 
     def probability(self, turn: int, now: float) -> float:
         """The chance that turn number ``turn`` (0: a conversation's first) is followed
@@ -47,13 +53,33 @@ class ContinuationTracker:
         weight = self._prior_weight
         return (self._followed[turn] + weight * prior) / (self._resolved[turn] + weight)
 
+    def returns_within(self, turn: int, seconds: float, now: float) -> float:
+        """The chance that turn number ``turn`` is followed by the next within
+        ``seconds`` (at most ``ttl_s``): :meth:`probability` times the share of the
+        recent followed turns that came that soon (with one pseudo-gap that did, so
+        1 before any is seen)."""
+        within = sum(1 for gap in self._gaps if gap <= seconds)
+        return self.probability(turn, now) * (within + 1) / (len(self._gaps) + 1)
+
+    def gap_quantile(self, quantile: float) -> float:
+        """The ``quantile`` of the recent gaps between a turn and its next (``ttl_s``
+        before any is seen): how long a conversation that has not come back is still
+        likely to."""
+        if not self._gaps:
+            return self._ttl_s
+        ordered = sorted(self._gaps)
+        return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
+
     def observe(self, conversation: Hashable, turn: int, now: float) -> None:
         """``conversation`` sends its turn number ``turn`` now (sending the same turn
         again, a retry, changes nothing but its time)."""
         self._expire(now)
         previous = self._pending.pop(conversation, None)
         if previous is not None and previous[0] != turn:
-            self._resolve(previous[0], followed=previous[0] == turn - 1)
+            followed = previous[0] == turn - 1
+            self._resolve(previous[0], followed=followed)
+            if followed:
+                self._gaps.append(now - previous[1])
         self._pending[conversation] = (turn, now)
         while len(self._pending) > self._capacity:
             _, (oldest, _) = self._pending.popitem(last=False)
