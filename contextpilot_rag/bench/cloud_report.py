@@ -12,7 +12,14 @@ from typing import Any
 
 from ..cloud.prices import PRICES_READ_ON
 from .cloud_suite import CloudRun, CloudSuiteResult
-from .cloud_workloads import FAMILIES
+from .cloud_workloads import (
+    FAMILIES,
+    NO_OVERLAP_GAP_RANGE_S,
+    NO_OVERLAP_K_RANGE,
+    SESSION_GAP_RANGE_S,
+    TOPICS_RANGE,
+    USER_GAP_RANGE_S,
+)
 from .sections import pyplot, save_figure
 
 __all__ = ["TARGETS", "FamilyCheck", "checks", "markdown", "plot", "rich_tables", "write_json"]
@@ -230,11 +237,28 @@ def _prices(result: CloudSuiteResult) -> str:
     return _md_table(headers, rows)
 
 
+def _ranges() -> str:
+    """What each seed draws (``cloud_workloads``' ranges)."""
+
+    def span(bounds: tuple[float, float], unit: str = "") -> str:
+        return f"{bounds[0]:g}–{bounds[1]:g}{unit}"
+
+    return (
+        "- drawn per seed (seconds log-uniform, counts uniform): multi-turn, the mean gap "
+        f"between conversation starts {span(SESSION_GAP_RANGE_S, ' s')}; multi-session, "
+        f"the mean gap between users {span(USER_GAP_RANGE_S, ' s')} and "
+        f"{span(TOPICS_RANGE)} knowledge bases; no-overlap, the mean gap between requests "
+        f"{span(NO_OVERLAP_GAP_RANGE_S, ' s')} and {span(NO_OVERLAP_K_RANGE)} documents "
+        "a request"
+    )
+
+
 def _workloads(result: CloudSuiteResult) -> str:
     seen: dict[tuple[str, int], str] = {}
     for run in result.runs:
         seen.setdefault((run.family, run.seed), run.description)
-    return "\n".join(f"- {family}, seed {seed}: {text}" for (family, seed), text in seen.items())
+    lines = [f"- {family}, seed {seed}: {text}" for (family, seed), text in seen.items()]
+    return "\n".join([_ranges(), *lines])
 
 
 def markdown(result: CloudSuiteResult) -> str:

@@ -463,12 +463,13 @@ def run_cloud_suite(
     models: Mapping[str, str] = DEFAULT_MODELS,
     progress: Progress | None = None,
 ) -> CloudSuiteResult:
-    """Every family of :data:`~.cloud_workloads.FAMILIES` for its seeds (default: 0–3
-    for multi-turn, one per re-retrieval share; 0–2 otherwise) on ``providers``."""
+    """Every family of :data:`~.cloud_workloads.FAMILIES` for its seeds (default: 0–7
+    for multi-turn, two per re-retrieval share; 0–5 otherwise; each seed draws its
+    arrival rate) on ``providers``."""
     unknown = sorted(set(providers) - set(PROVIDERS))
     if unknown or not providers:
         raise ConfigError(f"providers must be among {', '.join(PROVIDERS)}; got {list(providers)}")
-    chosen = {family: tuple(range(4 if family == "multi-turn" else 3)) for family in FAMILIES}
+    chosen = {family: tuple(range(8 if family == "multi-turn" else 6)) for family in FAMILIES}
     chosen.update({family: tuple(s) for family, s in (seeds or {}).items()})
     tokenizer = default_tokenizer()
     started = time.perf_counter()

@@ -7,15 +7,22 @@ arrive matters as much as what they carry. Each family below puts the requests o
 * **multi-turn** — :func:`~.workloads.multiturn_workload` conversations of 3–6 turns
   (each cut to a drawn length), each later turn retrieving a fraction of its documents
   again (30%, 40%, 50% or 60%, by seed); conversations start about every
-  ``session_gap_s`` seconds, their turns 10–60 s apart.
+  ``session_gap_s`` seconds (drawn per seed, :data:`SESSION_GAP_RANGE_S`), their turns
+  10–60 s apart.
 * **multi-session** — many users over one shared, Zipf-popular corpus
   (:func:`~.workloads.topic_workload`: knowledge bases of skewed popularity, documents
-  of skewed popularity within each); users arrive at random (a few requests a second
-  overall), each asks 1–4 questions as a conversation, 10–60 s apart.
+  of skewed popularity within each; their number drawn per seed, :data:`TOPICS_RANGE`);
+  users arrive at random, about every ``user_gap_s`` seconds (drawn,
+  :data:`USER_GAP_RANGE_S`), each asks 1–4 questions as a conversation, 10–60 s apart.
 * **no-overlap** — single-turn requests whose documents are all distinct (no document
-  is ever retrieved twice), about one a second.
+  is ever retrieved twice), about every ``gap_s`` seconds, ``k`` documents each (both
+  drawn, :data:`NO_OVERLAP_GAP_RANGE_S`, :data:`NO_OVERLAP_K_RANGE`).
 
-Pure functions of their arguments: the same seed gives the same workload.
+How often requests arrive decides how many are alive together in a cache lifetime (and
+on one route of an automatic cache), so it is drawn, not fixed: a family is the same
+shape at several densities. Seconds are drawn log-uniformly, counts uniformly; an
+argument given explicitly is used as is. Pure functions of their arguments: the same
+seed gives the same workload.
 """
 
 from __future__ import annotations
@@ -36,7 +43,12 @@ from .workloads import (
 
 __all__ = [
     "FAMILIES",
+    "NO_OVERLAP_GAP_RANGE_S",
+    "NO_OVERLAP_K_RANGE",
     "REFETCH_FRACTIONS",
+    "SESSION_GAP_RANGE_S",
+    "TOPICS_RANGE",
+    "USER_GAP_RANGE_S",
     "CloudWorkload",
     "TimedRequest",
     "cloud_workload",
@@ -49,7 +61,28 @@ FAMILIES = ("multi-turn", "multi-session", "no-overlap")
 REFETCH_FRACTIONS = (0.3, 0.4, 0.5, 0.6)
 """Multi-turn: the share of a later turn's documents retrieved again, by ``seed % 4``."""
 
+SESSION_GAP_RANGE_S = (0.5, 20.0)
+"""Multi-turn: mean seconds between conversation starts, drawn per seed."""
+USER_GAP_RANGE_S = (0.25, 5.0)
+"""Multi-session: mean seconds between users' arrivals, drawn per seed."""
+TOPICS_RANGE = (10, 60)
+"""Multi-session: knowledge bases, drawn per seed."""
+NO_OVERLAP_GAP_RANGE_S = (0.2, 5.0)
+"""No-overlap: mean seconds between requests, drawn per seed."""
+NO_OVERLAP_K_RANGE = (5, 15)
+"""No-overlap: documents per request, drawn per seed."""
+
 _TURN_GAP_S = (10.0, 60.0)
+
+
+def _drawn(seed: int, stream: int) -> np.random.Generator:
+    """The generator of a family's drawn parameters (apart from its requests')."""
+    return np.random.default_rng([seed, stream, 25])
+
+
+def _log_uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    low, high = bounds
+    return float(np.exp(rng.uniform(np.log(low), np.log(high))))
 
 
 @dataclass(frozen=True)
@@ -93,10 +126,13 @@ def _turn_times(rng: np.random.Generator, start_s: float, turns: int) -> list[fl
 
 
 def multiturn_family(
-    seed: int, *, conversations: int = 120, k: int = 10, session_gap_s: float = 5.0
+    seed: int, *, conversations: int = 120, k: int = 10, session_gap_s: float | None = None
 ) -> CloudWorkload:
     """Conversations of 3–6 turns, ``k`` documents a turn (~200 tokens each), the
-    share of documents retrieved again :data:`REFETCH_FRACTIONS` ``[seed % 4]``."""
+    share of documents retrieved again :data:`REFETCH_FRACTIONS` ``[seed % 4]``;
+    ``session_gap_s`` ``None``: drawn from :data:`SESSION_GAP_RANGE_S`."""
+    if session_gap_s is None:
+        session_gap_s = _log_uniform(_drawn(seed, 4), SESSION_GAP_RANGE_S)
     fraction = REFETCH_FRACTIONS[seed % len(REFETCH_FRACTIONS)]
     base = multiturn_workload(
         n_sessions=conversations,
@@ -122,7 +158,7 @@ def multiturn_family(
     description = (
         f"{conversations} conversations of 3–6 turns, {k} documents a turn, "
         f"{fraction:.0%} of a later turn's documents retrieved again; a conversation "
-        f"starting every {session_gap_s:g} s on average, turns 10–60 s apart, "
+        f"starting every {session_gap_s:.2g} s on average, turns 10–60 s apart, "
         f"{_span(requests)}"
     )
     return CloudWorkload("multi-turn", seed, description, base.corpus, requests)
@@ -132,13 +168,20 @@ def multisession_family(
     seed: int,
     *,
     requests: int = 1500,
-    topics: int = 30,
+    topics: int | None = None,
     docs_per_topic: int = 24,
     k: int = 10,
-    user_gap_s: float = 1.0,
+    user_gap_s: float | None = None,
 ) -> CloudWorkload:
     """Users arriving about every ``user_gap_s`` seconds, each sending the next 1–4
-    requests of a :func:`~.workloads.topic_workload` stream as one conversation."""
+    requests of a :func:`~.workloads.topic_workload` stream as one conversation;
+    ``topics`` and ``user_gap_s`` ``None``: drawn (:data:`TOPICS_RANGE`,
+    :data:`USER_GAP_RANGE_S`)."""
+    drawn = _drawn(seed, 5)
+    drawn_topics = int(drawn.integers(TOPICS_RANGE[0], TOPICS_RANGE[1] + 1))
+    drawn_gap = _log_uniform(drawn, USER_GAP_RANGE_S)
+    topics = drawn_topics if topics is None else topics
+    user_gap_s = drawn_gap if user_gap_s is None else user_gap_s
     base = topic_workload(
         n_topics=topics, docs_per_topic=docs_per_topic, n_requests=requests, k=k, seed=seed
     )
@@ -158,15 +201,22 @@ def multisession_family(
     description = (
         f"{requests} requests from {number} users (1–4 turns each), {topics} knowledge bases "
         f"of {docs_per_topic} documents, Zipf popularity over both, {k} documents a request; "
-        f"a user arriving every {user_gap_s:g} s on average, turns 10–60 s apart, {_span(sent)}"
+        f"a user arriving every {user_gap_s:.2g} s on average, turns 10–60 s apart, {_span(sent)}"
     )
     return CloudWorkload("multi-session", seed, description, base.corpus, sent)
 
 
 def no_overlap_family(
-    seed: int, *, requests: int = 300, k: int = 10, gap_s: float = 1.0
+    seed: int, *, requests: int = 300, k: int | None = None, gap_s: float | None = None
 ) -> CloudWorkload:
-    """Single-turn requests, ``k`` documents each, no document in two requests."""
+    """Single-turn requests, ``k`` documents each, no document in two requests;
+    ``k`` and ``gap_s`` ``None``: drawn (:data:`NO_OVERLAP_K_RANGE`,
+    :data:`NO_OVERLAP_GAP_RANGE_S`)."""
+    drawn = _drawn(seed, 6)
+    drawn_k = int(drawn.integers(NO_OVERLAP_K_RANGE[0], NO_OVERLAP_K_RANGE[1] + 1))
+    drawn_gap = _log_uniform(drawn, NO_OVERLAP_GAP_RANGE_S)
+    k = drawn_k if k is None else k
+    gap_s = drawn_gap if gap_s is None else gap_s
     base = online_workload(n_docs=requests * k, n_requests=requests, k=k, seed=seed)
     rng = np.random.default_rng([seed, 3])
     doc_ids = list(base.corpus)
@@ -181,7 +231,7 @@ def no_overlap_family(
     sent = _sorted(timed)
     description = (
         f"{requests} single-turn requests of {k} documents, no document twice; "
-        f"one every {gap_s:g} s on average, {_span(sent)}"
+        f"one every {gap_s:.2g} s on average, {_span(sent)}"
     )
     return CloudWorkload("no-overlap", seed, description, base.corpus, sent)
 
