@@ -73,3 +73,25 @@ def test_the_command_runs_the_cloud_suite(tmp_path: Path) -> None:
     args = ["bench", "--suite", "cloud", "--provider", "openai", "--scale", "0.01"]
     assert main([*args, "--markdown", str(out)]) == 0
     assert "gpt-5.4" in out.read_text(encoding="utf-8")
+
+
+def test_each_seed_draws_how_often_requests_arrive() -> None:
+    """A family is one shape at several densities: the mean gap between arrivals is
+    drawn per seed within its range, and a gap given explicitly is used as is."""
+    from contextpilot_rag.bench.cloud_workloads import (
+        SESSION_GAP_RANGE_S,
+        multiturn_family,
+        no_overlap_family,
+    )
+
+    def mean_start_gap(seed: int, **arguments: float) -> float:
+        workload = multiturn_family(seed, conversations=40, **arguments)  # type: ignore[arg-type]
+        starts = sorted({t.user: t.at_s for t in reversed(workload.requests)}.values())
+        return (starts[-1] - starts[0]) / (len(starts) - 1)
+
+    gaps = [mean_start_gap(seed) for seed in range(6)]
+    assert max(gaps) > 3 * min(gaps)
+    assert all(SESSION_GAP_RANGE_S[0] / 3 < gap < SESSION_GAP_RANGE_S[1] * 3 for gap in gaps)
+    assert mean_start_gap(0, session_gap_s=2.0) == pytest.approx(2.0, rel=0.5)
+    fixed = no_overlap_family(3, requests=20, k=4, gap_s=1.0)
+    assert all(len(timed.request.doc_ids) == 4 for timed in fixed.requests)

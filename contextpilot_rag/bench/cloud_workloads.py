@@ -85,6 +85,24 @@ def _log_uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float
     return float(np.exp(rng.uniform(np.log(low), np.log(high))))
 
 
+def _count_and_gap(
+    seed: int,
+    stream: int,
+    count: tuple[int | None, tuple[int, int]],
+    gap_s: tuple[float | None, tuple[float, float]],
+) -> tuple[int, float]:
+    """A count (uniform in its range) and a gap (log-uniform), each drawn unless given
+    (both are drawn either way, so giving one leaves the other as drawn)."""
+    rng = _drawn(seed, stream)
+    (given_count, (low, high)), (given_gap, gap_range) = count, gap_s
+    drawn_count = int(rng.integers(low, high + 1))
+    drawn_gap = _log_uniform(rng, gap_range)
+    return (
+        drawn_count if given_count is None else given_count,
+        drawn_gap if given_gap is None else given_gap,
+    )
+
+
 @dataclass(frozen=True)
 class TimedRequest:
     """A request and the simulated second it is sent at. ``user`` names the sender (the
@@ -177,11 +195,9 @@ def multisession_family(
     requests of a :func:`~.workloads.topic_workload` stream as one conversation;
     ``topics`` and ``user_gap_s`` ``None``: drawn (:data:`TOPICS_RANGE`,
     :data:`USER_GAP_RANGE_S`)."""
-    drawn = _drawn(seed, 5)
-    drawn_topics = int(drawn.integers(TOPICS_RANGE[0], TOPICS_RANGE[1] + 1))
-    drawn_gap = _log_uniform(drawn, USER_GAP_RANGE_S)
-    topics = drawn_topics if topics is None else topics
-    user_gap_s = drawn_gap if user_gap_s is None else user_gap_s
+    topics, user_gap_s = _count_and_gap(
+        seed, 5, (topics, TOPICS_RANGE), (user_gap_s, USER_GAP_RANGE_S)
+    )
     base = topic_workload(
         n_topics=topics, docs_per_topic=docs_per_topic, n_requests=requests, k=k, seed=seed
     )
@@ -212,11 +228,7 @@ def no_overlap_family(
     """Single-turn requests, ``k`` documents each, no document in two requests;
     ``k`` and ``gap_s`` ``None``: drawn (:data:`NO_OVERLAP_K_RANGE`,
     :data:`NO_OVERLAP_GAP_RANGE_S`)."""
-    drawn = _drawn(seed, 6)
-    drawn_k = int(drawn.integers(NO_OVERLAP_K_RANGE[0], NO_OVERLAP_K_RANGE[1] + 1))
-    drawn_gap = _log_uniform(drawn, NO_OVERLAP_GAP_RANGE_S)
-    k = drawn_k if k is None else k
-    gap_s = drawn_gap if gap_s is None else gap_s
+    k, gap_s = _count_and_gap(seed, 6, (k, NO_OVERLAP_K_RANGE), (gap_s, NO_OVERLAP_GAP_RANGE_S))
     base = online_workload(n_docs=requests * k, n_requests=requests, k=k, seed=seed)
     rng = np.random.default_rng([seed, 3])
     doc_ids = list(base.corpus)
