@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import httpx
 import pytest
@@ -385,7 +386,7 @@ def test_bad_configuration_and_input_are_rejected() -> None:
     assert idle(client)
 
 
-TOOL_CHAT: list[dict[str, object]] = [
+TOOL_CHAT: list[dict[str, Any]] = [
     {"role": "system", "content": "You look things up."},
     {
         "role": "user",
@@ -421,7 +422,11 @@ def test_tool_calls_and_content_parts_are_sent_as_given() -> None:
         RoutingClient([server.base_url], model="test-model") as client,
     ):
         # the test server serves a text-only model: an image part is answered HTTP 400
-        chat = [*TOOL_CHAT[:1], {"role": "user", "content": [TEXT_PART, TEXT_PART]}, *TOOL_CHAT[2:]]
+        chat: list[dict[str, Any]] = [
+            *TOOL_CHAT[:1],
+            {"role": "user", "content": [TEXT_PART, TEXT_PART]},
+            *TOOL_CHAT[2:],
+        ]
         answer = client.chat(chat, tools=tools, max_tokens=8)
         assert answer.text == "a cat"
         assert received == [chat]
@@ -430,7 +435,7 @@ def test_tool_calls_and_content_parts_are_sent_as_given() -> None:
         assert idle(client)
 
 
-TOOL_STREAM = [
+TOOL_STREAM: list[dict[str, Any]] = [
     {"role": "assistant", "content": None},
     {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}]},
     {"tool_calls": [{"index": 0, "function": {"name": "up", "arguments": '{"q": '}}]},
@@ -484,7 +489,7 @@ def test_route_keys_of_content_parts_and_tool_calls() -> None:
 )
 def test_malformed_messages_are_rejected_before_sending(message: dict[str, object]) -> None:
     with pytest.raises(InvalidInputError):
-        serialise([message])  # type: ignore[list-item]
+        serialise([message])
 
 
 def test_route_keys_match_exactly_on_shared_prefixes() -> None:
