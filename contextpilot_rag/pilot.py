@@ -50,7 +50,7 @@ from .blocks import (
     unique_label,
     validate_blocks,
 )
-from .cloud.breakpoints import plan_breakpoints
+from .cloud.breakpoints import duplicates_pay, plan_breakpoints
 from .cloud.config import CloudCacheConfig
 from .cloud.continuation import ContinuationTracker
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
@@ -706,7 +706,52 @@ class ContextPilot:
         tenant: str | None = None,
         keys: tuple[str, ...] | None = None,
     ) -> _Plan:
-        """``keys``: the blocks' registry keys (a tenant's request; ``None``: their ids)."""
+        """``keys``: the blocks' registry keys (a tenant's request; ``None``: their ids).
+
+        With hosted-cache planning on, a later turn whose de-duplication leaves the
+        prompt under the model's minimum cacheable prefix, where sending its repeated
+        blocks in full would reach it, is planned both ways and the cheaper kept
+        (:func:`~.cloud.breakpoints.duplicates_pay`): a prompt under the minimum is
+        cached by nobody, so the next turn pays all of it again."""
+        request_id = self._new_request_id(tenant)
+        plan_with = functools.partial(
+            self._plan_with, blocks, query, conversation_id, system, prepared, tenant, keys
+        )
+        plan = plan_with(request_id, dedup=self.config.dedup)
+        cloud = self.config.cloud
+        if not (cloud.enabled and plan.prompt.deduplicated and plan.conversation is not None):
+            return plan
+        if plan.prompt.stats.prompt_tokens >= cloud.rules.min_tokens(cloud.model):
+            return plan  # cacheable as it is
+        whole = plan_with(request_id, dedup=False)
+        turn = len(plan.conversation.turns) - 1
+        next_turn = cloud.next_turn_probability
+        if next_turn is None:
+            next_turn = self._continuations.probability(turn, self._clock())
+        pays = duplicates_pay(
+            whole.prompt.stats.prompt_tokens,
+            plan.prompt.stats.prompt_tokens,
+            cloud.rules,
+            model=cloud.model,
+            ttl=cloud.ttl,
+            next_turn=next_turn,
+        )
+        return whole if pays else plan
+
+    def _plan_with(
+        self,
+        blocks: tuple[ContextBlock, ...],
+        query: str,
+        conversation_id: str | None,
+        system: str | None,
+        prepared: Mapping[str, RegisteredBlock] | None,
+        tenant: str | None,
+        keys: tuple[str, ...] | None,
+        request_id: str,
+        *,
+        dedup: bool,
+    ) -> _Plan:
+        """One plan of a turn (see :meth:`_plan`), de-duplicating as ``dedup`` says."""
         entries = self._registry.resolve(
             blocks, self.config.max_block_tokens, prepared, self.config.block_char_limit, keys
         )
@@ -717,7 +762,7 @@ class ContextPilot:
         )
         system_text = _pick_system(system, conversation, self.config.system_prompt)
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
-        kept, duplicated = self._deduplicate(blocks, visible)
+        kept, duplicated = self._deduplicate(blocks, visible, dedup)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
         if tenant is None:
             match = self._match(kept, fixed_prefix, tokens_of)
@@ -740,7 +785,6 @@ class ContextPilot:
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
         rendered = self._render_relabeled(rendered, final, relabeled)
         notes = self._notes(blocks, final, duplicated, rendered, relabeled)
-        request_id = self._new_request_id(tenant)
         layout = _Layout(
             blocks,
             final,
@@ -1129,12 +1173,12 @@ class ContextPilot:
         return rendered
 
     def _deduplicate(
-        self, blocks: tuple[ContextBlock, ...], visible: Sequence[tuple[int, Turn]]
+        self, blocks: tuple[ContextBlock, ...], visible: Sequence[tuple[int, Turn]], dedup: bool
     ) -> tuple[tuple[ContextBlock, ...], tuple[tuple[ContextBlock, int], ...]]:
         if not visible:
             return blocks, ()
         result = deduplicate(blocks, visible)  # refuses changed texts, dedup or not
-        if not self.config.dedup:
+        if not dedup:
             return blocks, ()
         return result.kept, result.deduplicated
 

@@ -95,3 +95,18 @@ def test_each_seed_draws_how_often_requests_arrive() -> None:
     assert mean_start_gap(0, session_gap_s=2.0) == pytest.approx(2.0, rel=0.5)
     fixed = no_overlap_family(3, requests=20, k=4, gap_s=1.0)
     assert all(len(timed.request.doc_ids) == 4 for timed in fixed.requests)
+
+
+def test_conversations_stay_cheaper_on_a_model_with_a_4096_token_minimum() -> None:
+    """On claude-haiku-4-5 a de-duplicated second turn falls under the minimum where the
+    unmodified one does not; sent that way nothing of it was cached and the pilot cost
+    up to 1% more than the baseline (0.99x-1.11x on these seeds)."""
+    ratios = [
+        run_cloud_workload(
+            cloud_workload("multi-turn", seed, scale=0.1),
+            ("anthropic",),
+            {"anthropic": "claude-haiku-4-5"},
+        )[0].ratio
+        for seed in range(4)
+    ]
+    assert min(ratios) > 1.1

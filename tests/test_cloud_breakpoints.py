@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
+from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt, Tokenizer
 from contextpilot_rag.cloud import (
     ANTHROPIC_RULES,
     OPENAI_RULES,
@@ -364,3 +364,59 @@ def test_a_bounded_tracker_resolves_its_oldest_pending_turn_as_not_followed() ->
     assert tracker.probability(0, 1.0) == pytest.approx((0 + 1 / 2) / (1 + 1))
     tracker.observe("b", 1, 2.0)  # "b" followed in time
     assert tracker.probability(0, 2.0) == pytest.approx((1 + 1 / 2) / (2 + 1))
+
+
+def _two_turns(pilot: ContextPilot) -> tuple[Prompt, Prompt]:
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, "A1")
+    return first, pilot.optimize(_docs("a", "c"), "Q2?", conversation_id="c")
+
+
+@pytest.mark.parametrize(
+    ("model", "next_turn", "kept_whole"),
+    [
+        ("claude-haiku-4-5", None, True),  # 4,096-token minimum: only the whole turn reaches it
+        ("claude-haiku-4-5", 0.0, False),  # no next turn would read it: not worth a write
+        ("claude-sonnet-4-6", None, False),  # 1,024: cacheable de-duplicated
+    ],
+)
+def test_a_turn_sends_repeated_blocks_in_full_where_only_that_makes_it_cacheable(
+    tokenizer: Tokenizer, model: str, next_turn: float | None, kept_whole: bool
+) -> None:
+    cloud = CloudCacheConfig(enabled=True, model=model, next_turn_probability=next_turn)
+    config = PilotConfig(system_prompt="Rules. " * 250, cloud=cloud)
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    first, second = _two_turns(pilot)
+    minimum = cloud.rules.min_tokens(model)
+    assert second.cache_plan is not None
+    if kept_whole:
+        assert first.stats.prompt_tokens < minimum  # nothing of the history is cached
+        assert second.deduplicated == () and second.stats.prompt_tokens >= minimum
+        assert [kept.kind for kept in second.cache_plan.breakpoints] == ["tail"]
+    else:
+        assert [block.id for block in second.deduplicated] == ["a"]
+    # every retrieved block is in the prompt or in the history a note points to
+    assert {block.id for block in (*second.blocks, *second.deduplicated)} == {"a", "c"}
+
+
+@pytest.mark.parametrize(
+    ("whole", "deduplicated", "next_turn", "expected"),
+    [
+        (4200, 3300, 0.8, True),  # cached 4,200 x 1.33 < uncached 3,300 x (1 + 0.8 x 1.25)
+        (4200, 3300, 0.3, False),  # rarely read back: 4,200 x 1.28 > 3,300 x 1.375
+        (4200, 3300, 0.2, False),  # a write that does not pay: neither is cached
+        (6000, 3300, 0.8, False),  # far more to send: 6,000 x 1.33 > 3,300 x 2
+        (5000, 4500, 0.8, False),  # cacheable de-duplicated already
+        (4000, 3000, 0.8, False),  # under the minimum either way
+    ],
+)
+def test_duplicates_pay_only_where_they_make_the_prompt_cacheable_for_less(
+    whole: int, deduplicated: int, next_turn: float, expected: bool
+) -> None:
+    from contextpilot_rag.cloud.breakpoints import duplicates_pay
+
+    rules = rules_for("anthropic")
+    kwargs = {"model": "claude-haiku-4-5", "next_turn": next_turn}
+    assert duplicates_pay(whole, deduplicated, rules, **kwargs) is expected  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="next_turn"):
+        duplicates_pay(whole, deduplicated, rules, model="claude-haiku-4-5", next_turn=1.5)

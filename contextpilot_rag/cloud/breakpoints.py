@@ -44,6 +44,7 @@ __all__ = [
     "CachePlan",
     "ReuseCandidate",
     "SkippedBreakpoint",
+    "duplicates_pay",
     "plan_breakpoints",
 ]
 
@@ -296,3 +297,38 @@ def _within_limit(
         for i in sorted(ranked[limit:])
     ]
     return [kept[i] for i in chosen], dropped
+
+
+def duplicates_pay(
+    whole_tokens: int,
+    deduplicated_tokens: int,
+    rules: ProviderRules,
+    *,
+    model: str | None = None,
+    ttl: str = "5m",
+    next_turn: float,
+) -> bool:
+    """Whether a later turn should send its repeated blocks in full: de-duplicated, its
+    prompt (``deduplicated_tokens``) is under the model's minimum cacheable prefix and
+    in full (``whole_tokens``) it is not, and in full it costs less, counting this turn
+    and what the next one (probability ``next_turn``) pays for it as its history.
+
+    In base-price input tokens, a prompt of ``T`` tokens that is cached costs
+    ``T · (1 + premium)`` now (the write; no premium on an automatic cache) and
+    ``T · (1 − read_saving)`` at the next turn; one that is not (under the minimum)
+    costs ``T`` now and ``T · (1 + premium)`` at the next turn, which writes it with
+    its own tail. Nothing is read now either way: the history before this turn's
+    blocks is shorter than the de-duplicated prompt, so it is under the minimum too.
+    Left out, as small: the later turns reading the repeated blocks again at the read
+    price."""
+    if not 0.0 <= next_turn <= 1.0:
+        raise InvalidInputError(f"next_turn must be in [0, 1], got {next_turn!r}")
+    minimum = rules.min_tokens(model)
+    if not deduplicated_tokens < minimum <= whole_tokens:
+        return False
+    automatic = rules.max_breakpoints == 0
+    premium = 0.0 if automatic else rules.write_premium(ttl)
+    if not automatic and next_turn * rules.read_saving <= premium:
+        return False  # the write would not pay: neither side is cached
+    cached = whole_tokens * (1.0 + premium + next_turn * (1.0 - rules.read_saving))
+    return cached < deduplicated_tokens * (1.0 + next_turn * (1.0 + premium))
