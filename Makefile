@@ -121,6 +121,7 @@ bench-engine: $(STAMP)
 # caches, unmodified vs contextpilot_rag (docs/benchmarks.md, cloud); no API key, minutes.
 bench-cloud: $(STAMP)
 	$(BIN)/python benchmarks/cloud.py --write docs/benchmarks.md --plot docs/img/cloud.png
+	$(BIN)/python benchmarks/cloud_variants.py --write docs/benchmarks.md --plot docs/img/cloud_variants.png
 	$(BIN)/python benchmarks/cloud_overhead.py --write docs/benchmarks.md
 
 # Tests against real engines (deselected by `make test`; each skips when its engine is absent).

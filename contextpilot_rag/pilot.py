@@ -1453,9 +1453,17 @@ class ContextPilot:
         now: float,
     ) -> str:
         """A new ``prompt_cache_key``: per system prompt and the leading blocks the
-        prompt starts with (a later turn's are its first visible turn's), under the
-        first variant whose route is not busy (``docs/cloud.md``)."""
-        count = self.config.cloud.key_blocks
+        prompt starts with (a later turn's are its first visible turn's), or per system
+        prompt alone where that reaches the model's minimum cacheable prefix (requests
+        sharing only it then share its server rather than each taking one of its own),
+        under the first variant whose route is not busy (``docs/cloud.md``)."""
+        cloud = self.config.cloud
+        count = cloud.key_blocks
+        first = prompt.messages[0]
+        if first["role"] == "system":
+            system_tokens = self._count_segment(first["content"])
+            if system_tokens >= cloud.rules.min_tokens(cloud.model):
+                count = 0  # the system prompt alone is worth one route
         if visible:
             leading = list(visible[0][1].block_ids[:count])
         else:

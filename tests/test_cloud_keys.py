@@ -235,3 +235,14 @@ def test_dense_conversations_keep_reading_their_history_on_openai(tokenizer: Tok
         previous[timed.user] = list(ids)
     # a few misses while the chance of a next turn is still being learnt (28 before)
     assert later > 80 and missed <= later // 20
+
+
+def test_a_system_prompt_worth_caching_on_its_own_is_the_key(tokenizer: Tokenizer) -> None:
+    """With a system prompt above the minimum cacheable prefix, requests that share only
+    it share a key (one server holds it); with a short one the leading block tells them
+    apart."""
+    for system, shared in (("Rules. " * 1200, True), ("Be brief.", False)):
+        config = PilotConfig(system_prompt=system, cloud=CloudCacheConfig(enabled=True))
+        pilot = ContextPilot(config, tokenizer=tokenizer)
+        keys = {pilot.optimize(_docs(name), "Q?").prompt_cache_key for name in ("a", "x")}
+        assert (len(keys) == 1) is shared
