@@ -713,17 +713,16 @@ class ContextPilot:
         blocks in full would reach it, is planned both ways and the cheaper kept
         (:func:`~.cloud.breakpoints.duplicates_pay`): a prompt under the minimum is
         cached by nobody, so the next turn pays all of it again."""
-        request_id = self._new_request_id(tenant)
         plan_with = functools.partial(
             self._plan_with, blocks, query, conversation_id, system, prepared, tenant, keys
         )
-        plan = plan_with(request_id, dedup=self.config.dedup)
+        plan = plan_with(None, dedup=self.config.dedup)
         cloud = self.config.cloud
         if not (cloud.enabled and plan.prompt.deduplicated and plan.conversation is not None):
             return plan
         if plan.prompt.stats.prompt_tokens >= cloud.rules.min_tokens(cloud.model):
             return plan  # cacheable as it is
-        whole = plan_with(request_id, dedup=False)
+        whole = plan_with(plan.prompt.request_id, dedup=False)
         turn = len(plan.conversation.turns) - 1
         next_turn = cloud.next_turn_probability
         if next_turn is None:
@@ -747,11 +746,13 @@ class ContextPilot:
         prepared: Mapping[str, RegisteredBlock] | None,
         tenant: str | None,
         keys: tuple[str, ...] | None,
-        request_id: str,
+        request_id: str | None,
         *,
         dedup: bool,
     ) -> _Plan:
-        """One plan of a turn (see :meth:`_plan`), de-duplicating as ``dedup`` says."""
+        """One plan of a turn (see :meth:`_plan`), de-duplicating as ``dedup`` says;
+        ``request_id`` ``None``: a new one, taken once the request has passed every
+        check (a failed call takes no number)."""
         entries = self._registry.resolve(
             blocks, self.config.max_block_tokens, prepared, self.config.block_char_limit, keys
         )
@@ -785,6 +786,8 @@ class ContextPilot:
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
         rendered = self._render_relabeled(rendered, final, relabeled)
         notes = self._notes(blocks, final, duplicated, rendered, relabeled)
+        if request_id is None:
+            request_id = self._new_request_id(tenant)
         layout = _Layout(
             blocks,
             final,
