@@ -336,6 +336,10 @@ class ContextPilot:
             self.config.cloud.key_rate_per_minute, self.config.cloud.ledger_size
         )
         self._continuations = ContinuationTracker(self.config.cloud.ttl_s)
+        # whether a system prompt seen anew is sent again within the lifetime (its
+        # "turn" 0 followed by a 1), and when each system prompt was last sent
+        self._system_reuse = ContinuationTracker(self.config.cloud.ttl_s)
+        self._systems_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
         notes = self.config.notes
         self._lead_ins = tuple(
             template_lead_in(template)
@@ -1401,7 +1405,8 @@ class ContextPilot:
         next_turn = cloud.next_turn_probability
         if next_turn is None and prompt.conversation_id is not None:
             next_turn = self._continuations.probability(turn, now)
-        candidates = reuse_candidates(shape, signals, next_turn)
+        new_system = self._system_reuse.probability(0, now)
+        candidates = reuse_candidates(shape, signals, next_turn, new_system)
         plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
         cached = tuple(
             ledger_key(kept.candidate.index_depth)
@@ -1584,6 +1589,17 @@ class ContextPilot:
             limit = min(_BACK_OFF_MAX_S, _BACK_OFF_S * 2 ** (attempt - 1))
             time.sleep(self._jitter.uniform(0, limit))
 
+    def _saw_system(self, system: tuple[str, str], now: float) -> None:
+        """Count a request with ``system`` (salt, system prompt key): a system prompt
+        not sent within the lifetime is seen anew, and whether one is sent again in
+        time is what a new system prompt's breakpoint expects."""
+        last = self._systems_seen.pop(system, None)
+        anew = last is None or now - last > self.config.cloud.ttl_s
+        self._system_reuse.observe(system, 0 if anew else 1, now)
+        self._systems_seen[system] = now
+        if len(self._systems_seen) > self.config.cloud.ledger_size:
+            self._systems_seen.popitem(last=False)
+
     def _record(self, plan: _Plan) -> None:
         """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
@@ -1592,6 +1608,8 @@ class ContextPilot:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
+            if plan.prompt.messages[0]["role"] == "system":
+                self._saw_system((plan.prompt.cache_salt or "", plan.index_path[0]), now)
             key = plan.prompt.prompt_cache_key
             if plan.conversation is None:
                 if key is not None:

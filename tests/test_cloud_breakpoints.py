@@ -10,6 +10,7 @@ from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt, To
 from contextpilot_rag.cloud import (
     ANTHROPIC_RULES,
     OPENAI_RULES,
+    Breakpoint,
     CachePlan,
     CloudCacheConfig,
     ProviderRules,
@@ -163,12 +164,16 @@ def cloud_pilot(tokenizer: Tokenizer) -> ContextPilot:
     return ContextPilot(config, tokenizer=tokenizer)
 
 
-def test_the_first_request_writes_nothing_it_cannot_expect_to_read(
+def test_the_first_request_writes_only_the_system_prompt_a_later_one_may_read(
     cloud_pilot: ContextPilot,
 ) -> None:
+    """Nothing is known yet: the blocks are nobody's, and the system prompt is expected
+    back as often as a new system prompt is (the prior, one half: worth a write)."""
     prompt = cloud_pilot.optimize(_docs("a", "b"), "Q?")
-    assert prompt.cache_plan is not None and prompt.cache_plan.breakpoints == ()
-    assert {skipped.candidate.kind for skipped in prompt.cache_plan.skipped} == {"system"}
+    assert prompt.cache_plan is not None
+    [kept] = prompt.cache_plan.breakpoints
+    assert kept.kind == "system" and kept.candidate.expected_reads == pytest.approx(0.5)
+    assert "seen anew" in kept.candidate.basis
 
 
 def test_popular_blocks_get_a_breakpoint_before_any_request_repeats_them(
@@ -420,3 +425,30 @@ def test_duplicates_pay_only_where_they_make_the_prompt_cacheable_for_less(
     assert duplicates_pay(whole, deduplicated, rules, **kwargs) is expected  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="next_turn"):
         duplicates_pay(whole, deduplicated, rules, model="claude-haiku-4-5", next_turn=1.5)
+
+
+def test_a_system_prompt_seen_anew_is_written_while_new_ones_tend_to_come_back(
+    tokenizer: Tokenizer,
+) -> None:
+    """The first request with a long system prompt writes it (its second reads it,
+    instead of writing it one request late); once system prompts seen anew are learnt
+    never to come back within the lifetime, a new one is not written."""
+    now = [0.0]
+    pilot = ContextPilot(
+        PilotConfig(cloud=CloudCacheConfig(enabled=True)), tokenizer=tokenizer, clock=lambda: now[0]
+    )
+
+    def system_plan(system: str) -> list[Breakpoint]:
+        prompt = pilot.optimize(_docs("a"), "Q?", system=system)
+        assert prompt.cache_plan is not None
+        return [kept for kept in prompt.cache_plan.breakpoints if kept.kind == "system"]
+
+    assert len(system_plan("Rules. " * 1200)) == 1
+    now[0] += 10.0
+    [again] = system_plan("Rules. " * 1200)
+    assert again.candidate.cached_tokens > 0  # read back, not written
+    for number in range(8):  # each sent once, then never within the lifetime
+        now[0] += 400.0
+        system_plan(f"Persona {number}. " + "Rules. " * 1200)
+    now[0] += 400.0
+    assert system_plan("Another persona. " + "Rules. " * 1200) == []

@@ -2,7 +2,9 @@
 proposes (:class:`~.breakpoints.ReuseCandidate`), from its index and the conversation.
 
 - **system**: read by the other requests with this system prompt; their recent
-  number (within the lifetime) predicts the next window's.
+  number (within the lifetime) predicts the next window's. A system prompt no recent
+  request shares is expected to be read as often as the system prompts seen anew so
+  far were sent again within the lifetime (learnt by the pilot).
 - **shared_blocks** (a prompt without history): after each leading block ``k``, read
   by the requests that will start with the same ``k`` blocks. The index counts the
   recent ones that did; block popularity predicts the ones that will, as placing a
@@ -73,15 +75,26 @@ class ReuseSignals(Protocol):
 
 
 def reuse_candidates(
-    shape: PromptShape, signals: ReuseSignals, next_turn_probability: float | None
+    shape: PromptShape,
+    signals: ReuseSignals,
+    next_turn_probability: float | None,
+    new_system_reads: float = 0.0,
 ) -> list[ReuseCandidate]:
-    """The breakpoint candidates of one prompt, in prompt order."""
+    """The breakpoint candidates of one prompt, in prompt order. ``new_system_reads``:
+    the reads expected of a system prompt no recent request shares (the chance that a
+    system prompt seen anew is sent again within the lifetime; 0: none)."""
     candidates: list[ReuseCandidate] = []
-    system_reads = 0
+    system_reads: float = 0.0
     if shape.system_tokens:
         system_reads = signals.recent_sharing(1)
         cached = shape.system_tokens if signals.cached(1) else 0
         basis = f"{system_reads} recent requests share the system prompt"
+        if not system_reads and new_system_reads > 0.0:
+            system_reads = new_system_reads
+            basis = (
+                "no recent request shares the system prompt; one seen anew is sent again "
+                f"within the lifetime with p={new_system_reads:.2f}"
+            )
         candidates.append(
             ReuseCandidate("system", 0, 0, shape.system_tokens, system_reads, cached, basis, 1)
         )
@@ -126,7 +139,7 @@ after the deepest prefix a recent request shares."""
 
 
 def _shared_blocks(
-    shape: PromptShape, signals: ReuseSignals, system_reads: int
+    shape: PromptShape, signals: ReuseSignals, system_reads: float
 ) -> list[ReuseCandidate]:
     candidates = []
     unshared = 0  # blocks up to here after the deepest prefix a recent request shares
