@@ -337,9 +337,10 @@ class ContextPilot:
         )
         self._continuations = ContinuationTracker(self.config.cloud.ttl_s)
         # whether a system prompt seen anew is sent again within the lifetime (its
-        # "turn" 0 followed by a 1), and when each system prompt was last sent
-        self._system_reuse = ContinuationTracker(self.config.cloud.ttl_s)
-        self._systems_seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # "turn" 0 followed by a 1)
+        self._system_reuse = ContinuationTracker(
+            self.config.cloud.ttl_s, capacity=self.config.cloud.ledger_size
+        )
         notes = self.config.notes
         self._lead_ins = tuple(
             template_lead_in(template)
@@ -1413,7 +1414,7 @@ class ContextPilot:
             for kept in plan.breakpoints
             if kept.candidate.index_depth
         )
-        key = stored_key or self._cache_key(prompt, path, visible, now)
+        key = stored_key or self._cache_key(prompt, path, visible, now, shape.system_tokens)
         return replace(prompt, cache_plan=plan, prompt_cache_key=key), cached
 
     def _block_shares(
@@ -1459,6 +1460,7 @@ class ContextPilot:
         path: tuple[str, ...],
         visible: Sequence[tuple[int, Turn]],
         now: float,
+        system_tokens: int,
     ) -> str:
         """A new ``prompt_cache_key``: per system prompt and the leading blocks the
         prompt starts with (a later turn's are its first visible turn's), or per system
@@ -1467,11 +1469,8 @@ class ContextPilot:
         under the first variant whose route is not busy (``docs/cloud.md``)."""
         cloud = self.config.cloud
         count = cloud.key_blocks
-        first = prompt.messages[0]
-        if first["role"] == "system":
-            system_tokens = self._count_segment(first["content"])
-            if system_tokens >= cloud.rules.min_tokens(cloud.model):
-                count = 0  # the system prompt alone is worth one route
+        if system_tokens and system_tokens >= cloud.rules.min_tokens(cloud.model):
+            count = 0  # the system prompt alone is worth one route
         if visible:
             leading = list(visible[0][1].block_ids[:count])
         else:
@@ -1593,12 +1592,8 @@ class ContextPilot:
         """Count a request with ``system`` (salt, system prompt key): a system prompt
         not sent within the lifetime is seen anew, and whether one is sent again in
         time is what a new system prompt's breakpoint expects."""
-        last = self._systems_seen.pop(system, None)
-        anew = last is None or now - last > self.config.cloud.ttl_s
+        anew = not self._system_reuse.pending(system, now)
         self._system_reuse.observe(system, 0 if anew else 1, now)
-        self._systems_seen[system] = now
-        if len(self._systems_seen) > self.config.cloud.ledger_size:
-            self._systems_seen.popitem(last=False)
 
     def _record(self, plan: _Plan) -> None:
         """Commit a stored plan to the block registry and the context index."""

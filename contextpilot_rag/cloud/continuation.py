@@ -19,6 +19,7 @@ thread-safe by itself: the pilot's lock guards it.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable
 
@@ -44,6 +45,7 @@ class ContinuationTracker:
         self._followed: Counter[int] = Counter()
         self._resolved: Counter[int] = Counter()
         self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # between followed turns
+        self._ordered_gaps: list[float] = []  # the same, sorted
 
     def probability(self, turn: int, now: float) -> float:
         """The chance that turn number ``turn`` (0: a conversation's first) is followed
@@ -58,17 +60,23 @@ class ContinuationTracker:
         ``seconds`` (at most ``ttl_s``): :meth:`probability` times the share of the
         recent followed turns that came that soon (with one pseudo-gap that did, so
         1 before any is seen)."""
-        within = sum(1 for gap in self._gaps if gap <= seconds)
+        within = bisect_right(self._ordered_gaps, seconds)
         return self.probability(turn, now) * (within + 1) / (len(self._gaps) + 1)
 
     def gap_quantile(self, quantile: float) -> float:
         """The ``quantile`` of the recent gaps between a turn and its next (``ttl_s``
         before any is seen): how long a conversation that has not come back is still
         likely to."""
-        if not self._gaps:
+        ordered = self._ordered_gaps
+        if not ordered:
             return self._ttl_s
-        ordered = sorted(self._gaps)
         return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
+
+    def pending(self, conversation: Hashable, now: float) -> bool:
+        """Whether ``conversation`` sent a turn within ``ttl_s`` whose next has not
+        come yet (its next turn would now count as followed)."""
+        self._expire(now)
+        return conversation in self._pending
 
     def observe(self, conversation: Hashable, turn: int, now: float) -> None:
         """``conversation`` sends its turn number ``turn`` now (sending the same turn
@@ -79,11 +87,18 @@ class ContinuationTracker:
             followed = previous[0] == turn - 1
             self._resolve(previous[0], followed=followed)
             if followed:
-                self._gaps.append(now - previous[1])
+                self._add_gap(now - previous[1])
         self._pending[conversation] = (turn, now)
         while len(self._pending) > self._capacity:
             _, (oldest, _) = self._pending.popitem(last=False)
             self._resolve(oldest, followed=False)
+
+    def _add_gap(self, gap: float) -> None:
+        if len(self._gaps) == self._gaps.maxlen:
+            oldest = self._gaps[0]
+            del self._ordered_gaps[bisect_left(self._ordered_gaps, oldest)]
+        self._gaps.append(gap)
+        insort(self._ordered_gaps, gap)
 
     def _expire(self, now: float) -> None:
         while self._pending:
