@@ -163,3 +163,16 @@ def test_small_family_run_writes_its_section_with_targets(tmp_path: Path) -> Non
         "| bound: latency floor | within the bound |"
     ) in text
     assert "| 1 | held-out | 600 |" in text
+    # the held-out draw is generated again with two other seeds (the default replicates)
+    assert "p95 TTFT vs best baseline, worst held-out, every replicate too (3 traces)" in text
+    assert "### Held-out draws on other seeds" in text
+    assert text.count("| 1 | held-out | 600 |") == 1  # replicates stay out of the per-trace table
+
+
+def test_replicates_keep_the_parameters_and_change_the_seed() -> None:
+    draw = conversation_routing.draw_traces(2, 0)[1]
+    again = draw.replicated(2)
+    assert [d.replicate for d in again] == [1, 2]
+    assert len({draw.seed, *(d.seed for d in again)}) == 3
+    assert all(d.index == draw.index and d.think_s == draw.think_s for d in again)
+    assert draw.replicated(2) == again  # deterministic
