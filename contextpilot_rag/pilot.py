@@ -52,7 +52,7 @@ from .blocks import (
 )
 from .cloud.breakpoints import duplicates_pay, plan_breakpoints
 from .cloud.config import CloudCacheConfig
-from .cloud.continuation import ContinuationTracker
+from .cloud.continuation import ContinuationTracker, chained_turns
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
 from .cloud.keys import ROUTE_WINDOW_S, KeyBuckets, prefix_cache_key
 from .cloud.ledger import CacheLedger
@@ -1404,10 +1404,15 @@ class ContextPilot:
         )
         shape = self._prompt_shape(prompt, path, fixed_tokens, visible)
         next_turn = cloud.next_turn_probability
-        if next_turn is None and prompt.conversation_id is not None:
-            next_turn = self._continuations.probability(turn, now)
+        later: float | None = None
+        if prompt.conversation_id is not None:
+            if next_turn is None:
+                next_turn = self._continuations.probability(turn, now)
+                later = self._continuations.later_turns(turn, now)
+            else:
+                later = chained_turns(itertools.repeat(next_turn))
         new_system = self._system_reuse.probability(0, now)
-        candidates = reuse_candidates(shape, signals, next_turn, new_system)
+        candidates = reuse_candidates(shape, signals, next_turn, new_system, later)
         plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
         cached = tuple(
             ledger_key(kept.candidate.index_depth)

@@ -4,6 +4,8 @@ more than no cache, so the planner keeps a candidate only when its expected read
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt, Tokenizer
@@ -18,6 +20,7 @@ from contextpilot_rag.cloud import (
     plan_breakpoints,
     rules_for,
 )
+from contextpilot_rag.cloud.continuation import CHAIN_TURNS, chained_turns
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 
 
@@ -338,10 +341,59 @@ def test_the_pilot_stops_writing_tails_where_its_conversations_stop(
         return reads
 
     first = tail_reads("c0", 2)
-    assert first == pytest.approx(2 / 3)  # the rule of succession, nothing learned yet
+    # nothing learned yet: the rule of succession, (t + 1) / (t + 2) for every later
+    # turn t, chained from the second turn (every later turn reads the tail)
+    assert first == pytest.approx(sum(2 / (j + 2) for j in range(1, CHAIN_TURNS + 1)))
     for number in range(1, 10):
         tail_reads(f"c{number}", 2)
     assert tail_reads("last", 2) < 0.2
+
+
+def test_chained_turns_sum_the_chances_of_reaching_each_later_turn() -> None:
+    assert chained_turns([0.5, 0.5]) == pytest.approx(0.5 + 0.25)
+    assert chained_turns([0.9, 0.0, 0.9]) == pytest.approx(0.9)  # the chain breaks
+    assert chained_turns(itertools.repeat(1.0)) == CHAIN_TURNS  # bounded
+    assert chained_turns([]) == 0.0
+
+
+def test_later_turns_learn_how_long_conversations_go_on() -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    now = 0.0
+    for number in range(200):  # conversations of exactly three turns
+        for turn in range(3):
+            tracker.observe(f"c{number}", turn, now)
+            now += 10.0
+        now += 400.0  # past the lifetime: the third turn resolves as not followed
+    assert tracker.later_turns(0, now) == pytest.approx(2.0, abs=0.1)
+    assert tracker.later_turns(1, now) == pytest.approx(1.0, abs=0.1)
+    assert tracker.later_turns(2, now) < 0.1
+
+
+def test_a_one_hour_lifetime_still_caches_a_conversation(tokenizer: Tokenizer) -> None:
+    """A one-hour write costs twice the input price, which one read (0.1x) does not
+    repay; every later turn reads it, though, and a conversation expected to go on
+    writes its tail and history (only the next turn's chance was counted before, so a
+    one-hour pilot cached no conversation)."""
+    cloud = CloudCacheConfig(enabled=True, ttl="1h")
+    pilot = ContextPilot(
+        PilotConfig(system_prompt="Rules. " * 1200, cloud=cloud), tokenizer=tokenizer
+    )
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, "A1")
+    second = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
+    for prompt in (first, second):
+        assert prompt.cache_plan is not None and prompt.cache_plan.ttl == "1h"
+        tail = next(kept for kept in prompt.cache_plan.breakpoints if kept.kind == "tail")
+        assert tail.candidate.expected_reads > 1 / ANTHROPIC_RULES.read_saving
+    markers = [
+        part.get("cache_control")
+        for message in second.to_anthropic()["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+    ]
+    assert {"type": "ephemeral", "ttl": "1h"} in markers
 
 
 def _candidates(plan: CachePlan) -> list[ReuseCandidate]:

@@ -287,12 +287,12 @@ class _OpenAIArm:
         self.tally.add(usage.input_tokens, 0)
 
 
-def _unmodified_anthropic(mark_last: bool) -> Shape:
+def _unmodified_anthropic(mark_last: bool, ttl: str = "5m") -> Shape:
     """The unmodified messages, one text block each, the system prompt marked (and the
-    last user message when ``mark_last``)."""
+    last user message when ``mark_last``), with the lifetime ``ttl``."""
 
     def shape(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
-        marker = {"type": "ephemeral"}
+        marker = {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
         system = [m["content"] for m in prompt.messages if m["role"] == "system"]
         turns: list[dict[str, Any]] = [
             {"role": m["role"], "content": m["content"]}
@@ -363,18 +363,21 @@ def _replay(
         tick()
 
 
-def _pilot_config(provider: str, model: str) -> PilotConfig:
-    return PilotConfig(cloud=CloudCacheConfig(enabled=True, rules=rules_for(provider), model=model))
+def _pilot_config(provider: str, model: str, ttl: str = "5m") -> PilotConfig:
+    rules = rules_for(provider)
+    lifetime = ttl if ttl in rules.ttl_s else "5m"  # OpenAI offers no choice
+    return PilotConfig(cloud=CloudCacheConfig(enabled=True, rules=rules, model=model, ttl=lifetime))
 
 
 def _baseline_arms(
-    providers: Sequence[str], models: Mapping[str, str], tokens: _TokenCache
+    providers: Sequence[str], models: Mapping[str, str], tokens: _TokenCache, ttl: str = "5m"
 ) -> list[_AnthropicArm | _OpenAIArm]:
     arms: list[_AnthropicArm | _OpenAIArm] = []
     if "anthropic" in providers:
         model = models["anthropic"]
         for name, mark_last in zip(ANTHROPIC_BASELINES, (False, True), strict=True):
-            arms.append(_AnthropicArm(name, _unmodified_anthropic(mark_last), model, tokens))
+            shape = _unmodified_anthropic(mark_last, ttl)
+            arms.append(_AnthropicArm(name, shape, model, tokens))
     if "openai" in providers:
         model = models["openai"]
         for name, per_user in zip(OPENAI_BASELINES, (False, True), strict=True):
@@ -389,13 +392,15 @@ def run_cloud_workload(
     *,
     tokenizer: Tokenizer | None = None,
     progress: Progress | None = None,
+    ttl: str = "5m",
 ) -> list[CloudRun]:
     """Every arm of ``workload`` on each of ``providers``, one :class:`CloudRun` per
-    provider."""
+    provider. ``ttl``: the Anthropic breakpoints' lifetime, in the baselines' markers
+    and the pilot's plan alike (OpenAI's cache offers no choice)."""
     tokenizer = tokenizer or default_tokenizer()
     tokens = _TokenCache(tokenizer)
     label = f"{workload.family} seed {workload.seed}"
-    baselines = _baseline_arms(providers, models, tokens)
+    baselines = _baseline_arms(providers, models, tokens, ttl)
     # the baseline pilot plans with cloud rules on only so its messages split into the
     # same content blocks as ours (token counts alike); its plan is not sent
     unmodified = baseline_config(_pilot_config("anthropic", models.get("anthropic", "")))
@@ -409,7 +414,7 @@ def run_cloud_workload(
             arm = _AnthropicArm(OURS, _to_anthropic, model, tokens)
         else:
             arm = _OpenAIArm(OURS, _to_openai, model, tokens)
-        prompts = _prompts(workload, _pilot_config(provider, model), tokenizer)
+        prompts = _prompts(workload, _pilot_config(provider, model, ttl), tokenizer)
         _replay(prompts, [arm], tokens, _ticker(progress, f"{label}: ours, {provider}", workload))
         ours[provider] = arm
     return [

@@ -8,6 +8,10 @@ share of resolved turns that were followed, shrunk toward the rule of succession
 pseudo-turns. So a workload whose conversations stop at a fixed length stops writing
 tails its last turns never read, and one whose conversations go on keeps them.
 
+:meth:`later_turns` chains the estimates: how many more turns a conversation is
+expected to send, each within ``ttl_s`` of the one before (every one of them reads what
+this turn caches, since each prompt starts with the previous one).
+
 It also keeps the gaps between followed turns, so :meth:`returns_within` can say how
 likely the next turn is within a shorter window (what a route's request rate sees).
 
@@ -19,15 +23,32 @@ thread-safe by itself: the pilot's lock guards it.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter, OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 from ..errors import ConfigError
 
-__all__ = ["ContinuationTracker"]
+__all__ = ["CHAIN_TURNS", "ContinuationTracker", "chained_turns"]
 
 _GAPS_KEPT = 256
+CHAIN_TURNS = 16
+"""Later turns counted at most by :meth:`ContinuationTracker.later_turns` (the prior
+alone, ``(t + 1) / (t + 2)`` per turn, would never stop)."""
+
+
+def chained_turns(probabilities: Iterable[float]) -> float:
+    """Expected later turns when the ``j``-th later turn comes (within the lifetime of
+    the one before) with the ``j``-th probability, given the earlier ones came: the sum
+    of the running products, over at most :data:`CHAIN_TURNS` turns."""
+    total, chance = 0.0, 1.0
+    for probability in itertools.islice(probabilities, CHAIN_TURNS):
+        chance *= probability
+        if chance <= 0.0:
+            break
+        total += chance
+    return total
 
 
 class ContinuationTracker:
@@ -54,6 +75,24 @@ class ContinuationTracker:
         prior = (turn + 1) / (turn + 2)
         weight = self._prior_weight
         return (self._followed[turn] + weight * prior) / (self._resolved[turn] + weight)
+
+    def later_turns(self, turn: int, now: float) -> float:
+        """The turns expected after turn number ``turn``, each within ``ttl_s`` of the
+        previous one (:func:`chained_turns` of :meth:`probability` for ``turn``,
+        ``turn + 1``, ...): the reads a prefix this turn writes can expect. Past the
+        deepest turn number resolved so far, the chain goes on with that turn's
+        estimate, not the prior: a chance of reaching a turn no conversation has
+        reached is already small, and the prior's ``(t + 1) / (t + 2)`` would multiply
+        it several times over (conversations that always stop after two turns would
+        keep writing their last turns' tails)."""
+        self._expire(now)
+        resolved = [number for number, count in self._resolved.items() if count]
+        if not resolved:
+            return chained_turns(self.probability(t, now) for t in itertools.count(turn))
+        deepest = max(resolved)
+        return chained_turns(
+            self.probability(min(t, max(turn, deepest)), now) for t in itertools.count(turn)
+        )
 
     def returns_within(self, turn: int, seconds: float, now: float) -> float:
         """The chance that turn number ``turn`` is followed by the next within

@@ -18,6 +18,12 @@ proposes (:class:`~.breakpoints.ReuseCandidate`), from its index and the convers
   cached prefix is read back (and the answer written for the next turn).
 - **tail**: the end of this turn, read by the conversation's next turn.
 
+Both conversation candidates are read by every later turn that comes while the cache
+lives (each prompt starts with the previous one), so their expected reads are the
+expected later turns (``later_turns``), not only the chance of the next one: with a
+one-hour lifetime, whose write premium a single read does not repay, the difference
+decides whether a conversation is cached at all.
+
 Every candidate also says whether a breakpoint is believed cached at that exact prefix
 (the pilot's :class:`~.ledger.CacheLedger`): writing it again is then a read.
 """
@@ -79,10 +85,14 @@ def reuse_candidates(
     signals: ReuseSignals,
     next_turn_probability: float | None,
     new_system_reads: float = 0.0,
+    later_turns: float | None = None,
 ) -> list[ReuseCandidate]:
     """The breakpoint candidates of one prompt, in prompt order. ``new_system_reads``:
     the reads expected of a system prompt no recent request shares (the chance that a
-    system prompt seen anew is sent again within the lifetime; 0: none)."""
+    system prompt seen anew is sent again within the lifetime; 0: none).
+    ``later_turns``: the conversation's turns expected after this one, each within the
+    lifetime of the one before (the reads of the history and tail candidates; ``None``:
+    the next turn's chance alone)."""
     candidates: list[ReuseCandidate] = []
     system_reads: float = 0.0
     if shape.system_tokens:
@@ -101,6 +111,7 @@ def reuse_candidates(
     if shape.earlier_turns == 0:
         candidates += _shared_blocks(shape, signals, system_reads)
     p_next = _next_turn(shape, next_turn_probability)
+    reads = p_next if later_turns is None or not shape.conversation else later_turns
     if shape.earlier_turns:
         cached = shape.previous_turn_tokens if signals.cached(shape.previous_turn_depth) else 0
         candidates.append(
@@ -109,7 +120,7 @@ def reuse_candidates(
                 shape.user_message_index - 1,
                 -1,
                 shape.history_tokens,
-                p_next,
+                reads,
                 cached,
                 "the conversation's previous turn cached its prefix"
                 if cached
@@ -124,9 +135,9 @@ def reuse_candidates(
                 shape.user_message_index,
                 -1,
                 shape.prompt_tokens,
-                p_next,
+                reads,
                 0,
-                f"next turn of the conversation (p={p_next:.2f})",
+                f"next turn of the conversation (p={p_next:.2f}; {reads:.2f} later turns)",
                 shape.fixed_depth + len(shape.block_ends) + 1,
             )
         )
