@@ -57,8 +57,8 @@ _ID_HEX_CHARS = 16
 _LABEL_HEX_CHARS = 8
 _SHORT_ID_CHARS = 12  # an id up to this long is its own label in the "short" style
 _SHORT_LABEL_LETTERS = 5  # 26**5: a 100-block conversation has a shared label 1 time in 2,400
-_SAFE_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]{1,32}$")
-_CONTENT_ID = re.compile(rf"^[0-9a-f]{{{_ID_HEX_CHARS}}}$")
+_SAFE_LABEL = re.compile(r"^[A-Za-z0-9_.:\-]{1,32}\Z")
+_CONTENT_ID = re.compile(rf"^[0-9a-f]{{{_ID_HEX_CHARS}}}\Z")
 _PLAIN_LABEL = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")  # any label unique_label() makes
 
 

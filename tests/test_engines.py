@@ -426,6 +426,7 @@ def test_non_loopback_hosts_are_refused(fake_home: EngineLayout, stand_in: Stand
         ({"extra_args": "--seed 0"}, "sequence of strings"),
         ({"dtype": "float16"}, "dtype"),
         ({"cpu_bind": "all"}, "cpu_bind"),
+        ({"cpu_bind": "0-1\n"}, "cpu_bind"),  # a final newline would reach the engine's env
     ],
 )
 def test_bad_start_arguments_are_config_errors(

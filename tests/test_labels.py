@@ -261,6 +261,16 @@ def test_unique_label_starts_from_the_given_own_label() -> None:
 # -- safety ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("block_id", ["0\n", "doc-1\n", "a" * 64 + "\n"])
+def test_an_id_ending_in_a_newline_is_hashed_not_shown(block_id: str) -> None:
+    """``$`` in a Python pattern also matches before a final newline, so an id such as
+    ``"0\n"`` passed as plain and became a label that breaks its label line (found by
+    the property test below)."""
+    for style in ("short", "id"):
+        label = block_label(block_id, style)
+        assert "\n" not in label and label != block_id.rstrip("\n")
+
+
 @given(st.text(min_size=1, max_size=80).filter(lambda s: s.strip() != ""))
 def test_no_label_reads_as_a_control_token_and_every_label_survives_a_report(
     block_id: str,

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 VLLM_DTYPES = ("bfloat16", "float32")
-_CPU_LIST = re.compile(r"^[0-9]+([,-][0-9]+)*$")
+_CPU_LIST = re.compile(r"^[0-9]+([,-][0-9]+)*\Z")
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 _VLLM_ENV = {
