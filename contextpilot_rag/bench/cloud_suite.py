@@ -31,6 +31,7 @@ from typing import Any
 
 from ..blocks import ContextBlock
 from ..cloud import DEFAULT_PRICES, CloudCacheConfig, ModelPrice, input_cost, rules_for
+from ..cloud.requests import cache_control_of
 from ..errors import ConfigError
 from ..experiment import baseline_config
 from ..pilot import ContextPilot, PilotConfig
@@ -292,7 +293,7 @@ def _unmodified_anthropic(mark_last: bool, ttl: str = "5m") -> Shape:
     last user message when ``mark_last``), with the lifetime ``ttl``."""
 
     def shape(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
-        marker = {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+        marker = cache_control_of(ttl)
         system = [m["content"] for m in prompt.messages if m["role"] == "system"]
         turns: list[dict[str, Any]] = [
             {"role": m["role"], "content": m["content"]}

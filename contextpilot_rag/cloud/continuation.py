@@ -72,6 +72,10 @@ class ContinuationTracker:
         """The chance that turn number ``turn`` (0: a conversation's first) is followed
         by the next within ``ttl_s``, in [0, 1]."""
         self._expire(now)
+        return self._estimate(turn)
+
+    def _estimate(self, turn: int) -> float:
+        """:meth:`probability` as the counts stand (expired turns already resolved)."""
         prior = (turn + 1) / (turn + 2)
         weight = self._prior_weight
         return (self._followed[turn] + weight * prior) / (self._resolved[turn] + weight)
@@ -87,11 +91,9 @@ class ContinuationTracker:
         keep writing their last turns' tails)."""
         self._expire(now)
         resolved = [number for number, count in self._resolved.items() if count]
-        if not resolved:
-            return chained_turns(self.probability(t, now) for t in itertools.count(turn))
-        deepest = max(resolved)
+        last = max(turn, *resolved) if resolved else None  # estimates beyond it repeat
         return chained_turns(
-            self.probability(min(t, max(turn, deepest)), now) for t in itertools.count(turn)
+            self._estimate(t if last is None else min(t, last)) for t in itertools.count(turn)
         )
 
     def returns_within(self, turn: int, seconds: float, now: float) -> float:
