@@ -18,6 +18,7 @@ from contextpilot_rag.bench.cloud_suite import (
 )
 from contextpilot_rag.bench.cloud_workloads import FAMILIES, cloud_workload
 from contextpilot_rag.cli import main
+from contextpilot_rag.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,11 @@ def test_a_workload_without_overlap_costs_what_the_baseline_costs() -> None:
     for run in run_cloud_workload(cloud_workload("no-overlap", 0, scale=0.05)):
         assert run.ours.cache_read_tokens == 0
         assert 1 / 1.02 <= run.ratio <= 1.02
+
+
+def test_a_lifetime_the_provider_does_not_offer_is_refused_before_any_replay() -> None:
+    with pytest.raises(ConfigError, match="2h"):
+        run_cloud_workload(cloud_workload("no-overlap", 0, scale=0.05), ttl="2h")
 
 
 def test_the_report_states_the_targets_and_that_figures_are_emulated() -> None:

@@ -397,7 +397,9 @@ def run_cloud_workload(
 ) -> list[CloudRun]:
     """Every arm of ``workload`` on each of ``providers``, one :class:`CloudRun` per
     provider. ``ttl``: the Anthropic breakpoints' lifetime, in the baselines' markers
-    and the pilot's plan alike (OpenAI's cache offers no choice)."""
+    and the pilot's plan alike (OpenAI's cache offers no choice); one Anthropic does not
+    offer is a :class:`ConfigError` before anything runs."""
+    rules_for("anthropic").check_ttl(ttl)
     tokenizer = tokenizer or default_tokenizer()
     tokens = _TokenCache(tokenizer)
     label = f"{workload.family} seed {workload.seed}"
