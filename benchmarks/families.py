@@ -47,6 +47,8 @@ from contextpilot_rag.bench.optimum import (
     separation_bound,
 )
 from contextpilot_rag.bench.workloads import (
+    DOC_WORDS,
+    TextLengths,
     Workload,
     WorkloadRequest,
     intent_workload,
@@ -87,6 +89,14 @@ UNBOUNDED_FRACTION = 4.0  # of the distinct cacheable tokens: nothing is ever ev
 PAGE_SLACK_TOKENS = 15  # a cached prefix may end inside one 16-token page of new text
 SEPARATION_LEVELS = 300  # depth intervals of the separation bound (finer: tighter, slower)
 SMALL_SHAPES = ((6, 3, 6), (7, 4, 8), (8, 4, 8))  # requests, blocks each, vocabulary
+# text lengths (issue 22: query/document length ranges), in words (~1.9 cl100k tokens
+# each): a workload's mean drawn log-uniformly, each text uniform within +-spread of it.
+# Documents: 40-400 words on average (MTRAG's passages: 60-380 words, 5th-95th
+# percentile); questions: 10-80 words (MultiHop-RAG's: 31-64).
+DOC_MEAN_WORDS = (40.0, 400.0)
+DOC_SPREAD = 0.5
+QUERY_MEAN_WORDS = (10.0, 80.0)
+QUERY_SPREAD = 0.3
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,12 @@ class Draw:
     intents: int | None = None  # intent_workload: near-duplicate request groups
     swap: float = 0.0
     requests: int | None = None  # None: the command's --requests
+    doc_words: tuple[int, int] = DOC_WORDS  # words per document, uniform in this range
+    query_words: tuple[int, int] | None = None  # words per question; None: bare questions
+
+    @property
+    def lengths(self) -> TextLengths:
+        return TextLengths(self.doc_words, self.query_words)
 
     @property
     def kind(self) -> str:
@@ -163,6 +179,8 @@ def draw_family(
     halves hold every kind; the ``D=2,000 k=15`` families keep the targets' shape and
     draw only the popularity skew and the generator's own parameters."""
     rng = np.random.default_rng([seed, FAMILIES.index(family)])
+    # text lengths from a stream of their own: the other parameters stay as drawn before
+    lengths_rng = np.random.default_rng([seed, FAMILIES.index(family), 1])
     draws = []
     shaped = family.endswith("k=15")
     for index in range(count):
@@ -175,9 +193,17 @@ def draw_family(
         if shaped:
             n_docs, k, zipf = SHAPE["n_docs"], SHAPE["k"], float(rng.uniform(*SHAPE_ZIPF))
             docs_per_topic = int(rng.integers(50, 201))
+        doc_mean = math.exp(lengths_rng.uniform(*map(math.log, DOC_MEAN_WORDS)))
+        query_mean = math.exp(lengths_rng.uniform(*map(math.log, QUERY_MEAN_WORDS)))
         draw = Draw(family, index, workload_seed, n_docs, k, zipf)
         if shaped:
             draw = replace(draw, requests=shape_requests)
+        else:
+            draw = replace(
+                draw,
+                doc_words=_around(doc_mean, DOC_SPREAD),
+                query_words=_around(query_mean, QUERY_SPREAD),
+            )
         if family == "multi-turn":
             draw = replace(draw, turns=turns, reretrieve=reretrieve, interleave=interleave)
         elif index % 6 >= 4:
@@ -189,8 +215,18 @@ def draw_family(
     return draws
 
 
+def _around(mean: float, spread: float) -> tuple[int, int]:
+    """The inclusive word range ``mean`` ± ``spread`` of it (at least one word)."""
+    return max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+
+
 def make_workload(draw: Draw, n_requests: int, n_turns: int) -> Workload:
-    common = {"k": draw.k, "seed": draw.seed, "zipf_exponent": draw.zipf}
+    common = {
+        "k": draw.k,
+        "seed": draw.seed,
+        "zipf_exponent": draw.zipf,
+        "lengths": draw.lengths,
+    }
     n_requests = draw.requests or n_requests
     if draw.family == "multi-turn":
         return multiturn_workload(
@@ -672,6 +708,14 @@ def summary_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
     return rows
 
 
+def _words(draw: Draw) -> str:
+    low, high = draw.doc_words
+    documents = f"{low}–{high}"
+    if draw.query_words is None:
+        return f"{documents} / bare"
+    return f"{documents} / {draw.query_words[0]}–{draw.query_words[1]}"
+
+
 def _shape(draw: Draw) -> list[str]:
     topics = "-" if draw.docs_per_topic is None else f"{draw.docs_per_topic} docs each"
     if draw.intents is not None:
@@ -681,7 +725,7 @@ def _shape(draw: Draw) -> list[str]:
         if draw.family == "multi-turn"
         else "-"
     )
-    return [f"{draw.n_docs:,}", str(draw.k), f"{draw.zipf:.2f}", topics, sessions]
+    return [f"{draw.n_docs:,}", str(draw.k), f"{draw.zipf:.2f}", topics, sessions, _words(draw)]
 
 
 def workload_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
@@ -714,6 +758,7 @@ _WORKLOAD_HEADERS = (
     "Zipf",
     "topics",
     "sessions",
+    "words: documents / questions",
     "unmodified",
     "ours",
     "bound",
@@ -819,12 +864,19 @@ def _method_lines(
         "topics, `topic_workload`, 20–200 documents per topic; 4, 5 intents, "
         "`intent_workload`, 100–600 intents, 10–50% of an intent's documents swapped); "
         f"multi-turn: about {n_turns:,} turns, session length 2–10 turns, re-retrieval "
-        "10–60% of k, 4–32 sessions interleaved; independent seeds",
+        "10–60% of k, 4–32 sessions interleaved; text lengths (all three families): a "
+        f"workload's mean words per document log-uniform {DOC_MEAN_WORDS[0]:.0f}–"
+        f"{DOC_MEAN_WORDS[1]:.0f} (MTRAG's passages: 60–380 words, 5th–95th percentile), "
+        f"each document within ±{DOC_SPREAD:.0%} of it, per question "
+        f"{QUERY_MEAN_WORDS[0]:.0f}–{QUERY_MEAN_WORDS[1]:.0f} (MultiHop-RAG's questions: "
+        f"31–64), each within ±{QUERY_SPREAD:.0%} (a context sentence before the "
+        "question makes up the length); independent seeds",
         f"- the targets' shape (families `{FAMILIES[3]}` and `{FAMILIES[4]}`): "
         f"{shape_requests:,} requests, D = {SHAPE['n_docs']:,}, k = {SHAPE['k']}, Zipf "
         f"exponent {SHAPE_ZIPF[0]}–{SHAPE_ZIPF[1]}, the same three generators (topics of "
-        "50–200 documents); the issue names the shape, not its generator, so every "
-        "generator counts",
+        "50–200 documents), the `bench` section's texts (documents of "
+        f"{DOC_WORDS[0]}–{DOC_WORDS[1]} words, bare questions); the issue names the shape, "
+        "not its generator, so every generator counts",
         "- split: even-numbered workloads are the tuning half, odd-numbered the held-out "
         "half; targets apply to the held-out worst",
         "- cache model: `PrefixCacheModel` (16-token blocks, LRU) at 25% of the unmodified "

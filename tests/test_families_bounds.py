@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import families
 
+from contextpilot_rag.bench import DOC_WORDS
 from contextpilot_rag.bench.workloads import WorkloadRequest
 
 
@@ -50,3 +51,24 @@ def test_a_target_says_whether_the_bounds_allow_it_on_the_held_out_half() -> Non
     assert cells[2:] == ("1.60x", "no", "1.80x", "no")
     assert hit_ratio.cells(held_out)[2:] == ("40.0%", "yes", "45.0%", "yes")
     assert families.TARGETS[2].cells(held_out)[4:] == ("-", "-")  # a time has no bound
+
+
+def test_families_draw_text_lengths_and_the_targets_shape_keeps_the_bench_texts() -> None:
+    """Issue 22 names query/document length ranges among a family's parameters; the
+    D=2,000 k=15 families keep the bench's texts (the shape the targets name)."""
+    low_mean, high_mean = families.DOC_MEAN_WORDS
+    means = []
+    for family in ("batch", "online", "multi-turn"):
+        for draw in families.draw_family(family, 12, 0):
+            low, high = draw.doc_words
+            means.append((low + high) / 2)
+            assert low_mean * 0.5 - 1 <= low <= high <= high_mean * 1.5 + 1
+            assert draw.query_words is not None
+            assert (
+                draw.query_words[0] <= draw.query_words[1] <= families.QUERY_MEAN_WORDS[1] * 1.3 + 1
+            )
+            workload = families.make_workload(draw, 5, 5)
+            assert all(low <= len(text.split()) <= high for text in workload.corpus.values())
+    assert max(means) > 3 * min(means)  # a range, not one length
+    for draw in families.draw_family("online, D=2,000 k=15", 4, 0):
+        assert (draw.doc_words, draw.query_words) == (DOC_WORDS, None)

@@ -7,7 +7,9 @@ from collections import Counter, defaultdict
 import pytest
 
 from contextpilot_rag.bench import (
+    DOC_WORDS,
     SYSTEM_PROMPT,
+    TextLengths,
     Workload,
     WorkloadRequest,
     intent_workload,
@@ -322,3 +324,65 @@ def test_intent_workload_is_deterministic_for_a_seed() -> None:
 def test_intent_workload_rejects_bad_arguments(arguments: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         intent_workload(**arguments)  # type: ignore[arg-type]
+
+
+# -- text lengths ---------------------------------------------------------------------
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.mark.parametrize("generator", [online_workload, topic_workload, intent_workload])
+def test_text_lengths_set_the_words_of_documents_and_questions(generator: object) -> None:
+    lengths = TextLengths(doc_words=(300, 400), query_words=(40, 50))
+    sizes = {"n_requests": 60, "k": 5, "seed": 3}
+    if generator is topic_workload:
+        sizes |= {"n_topics": 4, "docs_per_topic": 10}
+    workload = generator(**sizes, lengths=lengths)  # type: ignore[operator]
+    document_words = [words(text) for text in workload.corpus.values()]
+    assert min(document_words) >= 300 and max(document_words) <= 400
+    assert len(set(document_words)) > 1  # drawn per document
+    question_words = [words(request.query) for request in workload.requests]
+    assert min(question_words) >= 40 and max(question_words) <= 50
+    assert len({request.query for request in workload.requests}) == len(workload.requests)
+
+
+def test_default_lengths_are_the_bench_texts() -> None:
+    workload = online_workload(n_docs=200, n_requests=50, k=5, seed=1)
+    low, high = DOC_WORDS
+    assert all(low <= words(text) <= high for text in workload.corpus.values())
+    assert all(words(request.query) <= 14 for request in workload.requests)
+
+
+def test_text_lengths_change_no_document_a_request_retrieves() -> None:
+    """Lengths come from streams of their own: the same seed retrieves the same
+    documents, and a padded question ends with the bare one."""
+    arguments = {"n_sessions": 12, "turns": 3, "interleave": 4, "n_docs": 300, "seed": 5}
+    bare = multiturn_workload(**arguments)  # type: ignore[arg-type]
+    long = multiturn_workload(
+        **arguments,  # type: ignore[arg-type]
+        lengths=TextLengths(doc_words=(20, 30), query_words=(30, 60)),
+    )
+    assert [r.doc_ids for r in long.requests] == [r.doc_ids for r in bare.requests]
+    assert all(
+        padded.query.endswith(" " + plain.query) and words(padded.query) >= 30
+        for padded, plain in zip(long.requests, bare.requests, strict=True)
+    )
+    assert all(20 <= words(text) <= 30 for text in long.corpus.values())
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"doc_words": (0, 10)},
+        {"doc_words": (20, 10)},
+        {"doc_words": (10,)},
+        {"doc_words": (1.5, 10)},
+        {"query_words": (True, 10)},
+        {"query_words": (5, 4)},
+    ],
+)
+def test_text_lengths_reject_empty_or_non_positive_ranges(arguments: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="low <= high"):
+        TextLengths(**arguments)  # type: ignore[arg-type]

@@ -6,8 +6,10 @@ of the source checkout (``benchmarks/``), not part of the installed package.
 """
 
 from .workloads import (
+    DOC_WORDS,
     SYSTEM_PROMPT,
     ZIPF_EXPONENT,
+    TextLengths,
     Workload,
     WorkloadRequest,
     intent_workload,
@@ -18,8 +20,10 @@ from .workloads import (
 )
 
 __all__ = [
+    "DOC_WORDS",
     "SYSTEM_PROMPT",
     "ZIPF_EXPONENT",
+    "TextLengths",
     "Workload",
     "WorkloadRequest",
     "intent_workload",

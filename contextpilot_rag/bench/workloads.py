@@ -6,8 +6,9 @@ Workloads with the same ``seed`` and ``n_docs`` share their corpus and popularit
 online and multi-turn results are measured over the same documents.
 
 * Corpus: ``n_docs`` documents ``doc-00000`` … of English-like text (common English
-  words mixed with pseudo-words from a fixed vocabulary), about 150–250 cl100k tokens
-  each.
+  words mixed with pseudo-words from a fixed vocabulary), by default
+  :data:`DOC_WORDS` words (about 150–250 cl100k tokens) each; :class:`TextLengths`
+  sets other document and question lengths.
 * Popularity: Zipf weights over a seeded random permutation of the documents. The
   exponent is calibrated so that about 80% of retrieved document slots fall on the 20%
   most-used documents at the default sizes (see :func:`top_share`).
@@ -35,8 +36,10 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
+    "DOC_WORDS",
     "SYSTEM_PROMPT",
     "ZIPF_EXPONENT",
+    "TextLengths",
     "Workload",
     "WorkloadRequest",
     "intent_workload",
@@ -66,7 +69,10 @@ SYSTEM_PROMPT = (
 _VOCAB_SEED = 20240917  # the pseudo-word vocabulary is the same for every workload
 _VOCAB_SIZE = 3000
 _COMMON_SHARE = 0.7  # share of common English words in a document
-_WORDS_PER_DOC = (85, 120)  # inclusive range; ~1.9 cl100k tokens per word
+DOC_WORDS = (85, 120)
+"""Default words per document (inclusive range; ~1.9 cl100k tokens per word)."""
+_QUERY_PAD_STREAM = 7  # the generator of question padding: its own stream, so padding
+# questions leaves every other draw (documents, requests) as it is
 _WORDS_PER_SENTENCE = (7, 16)
 
 _ONSETS: tuple[str, ...] = ("b", "br", "c", "ch", "d", "dr", "f", "g", "gr", "h", "k", "l")
@@ -95,6 +101,36 @@ _QUERY_TEMPLATES = (
     "Summarize what is known about the role of {a} in {b}.",
     "Did {a} report the same {b} figures as {c}?",
 )
+
+
+@dataclass(frozen=True)
+class TextLengths:
+    """How long generated texts are, in words, each drawn uniformly from its inclusive
+    range: ``doc_words`` per document; ``query_words`` per question (``None``: the bare
+    question of a template, 8–14 words; otherwise a question shorter than the drawn
+    length is preceded by a sentence of context words that makes it up). Raises
+    :class:`ConfigError` for a range that is empty or starts below 1."""
+
+    doc_words: tuple[int, int] = DOC_WORDS
+    query_words: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        ranges = [("doc_words", self.doc_words), ("query_words", self.query_words)]
+        for name, bounds in ranges:
+            if bounds is None and name == "query_words":
+                continue
+            if (
+                not isinstance(bounds, tuple)
+                or len(bounds) != 2
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+                or not 1 <= bounds[0] <= bounds[1]
+            ):
+                raise ConfigError(
+                    f"{name} must be a (low, high) pair with 1 <= low <= high, got {bounds!r}"
+                )
+
+
+DEFAULT_LENGTHS = TextLengths()
 
 
 @dataclass(frozen=True)
@@ -180,10 +216,14 @@ def _sentence_starts(rng: np.random.Generator, total: int) -> list[int]:
     return [int(start) for start in starts[starts < total]]
 
 
-def _document(rng: np.random.Generator, language: _Language) -> str:
-    """One document: sentences of common words and pseudo-words, ~150–250 tokens."""
-    low, high = _WORDS_PER_DOC
-    words = _words(rng, language, int(rng.integers(low, high + 1)))
+def _document(rng: np.random.Generator, language: _Language, words: tuple[int, int]) -> str:
+    """One document: sentences of common words and pseudo-words, ``words`` long."""
+    low, high = words
+    return _prose(rng, _words(rng, language, int(rng.integers(low, high + 1))))
+
+
+def _prose(rng: np.random.Generator, words: Sequence[str]) -> str:
+    """``words`` as sentences (capitalised, full stops) of drawn lengths."""
     starts = _sentence_starts(rng, len(words))
     sentences = (
         " ".join(words[a:b]) for a, b in zip(starts, [*starts[1:], len(words)], strict=True)
@@ -197,9 +237,9 @@ def _doc_ids(n_docs: int) -> tuple[str, ...]:
 
 
 def _corpus(
-    rng: np.random.Generator, doc_ids: Sequence[str], language: _Language
+    rng: np.random.Generator, doc_ids: Sequence[str], language: _Language, words: tuple[int, int]
 ) -> Mapping[str, str]:
-    return MappingProxyType({doc_id: _document(rng, language) for doc_id in doc_ids})
+    return MappingProxyType({doc_id: _document(rng, language, words) for doc_id in doc_ids})
 
 
 def _log_popularity(rng: np.random.Generator, n_docs: int, exponent: float) -> np.ndarray:
@@ -231,6 +271,26 @@ def _query(rng: np.random.Generator, language: _Language, seen: set[str]) -> str
         if query not in seen:
             seen.add(query)
             return query
+
+
+class _Questions:
+    """A workload's questions, each new, padded to :attr:`TextLengths.query_words`."""
+
+    def __init__(self, seed: int, language: _Language, lengths: TextLengths) -> None:
+        self._language, self._words = language, lengths.query_words
+        self._seen: set[str] = set()
+        self._pad = np.random.default_rng([seed, _QUERY_PAD_STREAM])
+
+    def next(self, rng: np.random.Generator) -> str:
+        """The next question (its template and names drawn from ``rng``)."""
+        question = _query(rng, self._language, self._seen)
+        if self._words is None:
+            return question
+        low, high = self._words
+        missing = int(self._pad.integers(low, high + 1)) - len(question.split())
+        if missing <= 0:
+            return question
+        return f"{_prose(self._pad, _words(self._pad, self._language, missing))} {question}"
 
 
 def _relevance_order(
@@ -270,23 +330,26 @@ def online_workload(
     k: int = 15,
     seed: int = 0,
     zipf_exponent: float = ZIPF_EXPONENT,
+    lengths: TextLengths = DEFAULT_LENGTHS,
 ) -> Workload:
     """Independent single-turn requests, each retrieving ``k`` distinct documents.
 
-    Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range.
+    ``lengths``: document and question lengths (default: documents of
+    :data:`DOC_WORDS` words, bare questions). Deterministic in its arguments. Raises
+    :class:`ConfigError` for sizes out of range.
     """
     _validate_common(n_docs, k, seed, zipf_exponent)
     _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
     corpus_rng, popularity_rng, rng = _generators(seed)
     language = _language()
     doc_ids = _doc_ids(n_docs)
-    corpus = _corpus(corpus_rng, doc_ids, language)
+    corpus = _corpus(corpus_rng, doc_ids, language, lengths.doc_words)
     popularity = _log_popularity(popularity_rng, n_docs, zipf_exponent)
-    seen: set[str] = set()
+    questions = _Questions(seed, language, lengths)
     requests = tuple(
         WorkloadRequest(
             doc_ids=_relevance_order(rng, _draw_docs(rng, popularity, k), doc_ids),
-            query=_query(rng, language, seen),
+            query=questions.next(rng),
             session=None,
             turn=0,
         )
@@ -303,6 +366,7 @@ def topic_workload(
     k: int = 5,
     seed: int = 0,
     zipf_exponent: float = ZIPF_EXPONENT,
+    lengths: TextLengths = DEFAULT_LENGTHS,
 ) -> Workload:
     """Independent single-turn requests over ``n_topics`` knowledge bases: the corpus of
     ``n_topics * docs_per_topic`` documents is split at random into disjoint pools of
@@ -310,7 +374,9 @@ def topic_workload(
     and retrieves ``k`` distinct documents of that topic's pool by Zipf popularity
     within it (both with ``zipf_exponent``), in a random relevance order.
 
-    Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range.
+    ``lengths``: document and question lengths (default: documents of
+    :data:`DOC_WORDS` words, bare questions). Deterministic in its arguments. Raises
+    :class:`ConfigError` for sizes out of range.
     """
     _require(n_topics >= 1, f"n_topics must be >= 1, got {n_topics}")
     _require(docs_per_topic >= 1, f"docs_per_topic must be >= 1, got {docs_per_topic}")
@@ -320,11 +386,11 @@ def topic_workload(
     corpus_rng, popularity_rng, rng = _generators(seed)
     language = _language()
     doc_ids = _doc_ids(n_topics * docs_per_topic)
-    corpus = _corpus(corpus_rng, doc_ids, language)
+    corpus = _corpus(corpus_rng, doc_ids, language, lengths.doc_words)
     pools = popularity_rng.permutation(len(doc_ids)).reshape(n_topics, docs_per_topic).tolist()
     topic_popularity = _log_popularity(popularity_rng, n_topics, zipf_exponent)
     pool_popularity = _log_popularity(popularity_rng, docs_per_topic, zipf_exponent)
-    seen: set[str] = set()
+    questions = _Questions(seed, language, lengths)
     requests = []
     for _ in range(n_requests):
         pool = pools[_draw_docs(rng, topic_popularity, 1)[0]]
@@ -332,7 +398,7 @@ def topic_workload(
         requests.append(
             WorkloadRequest(
                 doc_ids=_relevance_order(rng, docs, doc_ids),
-                query=_query(rng, language, seen),
+                query=questions.next(rng),
                 session=None,
                 turn=0,
             )
@@ -349,6 +415,7 @@ def intent_workload(
     swap: float = 0.3,
     seed: int = 0,
     zipf_exponent: float = ZIPF_EXPONENT,
+    lengths: TextLengths = DEFAULT_LENGTHS,
 ) -> Workload:
     """Independent single-turn requests that paraphrase ``n_intents`` underlying
     questions: each intent has ``k`` documents drawn by document popularity; a request
@@ -356,7 +423,9 @@ def intent_workload(
     of its documents with probability ``1 - swap`` and replaces the others by distinct
     documents drawn by popularity, in a random relevance order.
 
-    Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range.
+    ``lengths``: document and question lengths (default: documents of
+    :data:`DOC_WORDS` words, bare questions). Deterministic in its arguments. Raises
+    :class:`ConfigError` for sizes out of range.
     """
     _validate_common(n_docs, k, seed, zipf_exponent)
     _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
@@ -365,11 +434,11 @@ def intent_workload(
     corpus_rng, popularity_rng, rng = _generators(seed)
     language = _language()
     doc_ids = _doc_ids(n_docs)
-    corpus = _corpus(corpus_rng, doc_ids, language)
+    corpus = _corpus(corpus_rng, doc_ids, language, lengths.doc_words)
     popularity = _log_popularity(popularity_rng, n_docs, zipf_exponent)
     intent_popularity = _log_popularity(popularity_rng, n_intents, zipf_exponent)
     intents = [_draw_docs(popularity_rng, popularity, k) for _ in range(n_intents)]
-    seen: set[str] = set()
+    questions = _Questions(seed, language, lengths)
     requests = []
     for _ in range(n_requests):
         intent = intents[_draw_docs(rng, intent_popularity, 1)[0]]
@@ -380,7 +449,7 @@ def intent_workload(
         requests.append(
             WorkloadRequest(
                 doc_ids=_relevance_order(rng, kept, doc_ids),
-                query=_query(rng, language, seen),
+                query=questions.next(rng),
                 session=None,
                 turn=0,
             )
@@ -428,11 +497,14 @@ def multiturn_workload(
     n_docs: int = 2000,
     seed: int = 0,
     zipf_exponent: float = ZIPF_EXPONENT,
+    lengths: TextLengths = DEFAULT_LENGTHS,
 ) -> Workload:
     """``n_sessions`` conversations of ``turns`` turns, ``interleave`` of them active at
     once and served round-robin. Turn 0 retrieves ``k`` documents by popularity; each
     later turn re-retrieves ``round(reretrieve_fraction * k)`` documents from the
-    session's earlier turns and retrieves the rest new to the session.
+    session's earlier turns and retrieves the rest new to the session. ``lengths``:
+    document and question lengths (default: documents of :data:`DOC_WORDS` words, bare
+    questions).
 
     Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range,
     including a corpus too small to give every session enough new documents.
@@ -451,15 +523,15 @@ def multiturn_workload(
     corpus_rng, popularity_rng, rng = _generators(seed)
     language = _language()
     doc_ids = _doc_ids(n_docs)
-    corpus = _corpus(corpus_rng, doc_ids, language)
+    corpus = _corpus(corpus_rng, doc_ids, language, lengths.doc_words)
     popularity = _log_popularity(popularity_rng, n_docs, zipf_exponent)
-    seen: set[str] = set()
+    questions = _Questions(seed, language, lengths)
     requests = tuple(
         WorkloadRequest(
             doc_ids=_relevance_order(
                 rng, _session_docs(rng, session, popularity, k, reretrieve), doc_ids
             ),
-            query=_query(rng, language, seen),
+            query=questions.next(rng),
             session=session.session_id,
             turn=turn,
         )
