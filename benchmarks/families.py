@@ -19,6 +19,7 @@ instances are solved exactly (:mod:`contextpilot_rag.bench.optimum`). Writes the
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -87,6 +88,7 @@ SHAPE_REFERENCE_TIMEOUT_S = 60.0  # around the calibrated 1.04 (80% of slots on 
 CAPACITY_FRACTION = 0.25
 UNBOUNDED_FRACTION = 4.0  # of the distinct cacheable tokens: nothing is ever evicted
 PAGE_SLACK_TOKENS = 15  # a cached prefix may end inside one 16-token page of new text
+QUESTION_EDGE_TOKENS = 2  # a question's first and last token may merge with their neighbours
 SEPARATION_LEVELS = 300  # depth intervals of the separation bound (finer: tighter, slower)
 SMALL_SHAPES = ((6, 3, 6), (7, 4, 8), (8, 4, 8))  # requests, blocks each, vocabulary
 # text lengths (issue 22: query/document length ranges), in words (~1.9 cl100k tokens
@@ -321,13 +323,19 @@ def cached_upper_bound(rows: Sequence[RequestTokens], *, fixed_order: bool) -> f
     return heads + blocks + PAGE_SLACK_TOKENS * len(rows)
 
 
-def computed_lower_bound(requests: Sequence[WorkloadRequest], rows: Sequence[RequestTokens]) -> int:
+def computed_lower_bound(
+    requests: Sequence[WorkloadRequest],
+    rows: Sequence[RequestTokens],
+    questions: Sequence[int] = (),
+) -> int:
     """Computed tokens no history-first prompt strategy goes below (unbounded cache,
     arrival order). Every prompt of a conversation starts with the shared head and then
     its first turn's blocks, followed by a question asked nowhere else; so a first turn
     can hit beyond the head only blocks it shares with one earlier first turn (its best
     partner, ``best_partner_shares``), and a later turn computes every block new to its
-    conversation. Less at most one page per request that may match by coincidence."""
+    conversation. ``questions[n]``: tokens of request ``n``'s question no prompt has
+    cached when it is first asked (:func:`question_floor`; none when not given). Less at
+    most one page per request that may match by coincidence."""
     coded, sizes = _coded(rows)
     firsts = [number for number, request in enumerate(requests) if request.turn == 0]
     partner = dict(
@@ -343,9 +351,38 @@ def computed_lower_bound(requests: Sequence[WorkloadRequest], rows: Sequence[Req
         known = in_session[request.session]
         new = (0 if number else head) + sum(size for b, size in blocks if b not in known)
         new -= round(partner.get(number, 0.0))
+        new += questions[number] if questions else 0
         total += max(0, new - PAGE_SLACK_TOKENS)
         known.update(b for b, _ in blocks)
     return total
+
+
+def question_floor(requests: Sequence[WorkloadRequest], tokenizer: Tokenizer) -> list[int]:
+    """Per request, the tokens of its question no prompt can have cached when it is
+    asked: a question is asked once (a later turn carries it only as history), so a
+    cache holds at most what it shares from its start with another question, one more
+    token where the text before it merges into its first, and one where it runs on
+    into what follows (``QUESTION_EDGE_TOKENS``)."""
+    encoded = [tuple(tokenizer.encode(request.query)) for request in requests]
+    order = sorted(range(len(encoded)), key=encoded.__getitem__)
+    shared = [0] * len(encoded)  # longest common start with any other question
+    for before, after in itertools.pairwise(order):
+        common = _common_start(encoded[before], encoded[after])
+        shared[before] = max(shared[before], common)
+        shared[after] = max(shared[after], common)
+    return [
+        max(0, len(tokens) - common - QUESTION_EDGE_TOKENS)
+        for tokens, common in zip(encoded, shared, strict=True)
+    ]
+
+
+def _common_start(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
 
 
 # --- the three families -----------------------------------------------------------------
@@ -510,7 +547,9 @@ def run_multiturn_draw(
     base, ours, build_s = computed(CAPACITY_FRACTION)
     _, ours_unbounded, _ = computed(UNBOUNDED_FRACTION)
     rows = request_tokens(unmodified_prompts(workload, tokenizer), tokenizer)
-    lower = computed_lower_bound(workload.requests, rows)
+    lower = computed_lower_bound(
+        workload.requests, rows, question_floor(workload.requests, tokenizer)
+    )
     return Outcome(
         draw,
         ours / base,
@@ -894,9 +933,10 @@ def _method_lines(
         "history-first strategy avoids in an unbounded cache (the system prompt once; a "
         "later turn, every block new to its conversation; a first turn, every block but "
         "those it shares with its best earlier first turn, since each prompt of a "
-        "conversation continues the system prompt with its first turn's blocks; less one "
-        "page per request) over the unmodified computed tokens; *ours of bound* = that / "
-        "ours",
+        "conversation continues the system prompt with its first turn's blocks; every "
+        "question, asked once, less what it shares from its start with another question and "
+        "a token at each edge; less one page per request) over the unmodified computed "
+        "tokens; *ours of bound* = that / ours",
         f"- reference `contextpilot` 0.5.0: batch mode in a child process, online mode "
         f"in process, per workload {limit}; its prompts use our rendering without notes",
         f"- whole run: {seconds:.0f} s",

@@ -72,3 +72,32 @@ def test_families_draw_text_lengths_and_the_targets_shape_keeps_the_bench_texts(
     assert max(means) > 3 * min(means)  # a range, not one length
     for draw in families.draw_family("online, D=2,000 k=15", 4, 0):
         assert (draw.doc_words, draw.query_words) == (DOC_WORDS, None)
+
+
+class WordTokenizer:
+    """One token per word (ids by first appearance): the test's arithmetic stays plain."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.setdefault(word, len(self.ids)) for word in text.split()]
+
+
+def test_a_question_is_computed_but_for_its_start_shared_with_another_question() -> None:
+    questions = [
+        "what does the record say about zorban",  # shares 6 words with the next one
+        "what does the record say about plint and tram",
+        "how is zorban related to plint",  # shares nothing
+    ]
+    blocks = ("x", "y", "z")  # one new block each, in conversations of their own
+    requests = [
+        WorkloadRequest((block,), question, block, 0)
+        for block, question in zip(blocks, questions, strict=True)
+    ]
+    edge = families.QUESTION_EDGE_TOKENS
+    floor = families.question_floor(requests, WordTokenizer())  # type: ignore[arg-type]
+    assert floor == [max(0, 7 - 6 - edge), 9 - 6 - edge, 6 - edge]
+    rows = [(40, [(block, 20)]) for block in blocks]
+    without = families.computed_lower_bound(requests, rows)
+    assert families.computed_lower_bound(requests, rows, floor) == without + sum(floor)
