@@ -7,8 +7,9 @@ families do not go, written into docs.
 The ``cloud`` section (``benchmarks/cloud.py``) measures the workloads the targets of
 issue 25 name. Users' prompts differ in ways that move what caching pays: a model whose
 minimum cacheable prefix is four times the default, a system prompt of thousands of
-tokens (agents), few long documents instead of many short ones, the one-hour cache
-lifetime (whose write a single read does not repay). Each variant here
+tokens (agents), few long documents instead of many short ones, short ones (memories,
+facts) whose prompts stay under the minimum, the one-hour cache lifetime (whose write a
+single read does not repay). Each variant here
 changes one of these on the same families (seeds 0–2, ``--scale`` of their size) and
 replays baseline and ours through the emulated caches exactly as the ``cloud`` section
 does (``contextpilot_rag.bench.cloud_suite.run_cloud_workload``). Checked: ours costs
@@ -39,6 +40,7 @@ SECTION = "cloud-variants"
 SEEDS = (0, 1, 2)
 LONG_SYSTEM_TIMES = 30  # the default system prompt repeated: ~4,200 tokens
 LONG_DOCUMENT_TIMES = 8  # each document repeated: ~1,600 tokens
+SHORT_DOCUMENT_WORDS = 20  # each document cut to its first words: ~40 tokens, a memory
 NO_OVERLAP_LIMIT = 1.02  # ours / baseline, at most (the cloud section's target)
 
 
@@ -72,6 +74,17 @@ def _long_documents(workload: CloudWorkload) -> CloudWorkload:
     return replace(workload, corpus=corpus, requests=requests)
 
 
+def _short_documents(workload: CloudWorkload) -> CloudWorkload:
+    """Every document cut to its first ``SHORT_DOCUMENT_WORDS`` words (what memory
+    layers hand over: a fact a sentence long); first turns then stay under the
+    models' minimum cacheable prefix."""
+    corpus = {
+        doc_id: " ".join(text.split()[:SHORT_DOCUMENT_WORDS])
+        for doc_id, text in workload.corpus.items()
+    }
+    return replace(workload, corpus=corpus)
+
+
 ALL = ("multi-turn", "multi-session", "no-overlap")
 VARIANTS = (
     Variant(
@@ -97,6 +110,14 @@ VARIANTS = (
         ("anthropic", "openai"),
         dict(DEFAULT_MODELS),
         _long_documents,
+    ),
+    Variant(
+        f"short documents (each cut to its first {SHORT_DOCUMENT_WORDS} words, a memory)",
+        "short documents",
+        ALL,
+        ("anthropic", "openai"),
+        dict(DEFAULT_MODELS),
+        _short_documents,
     ),
     Variant(
         'the one-hour lifetime (`"ttl": "1h"` on every breakpoint, baseline and ours)',

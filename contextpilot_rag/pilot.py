@@ -244,6 +244,11 @@ class _Layout(NamedTuple):
     history_lost: bool = False
 
 
+_MINIMUM_MARGIN_TOKENS = 32
+"""Tokens a prompt may miss the hosted minimum by and still be reordered (the
+estimate leaves out labels' and separators' tokens that rendering adds)."""
+
+
 class _Order(NamedTuple):
     """A request's block order and what of it an earlier prompt already sent:
     ``matched``, this turn's leading blocks in the cached prefix, and
@@ -770,7 +775,12 @@ class ContextPilot:
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible, dedup)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
-        if tenant is None:
+        if tenant is None and self._below_hosted_minimum(fixed_tokens, kept, tokens_of):
+            # no hosted cache can serve any part of it: keep the retriever's order
+            match = self._index.search((), fixed_prefix=(*fixed_prefix, *(b.id for b in kept)))
+            matched = match.blocks[len(fixed_prefix) :]
+            order = _Order(kept, matched, match.tokens, None)
+        elif tenant is None:
             match = self._match(kept, fixed_prefix, tokens_of)
             matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
             final = self._reorder(kept, matched, after_history=bool(visible))
@@ -1213,6 +1223,25 @@ class ContextPilot:
                 tokens.append(turn.answer_tokens)
             tokens[-1] += header_tokens  # the next user message starts with the header
         return tuple(path), tuple(tokens)
+
+    def _below_hosted_minimum(
+        self,
+        fixed_tokens: Sequence[int],
+        kept: Sequence[ContextBlock],
+        tokens_of: Mapping[str, int],
+    ) -> bool:
+        """With hosted-cache planning on, whether everything another request could
+        share with this prompt (the fixed prefix and the blocks; its question is its
+        own) is shorter than the model's minimum cacheable prefix, less a page of
+        margin. A provider then serves no part of it from cache, to this request or to
+        any later one (a shared prefix is never longer), so reordering gains nothing
+        and its order note is a cost on every request. A self-hosted engine caches
+        any page, so without planning the answer is always no."""
+        cloud = self.config.cloud
+        if not (cloud.enabled and self.config.reorder):
+            return False
+        shareable = sum(fixed_tokens) + sum(tokens_of[block.id] for block in kept)
+        return shareable + _MINIMUM_MARGIN_TOKENS < cloud.rules.min_tokens(cloud.model)
 
     def _match(
         self,

@@ -504,3 +504,35 @@ def test_a_system_prompt_seen_anew_is_written_while_new_ones_tend_to_come_back(
         system_plan(f"Persona {number}. " + "Rules. " * 1200)
     now[0] += 400.0
     assert system_plan("Another persona. " + "Rules. " * 1200) == []
+
+
+def _short_docs(*names: str) -> list[ContextBlock]:
+    return [ContextBlock(f"Memory {n}: the user prefers {n}.", id=n) for n in names]
+
+
+@pytest.mark.parametrize("cloud", [True, False])
+def test_a_prompt_under_the_hosted_minimum_keeps_the_retrievers_order(
+    tokenizer: Tokenizer, cloud: bool
+) -> None:
+    """No hosted cache serves any part of a prompt whose system prompt and blocks are
+    shorter than the model's minimum cacheable prefix, so reordering it would gain
+    nothing and cost an order note on every request; a self-hosted engine caches any
+    page, so without planning the blocks an earlier prompt sent still go first."""
+    config = PilotConfig(cloud=CloudCacheConfig(enabled=cloud))
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    pilot.optimize(_short_docs("a", "b", "c"), "Q1?")
+    prompt = pilot.optimize(_short_docs("c", "b", "a"), "Q2?")
+    shown = [block.id for block in prompt.blocks]
+    if cloud:
+        assert shown == ["c", "b", "a"] and prompt.order_note is None
+        assert prompt.stats.blocks_matched == 0  # its own order shares no block with a, b, c
+    else:
+        assert shown == ["a", "b", "c"] and prompt.order_note is not None
+        assert prompt.stats.blocks_matched == 3
+
+
+def test_a_prompt_over_the_hosted_minimum_is_still_reordered(cloud_pilot: ContextPilot) -> None:
+    cloud_pilot.optimize(_docs("a", "b"), "Q1?")
+    prompt = cloud_pilot.optimize(_docs("b", "a"), "Q2?")
+    assert [block.id for block in prompt.blocks] == ["a", "b"] and prompt.order_note is not None
+    assert prompt.stats.blocks_matched == 2

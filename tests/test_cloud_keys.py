@@ -24,7 +24,11 @@ def pilot(tokenizer: Tokenizer) -> ContextPilot:
 
 
 def _docs(*names: str) -> list[ContextBlock]:
-    return [ContextBlock(f"Document {n} about secret-{n}.", id=n) for n in names]
+    """Documents long enough that two of them pass the minimum cacheable prefix (a
+    prompt under it is never reordered with planning on)."""
+    return [
+        ContextBlock(f"Document {n} about secret-{n}. " + "More facts. " * 250, id=n) for n in names
+    ]
 
 
 def test_requests_sharing_their_leading_block_share_a_key(pilot: ContextPilot) -> None:
