@@ -53,6 +53,7 @@ from contextpilot_rag.bench.workloads import (
     Workload,
     WorkloadRequest,
     intent_workload,
+    log_uniform,
     multiturn_workload,
     online_workload,
     topic_workload,
@@ -195,8 +196,8 @@ def draw_family(
         if shaped:
             n_docs, k, zipf = SHAPE["n_docs"], SHAPE["k"], float(rng.uniform(*SHAPE_ZIPF))
             docs_per_topic = int(rng.integers(50, 201))
-        doc_mean = _log_uniform(lengths_rng, DOC_MEAN_WORDS)
-        query_mean = _log_uniform(lengths_rng, QUERY_MEAN_WORDS)
+        doc_mean = log_uniform(lengths_rng, DOC_MEAN_WORDS)
+        query_mean = log_uniform(lengths_rng, QUERY_MEAN_WORDS)
         draw = Draw(family, index, workload_seed, n_docs, k, zipf)
         if shaped:
             draw = replace(draw, requests=shape_requests)
@@ -215,10 +216,6 @@ def draw_family(
             draw = replace(draw, n_docs=n_topics * docs_per_topic, docs_per_topic=docs_per_topic)
         draws.append(draw)
     return draws
-
-
-def _log_uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
-    return math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1])))
 
 
 def _around(mean: float, spread: float) -> tuple[int, int]:

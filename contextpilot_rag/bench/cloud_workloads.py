@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from .workloads import (
     SYSTEM_PROMPT,
     WorkloadRequest,
+    log_uniform,
     multiturn_workload,
     online_workload,
     topic_workload,
@@ -80,11 +81,6 @@ def _drawn(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, stream, 25])
 
 
-def _log_uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
-    low, high = bounds
-    return float(np.exp(rng.uniform(np.log(low), np.log(high))))
-
-
 def _count_and_gap(
     seed: int,
     stream: int,
@@ -96,7 +92,7 @@ def _count_and_gap(
     rng = _drawn(seed, stream)
     (given_count, (low, high)), (given_gap, gap_range) = count, gap_s
     drawn_count = int(rng.integers(low, high + 1))
-    drawn_gap = _log_uniform(rng, gap_range)
+    drawn_gap = log_uniform(rng, gap_range)
     return (
         drawn_count if given_count is None else given_count,
         drawn_gap if given_gap is None else given_gap,
@@ -150,7 +146,7 @@ def multiturn_family(
     share of documents retrieved again :data:`REFETCH_FRACTIONS` ``[seed % 4]``;
     ``session_gap_s`` ``None``: drawn from :data:`SESSION_GAP_RANGE_S`."""
     if session_gap_s is None:
-        session_gap_s = _log_uniform(_drawn(seed, 4), SESSION_GAP_RANGE_S)
+        session_gap_s = log_uniform(_drawn(seed, 4), SESSION_GAP_RANGE_S)
     fraction = REFETCH_FRACTIONS[seed % len(REFETCH_FRACTIONS)]
     base = multiturn_workload(
         n_sessions=conversations,

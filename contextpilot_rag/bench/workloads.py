@@ -43,6 +43,7 @@ __all__ = [
     "Workload",
     "WorkloadRequest",
     "intent_workload",
+    "log_uniform",
     "multiturn_workload",
     "online_workload",
     "top_share",
@@ -240,6 +241,13 @@ def _corpus(
     rng: np.random.Generator, doc_ids: Sequence[str], language: _Language, words: tuple[int, int]
 ) -> Mapping[str, str]:
     return MappingProxyType({doc_id: _document(rng, language, words) for doc_id in doc_ids})
+
+
+def log_uniform(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    """A value drawn log-uniformly between ``bounds`` (for sizes and gaps that span
+    orders of magnitude)."""
+    low, high = bounds
+    return float(np.exp(rng.uniform(np.log(low), np.log(high))))
 
 
 def _log_popularity(rng: np.random.Generator, n_docs: int, exponent: float) -> np.ndarray:
