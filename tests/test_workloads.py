@@ -386,3 +386,14 @@ def test_text_lengths_change_no_document_a_request_retrieves() -> None:
 def test_text_lengths_reject_empty_or_non_positive_ranges(arguments: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="low <= high"):
         TextLengths(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("generator", [online_workload, topic_workload, intent_workload])
+def test_lengths_that_are_not_text_lengths_are_refused(generator: object) -> None:
+    with pytest.raises(ConfigError, match="lengths must be a TextLengths"):
+        generator(n_requests=3, k=2, lengths=(100, 200))  # type: ignore[operator]
+
+
+def test_multiturn_lengths_that_are_not_text_lengths_are_refused() -> None:
+    with pytest.raises(ConfigError, match="lengths must be a TextLengths"):
+        small_multiturn(lengths={"doc_words": (1, 2)})

@@ -324,11 +324,14 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _validate_common(n_docs: int, k: int, seed: int, zipf_exponent: float) -> None:
+def _validate_common(
+    n_docs: int, k: int, seed: int, zipf_exponent: float, lengths: TextLengths
+) -> None:
     _require(n_docs >= 1, f"n_docs must be >= 1, got {n_docs}")
     _require(1 <= k <= n_docs, f"k must be between 1 and n_docs ({n_docs}), got {k}")
     _require(seed >= 0, f"seed must be >= 0, got {seed}")
     _require(zipf_exponent >= 0, f"zipf_exponent must be >= 0, got {zipf_exponent}")
+    _require(isinstance(lengths, TextLengths), f"lengths must be a TextLengths, got {lengths!r}")
 
 
 def online_workload(
@@ -346,7 +349,7 @@ def online_workload(
     :data:`DOC_WORDS` words, bare questions). Deterministic in its arguments. Raises
     :class:`ConfigError` for sizes out of range.
     """
-    _validate_common(n_docs, k, seed, zipf_exponent)
+    _validate_common(n_docs, k, seed, zipf_exponent, lengths)
     _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
     corpus_rng, popularity_rng, rng = _generators(seed)
     language = _language()
@@ -388,7 +391,7 @@ def topic_workload(
     """
     _require(n_topics >= 1, f"n_topics must be >= 1, got {n_topics}")
     _require(docs_per_topic >= 1, f"docs_per_topic must be >= 1, got {docs_per_topic}")
-    _validate_common(n_topics * docs_per_topic, k, seed, zipf_exponent)
+    _validate_common(n_topics * docs_per_topic, k, seed, zipf_exponent, lengths)
     _require(k <= docs_per_topic, f"k must be <= docs_per_topic ({docs_per_topic}), got {k}")
     _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
     corpus_rng, popularity_rng, rng = _generators(seed)
@@ -435,7 +438,7 @@ def intent_workload(
     :data:`DOC_WORDS` words, bare questions). Deterministic in its arguments. Raises
     :class:`ConfigError` for sizes out of range.
     """
-    _validate_common(n_docs, k, seed, zipf_exponent)
+    _validate_common(n_docs, k, seed, zipf_exponent, lengths)
     _require(n_requests >= 0, f"n_requests must be >= 0, got {n_requests}")
     _require(n_intents >= 1, f"n_intents must be >= 1, got {n_intents}")
     _require(0.0 <= swap <= 1.0, f"swap must be between 0 and 1, got {swap}")
@@ -517,7 +520,7 @@ def multiturn_workload(
     Deterministic in its arguments. Raises :class:`ConfigError` for sizes out of range,
     including a corpus too small to give every session enough new documents.
     """
-    _validate_common(n_docs, k, seed, zipf_exponent)
+    _validate_common(n_docs, k, seed, zipf_exponent, lengths)
     _require(n_sessions >= 0, f"n_sessions must be >= 0, got {n_sessions}")
     _require(turns >= 1, f"turns must be >= 1, got {turns}")
     _require(interleave >= 1, f"interleave must be >= 1, got {interleave}")
