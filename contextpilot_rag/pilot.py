@@ -796,6 +796,7 @@ class ContextPilot:
                 popularity,
                 visible=bool(visible),
                 salted=self._salted(kept, conversation is not None, system_text),
+                keep_order=self._below_hosted_minimum(fixed_tokens, kept, tokens_of),
             )
         final = order.final
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
@@ -894,17 +895,22 @@ class ContextPilot:
         *,
         visible: bool,
         salted: bool,
+        keep_order: bool = False,
     ) -> _Order:
         """A tenant's block order and its cached match. After a conversation's history
         only the tenant's own index can match. Otherwise the shared blocks come first,
         ordered by the index of the prompt's cache namespace (the shared index when
         unsalted, the tenant's when salted), then the private blocks, ordered by the
-        tenant's index after exactly that shared prefix."""
+        tenant's index after exactly that shared prefix. ``keep_order``: the
+        retriever's order, matched as it stands (a prompt under the hosted model's
+        minimum cacheable prefix, :meth:`_below_hosted_minimum`)."""
         salt = self._salt_of(tenant) if salted else None
         # the tenant's index is its prompts' cache namespace, unless its prompts are
         # salted only sometimes (policy "private"): then not an unsalted prompt's
         own_namespace = salted or self.config.tenants.cache_salt == "never"
         own = self._tenant_indexes.peek(tenant) if own_namespace else None
+        if keep_order:
+            return self._tenant_kept_order(kept, fixed_prefix, own, salt, visible=visible)
         if visible or not self.config.reorder:
             index = own if own_namespace else self._shared_index
             match = _search(index, kept if self.config.reorder else (), fixed_prefix, tokens_of)
@@ -933,6 +939,32 @@ class ContextPilot:
         best = by_own if by_own.tokens >= by_shared.tokens else by_shared
         matched = tuple(block.id for block in final[: max(0, len(best.blocks) - len(fixed_prefix))])
         return _Order(final, matched, best.tokens, salt)
+
+    def _tenant_kept_order(
+        self,
+        kept: tuple[ContextBlock, ...],
+        fixed_prefix: tuple[str, ...],
+        own: ContextIndex | None,
+        salt: str | None,
+        *,
+        visible: bool,
+    ) -> _Order:
+        """A tenant's blocks in the retriever's order, and what of that exact prefix
+        its cache namespace holds: the tenant's index, and for an unsalted prompt
+        without history also the shared index (by content, over the leading shared
+        blocks, as :meth:`_placements` records them); the longer match counts."""
+        ids = tuple(block.id for block in kept)
+        best = MatchResult((), 0)
+        if own is not None:
+            best = own.search((), fixed_prefix=(*fixed_prefix, *ids))
+        if salt is None and not visible:
+            count = next((n for n, block in enumerate(kept) if not block.shared), len(kept))
+            keys = tuple(shared_key(block) for block in kept[:count])
+            by_shared = self._shared_index.search((), fixed_prefix=(*fixed_prefix, *keys))
+            if by_shared.tokens > best.tokens:
+                best = by_shared
+        matched = ids[: max(0, len(best.blocks) - len(fixed_prefix))]
+        return _Order(kept, matched, best.tokens, salt)
 
     def _match_shared(
         self,

@@ -5,6 +5,7 @@ more than no cache, so the planner keeps a candidate only when its expected read
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,7 @@ from contextpilot_rag.cloud import (
 )
 from contextpilot_rag.cloud.continuation import CHAIN_TURNS, chained_turns
 from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.tenants import TenantConfig
 
 
 def _candidate(
@@ -529,6 +531,46 @@ def test_a_prompt_under_the_hosted_minimum_keeps_the_retrievers_order(
     else:
         assert shown == ["a", "b", "c"] and prompt.order_note is not None
         assert prompt.stats.blocks_matched == 3
+
+
+@pytest.mark.parametrize(
+    ("policy", "shared"), [("always", False), ("never", False), ("private", True), ("never", True)]
+)
+def test_a_tenants_prompt_under_the_hosted_minimum_keeps_the_retrievers_order(
+    tokenizer: Tokenizer, policy: str, shared: bool
+) -> None:
+    """The same rule on a tenant's prompts, salted (the tenant's own index) or not
+    (public blocks matched by content in the shared index): the order stays, and what
+    of that exact order the namespace already holds is reported as matched."""
+    config = PilotConfig(
+        tenants=TenantConfig(cache_salt=policy, salt_key="k" * 32),  # type: ignore[arg-type]
+        cloud=CloudCacheConfig(enabled=True),
+    )
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+
+    def docs(*names: str) -> list[ContextBlock]:
+        return [replace(block, shared=shared) for block in _short_docs(*names)]
+
+    pilot.optimize(docs("a", "b", "c"), "Q1?", tenant="t1")
+    prompt = pilot.optimize(docs("c", "b", "a"), "Q2?", tenant="t1")
+    assert [block.id for block in prompt.blocks] == ["c", "b", "a"] and prompt.order_note is None
+    assert prompt.stats.blocks_matched == 0
+    again = pilot.optimize(docs("c", "b", "d"), "Q3?", tenant="t1")
+    assert [block.id for block in again.blocks] == ["c", "b", "d"]
+    assert again.stats.blocks_matched == 2  # c, b: the previous prompt's exact start
+
+
+def test_a_tenants_prompt_over_the_hosted_minimum_is_still_reordered(
+    tokenizer: Tokenizer,
+) -> None:
+    config = PilotConfig(
+        tenants=TenantConfig(cache_salt="always", salt_key="k" * 32),
+        cloud=CloudCacheConfig(enabled=True),
+    )
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    pilot.optimize(_docs("a", "b"), "Q1?", tenant="t1")
+    prompt = pilot.optimize(_docs("b", "a"), "Q2?", tenant="t1")
+    assert [block.id for block in prompt.blocks] == ["a", "b"] and prompt.order_note is not None
 
 
 def test_a_prompt_over_the_hosted_minimum_is_still_reordered(cloud_pilot: ContextPilot) -> None:
