@@ -783,7 +783,7 @@ class ContextPilot:
         elif tenant is None:
             match = self._match(kept, fixed_prefix, tokens_of)
             matched = match.blocks[len(fixed_prefix) :]  # this turn's blocks only
-            final = self._reorder(kept, matched, after_history=bool(visible))
+            final = self._reorder(kept, matched, tokens_of, after_history=bool(visible))
             order = _Order(final, matched, match.tokens, None)
         else:
             assert keys is not None
@@ -915,14 +915,17 @@ class ContextPilot:
             index = own if own_namespace else self._shared_index
             match = _search(index, kept if self.config.reorder else (), fixed_prefix, tokens_of)
             matched = match.blocks[len(fixed_prefix) :]
-            final = self._reorder(kept, matched, after_history=visible)
+            final = self._reorder(kept, matched, tokens_of, after_history=visible)
             return _Order(final, matched, match.tokens, salt)
 
         def popularity(block_id: str) -> int:
             return self._registry.popularity(registry_keys[block_id])
 
         order = functools.partial(
-            reorder_for_prefix, remainder=self.config.remainder, popularity=popularity
+            reorder_for_prefix,
+            remainder=self.config.remainder,
+            popularity=popularity,
+            tokens=tokens_of.__getitem__,
         )
         shared = [block for block in kept if block.shared]
         if salted:
@@ -1288,12 +1291,17 @@ class ContextPilot:
         return self._index.search(wanted, fixed_prefix=fixed_prefix, token_counts=tokens_of)
 
     def _reorder(
-        self, kept: tuple[ContextBlock, ...], matched: Sequence[str], *, after_history: bool
+        self,
+        kept: tuple[ContextBlock, ...],
+        matched: Sequence[str],
+        tokens_of: Mapping[str, int],
+        *,
+        after_history: bool,
     ) -> tuple[ContextBlock, ...]:
         """Matched blocks first. The rest are ordered for future sharing only when
-        they follow the bare system prompt: after a conversation's history no other
-        request can share them, so they keep the retriever's order (and need no
-        order note)."""
+        they follow the bare system prompt (by popularity weighed by ``tokens_of``,
+        :mod:`.ordering`): after a conversation's history no other request can share
+        them, so they keep the retriever's order (and need no order note)."""
         if not self.config.reorder:
             return kept
         return reorder_for_prefix(
@@ -1301,6 +1309,7 @@ class ContextPilot:
             matched,
             remainder="retrieval" if after_history else self.config.remainder,
             popularity=self._registry.popularity,
+            tokens=tokens_of.__getitem__,
         )
 
     def _notes(

@@ -73,6 +73,48 @@ def test_blocks_seen_once_keep_the_retrievers_order_after_popular_ones() -> None
     assert ids(result) == ["c", "e", "d", "b", "a"]
 
 
+def _weighed(counts: dict[str, int], tokens: dict[str, int] | None) -> list[str]:
+    """E, D, C, B, A (retrieval order) reordered by ``counts`` weighed by ``tokens``."""
+    return ids(
+        reorder_for_prefix(
+            [E, D, C, B, A],
+            [],
+            remainder="popularity",
+            popularity=counts.__getitem__,
+            tokens=None if tokens is None else tokens.__getitem__,
+        )
+    )
+
+
+def test_popularity_is_weighed_by_tokens() -> None:
+    # b: 3 requests x 100 tokens outweighs d: 5 x 40; c (2 x 100) outweighs d too;
+    # blocks seen once stay after the popular ones whatever their length.
+    counts = {"a": 1, "b": 3, "c": 2, "d": 5, "e": 0}
+    tokens = {"a": 1000, "b": 100, "c": 100, "d": 40, "e": 10}
+    assert _weighed(counts, tokens) == ["b", "c", "d", "e", "a"]
+    assert _weighed(counts, None) == ["d", "b", "c", "e", "a"]
+
+
+def test_equal_weights_tie_by_block_id() -> None:
+    counts = {"a": 0, "b": 4, "c": 0, "d": 2, "e": 0}
+    tokens = {"a": 5, "b": 50, "c": 5, "d": 100, "e": 5}
+    result = _weighed(counts, tokens)
+    assert result[:2] == ["b", "d"]  # 200 tokens each
+
+
+def test_the_pilot_puts_the_longer_of_two_equally_popular_blocks_first(
+    tokenizer: Tokenizer,
+) -> None:
+    # ids tie the other way: by count alone "a-short" would go first
+    short = ContextBlock("Short note.", id="a-short")
+    long = ContextBlock("A long passage of many words. " * 20, id="b-long")
+    pilot = ContextPilot(tokenizer=tokenizer)
+    for number in range(2):
+        pilot.optimize([ContextBlock(f"Filler {number}.", id=f"f{number}"), short, long], "Q?")
+    prompt = pilot.optimize([short, long, ContextBlock("New.", id="new")], "Q?")
+    assert [block.id for block in prompt.blocks][:2] == ["b-long", "a-short"]
+
+
 def test_retrieval_remainder_ignores_popularity() -> None:
     result = reorder_for_prefix([A, B, C, D], ["b"], remainder="retrieval", popularity={"d": 9}.get)
     assert ids(result) == ["b", "a", "c", "d"]
