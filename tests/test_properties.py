@@ -19,7 +19,7 @@ from contextpilot_rag import (
     RequestId,
     Tokenizer,
 )
-from contextpilot_rag.ordering import reorder_for_prefix
+from contextpilot_rag.ordering import POPULAR_AFTER, reorder_for_prefix
 
 CheckPrompt = Callable[[Prompt, Sequence[ContextBlock]], None]
 
@@ -150,9 +150,28 @@ def test_search_finds_the_longest_reusable_prefix(
     blocks=st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=10, unique=True),
     matched=st.lists(st.sampled_from([b.id for b in UNIVERSE] + ["sys", "tail"]), max_size=6),
     counts=st.dictionaries(st.sampled_from([b.id for b in UNIVERSE]), st.integers(0, 3)),
+    sizes=st.dictionaries(st.sampled_from([b.id for b in UNIVERSE]), st.integers(1, 500)),
 )
 def test_reorder_returns_a_permutation(
-    blocks: list[ContextBlock], matched: list[str], counts: dict[str, int]
+    blocks: list[ContextBlock], matched: list[str], counts: dict[str, int], sizes: dict[str, int]
 ) -> None:
-    result = reorder_for_prefix(blocks, matched, popularity=lambda i: counts.get(i, 0))
+    def count(block_id: str) -> int:
+        return counts.get(block_id, 0)
+
+    def size(block_id: str) -> int:
+        return sizes.get(block_id, 1)
+
+    result = reorder_for_prefix(blocks, matched, popularity=count, tokens=size)
     assert sorted(b.id for b in result) == sorted(b.id for b in blocks)
+    # after the matched head: popular blocks by count x tokens, highest first, then
+    # the rest in retrieval order
+    present = {b.id for b in blocks}
+    head = list(dict.fromkeys(i for i in matched if i in present))
+    rest = [b.id for b in result[len(head) :]]
+    assert [b.id for b in result[: len(head)]] == head
+    popular = [i for i in rest if count(i) >= POPULAR_AFTER]
+    weights = [count(i) * size(i) for i in popular]
+    assert weights == sorted(weights, reverse=True)
+    assert rest[len(popular) :] == [
+        b.id for b in blocks if b.id not in head and count(b.id) < POPULAR_AFTER
+    ]
