@@ -8,8 +8,9 @@ The ``cloud`` section (``benchmarks/cloud.py``) measures the workloads the targe
 issue 25 name. Users' prompts differ in ways that move what caching pays: a model whose
 minimum cacheable prefix is four times the default, a system prompt of thousands of
 tokens (agents), few long documents instead of many short ones, short ones (memories,
-facts) whose prompts stay under the minimum, the one-hour cache lifetime (whose write a
-single read does not repay). Each variant here
+facts) whose prompts stay under the minimum, documents of many lengths (the reorder
+weighs a block by its tokens), the one-hour cache lifetime (whose write a single read
+does not repay). Each variant here
 changes one of these on the same families (seeds 0–2, ``--scale`` of their size) and
 replays baseline and ours through the emulated caches exactly as the ``cloud`` section
 does (``contextpilot_rag.bench.cloud_suite.run_cloud_workload``). Checked: ours costs
@@ -24,23 +25,26 @@ import argparse
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing import Pool
 from pathlib import Path
 
+import numpy as np
 from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
 from rich.progress import track
 
 from contextpilot_rag.bench.cloud_suite import DEFAULT_MODELS, run_cloud_workload
 from contextpilot_rag.bench.cloud_workloads import CloudWorkload, cloud_workload
-from contextpilot_rag.bench.workloads import SYSTEM_PROMPT
+from contextpilot_rag.bench.workloads import SYSTEM_PROMPT, log_uniform
 
 SECTION = "cloud-variants"
 SEEDS = (0, 1, 2)
 LONG_SYSTEM_TIMES = 30  # the default system prompt repeated: ~4,200 tokens
 LONG_DOCUMENT_TIMES = 8  # each document repeated: ~1,600 tokens
 SHORT_DOCUMENT_WORDS = 20  # each document cut to its first words: ~40 tokens, a memory
+VARIED_DOCUMENT_WORDS = (40.0, 400.0)  # log-uniform per document (the families' range)
 NO_OVERLAP_LIMIT = 1.02  # ours / baseline, at most (the cloud section's target)
 
 
@@ -85,6 +89,19 @@ def _short_documents(workload: CloudWorkload) -> CloudWorkload:
     return replace(workload, corpus=corpus)
 
 
+def _varied_documents(workload: CloudWorkload) -> CloudWorkload:
+    """Every document given a length of its own, log-uniform in ``VARIED_DOCUMENT_WORDS``
+    (its words repeated or cut; drawn from its id, so a document has one length in
+    every request and every run): MTRAG's passages span 60-380 words."""
+    corpus = {}
+    for doc_id, text in workload.corpus.items():
+        rng = np.random.default_rng(zlib.crc32(doc_id.encode("utf-8")))
+        words = text.split()
+        count = round(log_uniform(rng, VARIED_DOCUMENT_WORDS))
+        corpus[doc_id] = " ".join(words[i % len(words)] for i in range(count))
+    return replace(workload, corpus=corpus)
+
+
 ALL = ("multi-turn", "multi-session", "no-overlap")
 VARIANTS = (
     Variant(
@@ -118,6 +135,14 @@ VARIANTS = (
         ("anthropic", "openai"),
         dict(DEFAULT_MODELS),
         _short_documents,
+    ),
+    Variant(
+        "documents of {:.0f}–{:.0f} words, each a length of its own".format(*VARIED_DOCUMENT_WORDS),
+        "varied document lengths",
+        ALL,
+        ("anthropic", "openai"),
+        dict(DEFAULT_MODELS),
+        _varied_documents,
     ),
     Variant(
         'the one-hour lifetime (`"ttl": "1h"` on every breakpoint, baseline and ours)',
