@@ -775,7 +775,8 @@ class ContextPilot:
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible, dedup)
         fixed_prefix, fixed_tokens = self._fixed_prefix(system_text, visible)
-        if tenant is None and self._below_hosted_minimum(fixed_tokens, kept, tokens_of):
+        keep_order = self._below_hosted_minimum(fixed_tokens, kept, tokens_of)
+        if tenant is None and keep_order:
             # no hosted cache can serve any part of it: keep the retriever's order
             match = self._index.search((), fixed_prefix=(*fixed_prefix, *(b.id for b in kept)))
             matched = match.blocks[len(fixed_prefix) :]
@@ -796,7 +797,7 @@ class ContextPilot:
                 popularity,
                 visible=bool(visible),
                 salted=self._salted(kept, conversation is not None, system_text),
-                keep_order=self._below_hosted_minimum(fixed_tokens, kept, tokens_of),
+                keep_order=keep_order,
             )
         final = order.final
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
@@ -895,7 +896,7 @@ class ContextPilot:
         *,
         visible: bool,
         salted: bool,
-        keep_order: bool = False,
+        keep_order: bool,
     ) -> _Order:
         """A tenant's block order and its cached match. After a conversation's history
         only the tenant's own index can match. Otherwise the shared blocks come first,
