@@ -616,6 +616,74 @@ def test_python_dash_m_runs_the_same_commands() -> None:
     assert result.returncode == 0 and "--all" in result.stdout
 
 
+# --- memory an engine can take --------------------------------------------------------
+
+
+def _fake_machine(
+    root: Path, *, node_kb: dict[str, int] | None, meminfo_kb: int | None = None
+) -> None:
+    """A /sys and /proc with core 0 (and 1) on NUMA node 1, where ``node_kb`` gives its
+    meminfo fields; ``None``: a kernel that shows no nodes."""
+    for core in (0, 1):
+        cpu = root / "sys/devices/system/cpu" / f"cpu{core}"
+        cpu.mkdir(parents=True)
+        if node_kb is not None:
+            (cpu / "node1").mkdir()  # a symlink on Linux; a directory does as well here
+    if node_kb is not None:
+        node = root / "sys/devices/system/node/node1"
+        node.mkdir(parents=True)
+        lines = ["Node 1 MemTotal:       99999999 kB"]
+        lines += [f"Node 1 {name}:       {kb} kB" for name, kb in node_kb.items()]
+        (node / "meminfo").write_text("\n".join(lines) + "\n")
+    if meminfo_kb is not None:
+        (root / "proc").mkdir(parents=True)
+        (root / "proc/meminfo").write_text(
+            f"MemTotal: 99999999 kB\nMemFree: 1 kB\nMemAvailable: {meminfo_kb} kB\n"
+        )
+
+
+NODE_KB = {"MemFree": 4000, "Active(file)": 300, "Inactive(file)": 200, "SReclaimable": 100}
+
+
+def test_available_memory_is_counted_on_the_engines_numa_node_as_vllm_counts_it(
+    tmp_path: Path,
+) -> None:
+    from contextpilot_rag.engines.memory import available_memory_bytes
+
+    _fake_machine(tmp_path, node_kb=NODE_KB, meminfo_kb=50_000)
+    # free + file-backed + reclaimable on node 1, not the machine's MemAvailable
+    assert available_memory_bytes("0-1", root=tmp_path) == 4600 * 1024
+    assert available_memory_bytes("1", root=tmp_path) == 4600 * 1024
+
+
+def test_available_memory_falls_back_to_the_machine_and_keeps_to_the_cgroup_limit(
+    tmp_path: Path,
+) -> None:
+    from contextpilot_rag.engines.memory import available_memory_bytes
+
+    _fake_machine(tmp_path, node_kb=None, meminfo_kb=50_000)
+    assert available_memory_bytes("0", root=tmp_path) == 50_000 * 1024
+    cgroup = tmp_path / "sys/fs/cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text("max\n")  # no limit
+    assert available_memory_bytes("0", root=tmp_path) == 50_000 * 1024
+    (cgroup / "memory.max").write_text(f"{30_000 * 1024}\n")
+    (cgroup / "memory.current").write_text(f"{10_000 * 1024}\n")
+    assert available_memory_bytes("0", root=tmp_path) == 20_000 * 1024
+    (cgroup / "memory.current").write_text(f"{40_000 * 1024}\n")  # over: nothing left
+    assert available_memory_bytes("0", root=tmp_path) == 0
+
+
+def test_available_memory_is_unknown_where_nothing_can_be_read(tmp_path: Path) -> None:
+    from contextpilot_rag.bench.engine_report import suite_kv_cache_gib
+    from contextpilot_rag.engines.memory import available_memory_bytes
+
+    _fake_machine(tmp_path, node_kb={"MemFree": 4000}, meminfo_kb=None)  # fields missing
+    assert available_memory_bytes("0", root=tmp_path) is None
+    assert available_memory_bytes("0", root=tmp_path / "elsewhere") is None
+    assert suite_kv_cache_gib("float32", available_bytes=None) >= 1
+
+
 # --- the real vLLM CPU build ----------------------------------------------------------
 
 VLLM = installed_engine("vllm")

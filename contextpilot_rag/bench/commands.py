@@ -82,7 +82,8 @@ def add_engine_arguments(
         default=None if suite_kv_cache else 2,
         help="vLLM KV cache size in GiB (default "
         + (
-            "one that holds every interleaved arm: 6 in bf16, 12 in float32)"
+            "one that holds every interleaved arm, 6 in bf16, 12 in float32, or as much as "
+            "the memory on the engine's cores allows)"
             if suite_kv_cache
             else "2)"
         ),

@@ -62,15 +62,34 @@ postprocessor and event handler)."""
 OnArm = Callable[[str, int], Tick]
 
 
-def suite_kv_cache_gib(dtype: str | None = None) -> int:
+def suite_kv_cache_gib(dtype: str | None = None, *, available_bytes: int | None = None) -> int:
     """The suite's vLLM KV cache in GiB, for the compute ``dtype`` (default: the one
     the engine would pick on this CPU): enough that its interleaved arms' blocks all
     fit (the online workload's two arms hold about 200k tokens of SmolLM2's), so each
     arm is measured as if alone. 6 GiB in bf16 (about 280k tokens; the engine's 2 GiB
-    default holds about 93k), twice that in float32 (twice the bytes a token)."""
-    from ..engines.start import default_vllm_dtype
+    default holds about 93k), twice that in float32 (twice the bytes a token); less
+    where the memory vLLM can take on the engine's cores
+    (``available_bytes``; ``None``: read now,
+    :func:`~contextpilot_rag.engines.memory.available_memory_bytes`, and where it cannot
+    be read the cache is the size above) leaves under that, after
+    :data:`ENGINE_HEADROOM_GIB` for the engine's own processes. The interleaved arms
+    may then outgrow the cache, and the report says so."""
+    from ..engines.memory import GIB, available_memory_bytes
+    from ..engines.start import default_vllm_dtype, usable_cpus
 
-    return 12 if (dtype or default_vllm_dtype()) == "float32" else 6
+    wanted = 12 if (dtype or default_vllm_dtype()) == "float32" else 6
+    if available_bytes is None:
+        available_bytes = available_memory_bytes(usable_cpus())
+    if available_bytes is None:
+        return wanted
+    fits = int(available_bytes / GIB - ENGINE_HEADROOM_GIB)
+    return max(1, min(wanted, fits))
+
+
+ENGINE_HEADROOM_GIB = 3.0
+"""Memory vLLM's own processes (server, engine core, model worker with the weights)
+take on the node before the KV cache is allocated: measured here about 2.4 GiB with
+SmolLM2-135M in float32."""
 
 
 FAMILY_SEEDS = 24
