@@ -674,6 +674,31 @@ def test_available_memory_falls_back_to_the_machine_and_keeps_to_the_cgroup_limi
     assert available_memory_bytes("0", root=tmp_path) == 0
 
 
+def test_a_vllm_cache_that_cannot_fit_is_refused_before_anything_starts(
+    fake_home: EngineLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextpilot_rag.engines import start
+
+    calls = make_fake_vllm_install(fake_home, stamped=True)
+    seen: list[str] = []
+
+    def available(cpu_bind: str) -> int:
+        seen.append(cpu_bind)
+        return int(9.7 * 2**30)  # what vLLM saw on a 2-core AMD machine's node
+
+    monkeypatch.setattr(start, "available_memory_bytes", available)
+    with pytest.raises(ConfigError, match=r"kv_cache_gib=12 does not fit.*at most 7"):
+        start_engine("vllm", kv_cache_gib=12, cpu_bind="0-1")
+    assert seen == ["0-1"]
+    assert not calls.exists()  # the engine was never run
+    # one that fits goes on to the launch (the fake engine then fails to serve)
+    with pytest.raises(EngineStartError):
+        start_engine("vllm", kv_cache_gib=7, cpu_bind="0-1", startup_timeout_s=5)
+    monkeypatch.setattr(start, "available_memory_bytes", lambda cpu_bind: None)
+    with pytest.raises(EngineStartError):  # unknown memory: not checked
+        start_engine("vllm", kv_cache_gib=12, startup_timeout_s=5)
+
+
 def test_available_memory_is_unknown_where_nothing_can_be_read(tmp_path: Path) -> None:
     from contextpilot_rag.bench.engine_report import suite_kv_cache_gib
     from contextpilot_rag.engines.memory import available_memory_bytes

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from ..engines.memory import VLLM_FOOTPRINT_GIB
 from .engine_suite import (
     ArmRun,
     EngineTarget,
@@ -86,10 +87,10 @@ def suite_kv_cache_gib(dtype: str | None = None, *, available_bytes: int | None 
     return max(1, min(wanted, fits))
 
 
-ENGINE_HEADROOM_GIB = 3.0
-"""Memory vLLM's own processes (server, engine core, model worker with the weights)
-take on the node before the KV cache is allocated: measured here about 2.4 GiB with
-SmolLM2-135M in float32."""
+ENGINE_HEADROOM_GIB = VLLM_FOOTPRINT_GIB + 1.0
+"""Memory left on the node for vLLM's own processes when the suite sizes its cache:
+their footprint (:data:`~contextpilot_rag.engines.memory.VLLM_FOOTPRINT_GIB`) and a GiB
+of margin."""
 
 
 FAMILY_SEEDS = 24

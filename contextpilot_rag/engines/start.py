@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from .errors import EngineNotInstalledError
 from .install import InstalledEngine, installed_engine
 from .launch import LaunchSpec, check_loopback, free_port, launch_engine, normalise_extra_args
+from .memory import GIB, VLLM_FOOTPRINT_GIB, available_memory_bytes
 from .models import EngineKind, ModelSpec, check_engine_kind, model_spec
 from .running import KVEventPorts, RunningEngine
 
@@ -173,6 +174,23 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _check_kv_cache_fits(kv_cache_gib: int, cpu_bind: str) -> None:
+    """Refuse a vLLM KV cache that cannot fit in the memory on the NUMA node of the
+    engine's cores (vLLM would fail after minutes of start-up); nothing is checked
+    where that memory cannot be read."""
+    available = available_memory_bytes(cpu_bind)
+    if available is None:
+        return
+    room = available / GIB - VLLM_FOOTPRINT_GIB
+    if kv_cache_gib > room:
+        raise ConfigError(
+            f"kv_cache_gib={kv_cache_gib} does not fit: the memory node of cores {cpu_bind!r} "
+            f"has {available / GIB:.1f} GiB available and vLLM takes about "
+            f"{VLLM_FOOTPRINT_GIB:g} GiB of it before allocating its cache; pass a "
+            f"kv_cache_gib of at most {max(0, int(room))} (or free memory)"
+        )
+
+
 def _check_arguments(
     kind: EngineKind,
     spec: ModelSpec,
@@ -230,7 +248,8 @@ def start_engine(
     model's context, at most 8192). Stop it with ``stop()`` or a ``with`` block; it is
     also stopped when this process exits or dies.
 
-    Raises :class:`ConfigError` (bad arguments, a non-loopback ``host``) before
+    Raises :class:`ConfigError` (bad arguments, a non-loopback ``host``, a vLLM
+    ``kv_cache_gib`` that does not fit in the memory of the engine's cores) before
     anything starts, :class:`~.errors.EngineNotInstalledError`,
     :class:`~.errors.EngineStartError`."""
     kind = check_engine_kind(kind)
@@ -259,6 +278,8 @@ def start_engine(
             f"{kind} with {model} is not installed: run "
             f"`contextpilot-rag engine install --engine {kind} --model {model}`"
         )
+    if kind == "vllm":
+        _check_kv_cache_fits(kv_cache_gib, cpu_bind)
     chosen = free_port() if port is None else port
     if kind == "vllm":
         launch = vllm_launch_spec(
