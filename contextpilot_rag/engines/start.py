@@ -183,8 +183,9 @@ def _check_kv_cache_fits(kv_cache_gib: int, cpu_bind: str) -> None:
         return
     room = available / GIB - VLLM_FOOTPRINT_GIB
     if kv_cache_gib > room:
+        cores = f"cores {cpu_bind}" if _CPU_LIST.match(cpu_bind) else "this process's first core"
         raise ConfigError(
-            f"kv_cache_gib={kv_cache_gib} does not fit: the memory node of cores {cpu_bind!r} "
+            f"kv_cache_gib={kv_cache_gib} does not fit: the memory node of {cores} "
             f"has {available / GIB:.1f} GiB available and vLLM takes about "
             f"{VLLM_FOOTPRINT_GIB:g} GiB of it before allocating its cache; pass a "
             f"kv_cache_gib of at most {max(0, int(room))} (or free memory)"
