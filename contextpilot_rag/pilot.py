@@ -1483,7 +1483,9 @@ class ContextPilot:
             else:
                 later = chained_turns(itertools.repeat(next_turn))
         new_system = self._system_reuse.probability(0, now)
-        candidates = reuse_candidates(shape, signals, next_turn, new_system, later)
+        candidates = reuse_candidates(
+            shape, signals, next_turn, new_system, later, cloud.rules.lookback_blocks or None
+        )
         plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
         cached = tuple(
             ledger_key(kept.candidate.index_depth)
@@ -1513,16 +1515,21 @@ class ContextPilot:
         first = prompt.messages[0]
         system_tokens = self._count_segment(first["content"]) if first["role"] == "system" else 0
         header_tokens = self._count_segment(self.config.context_header)
-        previous_depth = previous_tokens = 0
-        if visible:
-            previous_depth = path.index(visible[-1][1].tail_id) + 1
-            previous_tokens = sum(fixed_tokens[:previous_depth])
+        turn_ends: list[tuple[int, int, int]] = []
+        message, after = len(prompt.messages) - 2, 0  # the history's last message
+        for _, turn in reversed(visible):
+            if turn.answer is not None:
+                after += len(prompt.content_parts(message))
+                message -= 1
+            depth = path.index(turn.tail_id) + 1
+            turn_ends.append((depth, sum(fixed_tokens[:depth]), after))
+            after += len(prompt.content_parts(message))
+            message -= 1
         return PromptShape(
             system_tokens=system_tokens,
             user_message_index=len(prompt.messages) - 1,
             history_tokens=max(0, sum(fixed_tokens) - header_tokens),
-            previous_turn_tokens=previous_tokens,
-            previous_turn_depth=previous_depth,
+            turn_ends=tuple(turn_ends),
             block_ends=tuple(boundary.token_end for boundary in prompt.boundaries),
             prompt_tokens=prompt.stats.prompt_tokens,
             fixed_depth=len(fixed_tokens),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -262,7 +263,7 @@ def test_spare_breakpoints_go_just_past_where_recent_requests_left_the_path() ->
     from contextpilot_rag.cloud.forecast import PromptShape, reuse_candidates
 
     ends = tuple(1500 + 300 * count for count in range(1, 9))
-    shape = PromptShape(1500, 1, 0, 0, 0, ends, ends[-1] + 50, 1, 0, True)
+    shape = PromptShape(1500, 1, 0, (), ends, ends[-1] + 50, 1, 0, True)
     candidates = reuse_candidates(shape, _SharedUpTo(2), 0.9)
     shared = [c.expected_reads for c in candidates if c.kind == "shared_blocks"]
     assert shared[:4] == [8, 8, 4, 2]  # shared by recent ones, first past, then halved
@@ -270,6 +271,47 @@ def test_spare_breakpoints_go_just_past_where_recent_requests_left_the_path() ->
     parts = [kept.candidate.part for kept in plan.breakpoints if kept.kind == "shared_blocks"]
     assert parts and parts[0] == 1 and max(parts) <= 3
     assert [kept.kind for kept in plan.breakpoints][-1] == "tail"
+
+
+class _CachedAt:
+    """Signals: nothing shared; a breakpoint believed cached at these index depths."""
+
+    def __init__(self, *depths: int) -> None:
+        self._depths = set(depths)
+
+    def recent_sharing(self, depth: int) -> int:
+        return 0
+
+    def block_share(self, count: int) -> float:
+        return 0.0
+
+    def cached(self, depth: int) -> bool:
+        return depth in self._depths
+
+
+@pytest.mark.parametrize(
+    ("cached_at", "lookback", "expected"),
+    [
+        ((9, 4), 20, 3000),  # the previous turn's prefix: the deepest one
+        ((4,), 20, 1800),  # the previous turn wrote none: the one before
+        ((4,), 15, 0),  # 15 content blocks after it: out of the lookback's reach
+        ((4,), None, 1800),  # no lookback limit
+        ((), 20, 0),
+    ],
+)
+def test_the_history_reads_the_deepest_prefix_an_earlier_turn_cached_within_reach(
+    cached_at: tuple[int, ...], lookback: int | None, expected: int
+) -> None:
+    from contextpilot_rag.cloud.forecast import PromptShape, reuse_candidates
+
+    # two history turns: through the previous one's tail (depth 9) 3,000 tokens, 1
+    # content block (its answer) before the history's end; through the first one's
+    # (depth 4) 1,800 tokens, 15 blocks before it
+    turn_ends = ((9, 3000, 1), (4, 1800, 15))
+    shape = PromptShape(0, 4, 3200, turn_ends, (3500,), 3600, 10, 2, True)
+    candidates = reuse_candidates(shape, _CachedAt(*cached_at), 0.9, lookback_blocks=lookback)
+    history = next(c for c in candidates if c.kind == "history")
+    assert history.cached_tokens == expected
 
 
 def test_continuations_start_from_the_rule_of_succession() -> None:
@@ -322,6 +364,67 @@ def test_a_next_turn_after_the_cache_expired_does_not_count_as_followed() -> Non
     assert tracker.probability(0, 301.0) == pytest.approx((0 + 1 / 2) / (1 + 1))
 
 
+def _two_turn_conversations(tracker: Any, count: int, *, gap_s: float = 20.0) -> float:
+    """``count`` conversations of two turns ``gap_s`` apart, one starting every 5 s;
+    returns the time of the last one's second turn."""
+    now = 0.0
+    for number in range(count):
+        start = 5.0 * number
+        tracker.observe(f"c{number}", 0, start)
+        tracker.observe(f"c{number}", 1, start + gap_s)
+        now = start + gap_s
+    return now
+
+
+def test_a_turn_waiting_longer_than_any_gap_counts_as_not_followed_before_the_lifetime() -> None:
+    """Conversations of two turns, all within one five-minute lifetime: no second turn
+    has waited 300 s, so counting only resolved turns left the second turn's chance at
+    the prior; a second turn that waited past the longest gap seen is presumed ended."""
+    from contextpilot_rag.cloud.continuation import MIN_GAPS, ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    now = _two_turn_conversations(tracker, 2 * MIN_GAPS)
+    assert now + 30.0 < 300.0  # the lifetime of the first turns has not passed
+    assert tracker.probability(0, now + 30.0) > 0.9
+    assert tracker.probability(1, now + 30.0) < 0.1  # the prior says 2/3
+    assert tracker.later_turns(0, now + 30.0) < 1.1
+    # too few gaps known: a turn is resolved by the lifetime alone, as before
+    early = ContinuationTracker(300.0)
+    few = _two_turn_conversations(early, MIN_GAPS - 1)
+    assert early.probability(1, few + 30.0) == pytest.approx(2 / 3)
+
+
+def test_a_presumed_end_is_corrected_when_the_next_turn_still_comes_in_time() -> None:
+    from contextpilot_rag.cloud.continuation import MIN_GAPS, ContinuationTracker
+
+    tracker = ContinuationTracker(300.0, prior_weight=1.0)
+    now = _two_turn_conversations(tracker, MIN_GAPS)  # gaps of 20 s
+    tracker.observe("late", 0, now)
+    assert tracker.pending("late", now + 100.0)  # presumed ended, yet it may come back
+    ended = tracker.probability(0, now + 100.0)
+    assert ended == pytest.approx((MIN_GAPS + 1 / 2) / (MIN_GAPS + 1 + 1))
+    tracker.observe("late", 1, now + 100.0)  # within the lifetime: followed after all
+    assert tracker.probability(0, now + 100.0) == pytest.approx(
+        (MIN_GAPS + 1 + 1 / 2) / (MIN_GAPS + 1 + 1)
+    )
+    assert tracker.gap_quantile(1.0) == pytest.approx(100.0)  # its gap is learnt
+    # a retry of a presumed-ended turn waits again, counted once (the longest gap is
+    # 100 s now: presumed ended after that)
+    tracker.observe("retry", 0, now + 100.0)
+    waiting = tracker.probability(0, now + 150.0)
+    assert tracker.probability(0, now + 250.0) < waiting
+    tracker.observe("retry", 0, now + 260.0)
+    tracker.observe("retry", 1, now + 270.0)
+    followed = MIN_GAPS + 2
+    assert tracker.probability(0, now + 270.0) == pytest.approx((followed + 1 / 2) / (followed + 1))
+    # past the lifetime a presumed end is final
+    tracker.observe("gone", 0, now + 300.0)
+    tracker.observe("gone", 1, now + 700.0)
+    assert tracker.probability(0, now + 700.0) == pytest.approx(
+        (followed + 1 / 2) / (followed + 1 + 1)
+    )
+
+
 def test_the_pilot_stops_writing_tails_where_its_conversations_stop(
     tokenizer: Tokenizer,
 ) -> None:
@@ -349,6 +452,42 @@ def test_the_pilot_stops_writing_tails_where_its_conversations_stop(
     for number in range(1, 10):
         tail_reads(f"c{number}", 2)
     assert tail_reads("last", 2) < 0.2
+
+
+def test_a_turn_after_one_that_wrote_no_tail_reads_an_earlier_turns_prefix(
+    tokenizer: Tokenizer,
+) -> None:
+    """Conversations that stop after two turns: a second turn writes no tail. When a
+    conversation goes on anyway, its third turn still reads what its first turn cached
+    (within the provider's lookback): its history breakpoint counts that prefix as
+    cached (the previous turn's alone was looked for, so it wrote nothing at the
+    history's end and read none of it)."""
+    now = [0.0]
+    config = PilotConfig(system_prompt="Rules. " * 1200, cloud=CloudCacheConfig(enabled=True))
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+
+    def turn(conversation: str, number: int) -> Prompt:
+        prompt = pilot.optimize(
+            _docs(f"{conversation}{number}"), "Q?", conversation_id=conversation
+        )
+        pilot.record_answer(prompt, "A")
+        now[0] += 20.0
+        return prompt
+
+    def kinds(prompt: Prompt) -> list[str]:
+        assert prompt.cache_plan is not None
+        return [kept.kind for kept in prompt.cache_plan.breakpoints]
+
+    for number in range(30):
+        turn(f"c{number}", 0)
+        turn(f"c{number}", 1)
+        now[0] += 1000.0
+    first, second, third = (turn("long", number) for number in range(3))
+    assert "tail" in kinds(first) and "tail" not in kinds(second)
+    assert third.cache_plan is not None
+    history = next(kept for kept in third.cache_plan.breakpoints if kept.kind == "history")
+    assert history.candidate.cached_tokens == first.stats.prompt_tokens
+    assert "turn 2 back" in history.candidate.basis
 
 
 def test_chained_turns_sum_the_chances_of_reaching_each_later_turn() -> None:

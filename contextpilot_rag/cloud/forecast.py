@@ -14,8 +14,12 @@ proposes (:class:`~.breakpoints.ReuseCandidate`), from its index and the convers
   recent request shares. The smallest share bounds the share carrying all ``k``
   blocks only from above; later requests that go past where recent ones left this
   path mostly leave it within a block or two, so spare breakpoints belong there.
-- **history**: the end of the conversation's history, from where the previous turn's
-  cached prefix is read back (and the answer written for the next turn).
+- **history**: the end of the conversation's history, from where the deepest prefix an
+  earlier turn cached is read back (and the rest written for the next turn): the
+  previous turn's, or where that turn wrote none, an earlier one's within the
+  provider's lookback (a turn whose tail was not worth a write leaves the next turn
+  the entries before it; without a breakpoint at the history's end that turn would
+  read none of them).
 - **tail**: the end of this turn, read by the conversation's next turn.
 
 Both conversation candidates are read by every later turn that comes while the cache
@@ -53,8 +57,9 @@ class PromptShape:
     system_tokens: int  # 0: no system message
     user_message_index: int
     history_tokens: int  # before the current user message
-    previous_turn_tokens: int  # through the last history user message (0: none)
-    previous_turn_depth: int  # index depth through the last history turn's tail
+    # per history turn, latest first: index depth and tokens through its tail (the end
+    # of its user message), and the content blocks after it up to the history's end
+    turn_ends: tuple[tuple[int, int, int], ...]
     block_ends: tuple[int, ...]  # each block's end, in final order
     prompt_tokens: int
     fixed_depth: int  # index depth before this turn's blocks
@@ -86,13 +91,15 @@ def reuse_candidates(
     next_turn_probability: float | None,
     new_system_reads: float = 0.0,
     later_turns: float | None = None,
+    lookback_blocks: int | None = None,
 ) -> list[ReuseCandidate]:
     """The breakpoint candidates of one prompt, in prompt order. ``new_system_reads``:
     the reads expected of a system prompt no recent request shares (the chance that a
     system prompt seen anew is sent again within the lifetime; 0: none).
     ``later_turns``: the conversation's turns expected after this one, each within the
     lifetime of the one before (the reads of the history and tail candidates; ``None``:
-    the next turn's chance alone)."""
+    the next turn's chance alone). ``lookback_blocks``: how many content blocks before a
+    breakpoint the provider looks for a cached prefix (``None``: no limit)."""
     candidates: list[ReuseCandidate] = []
     system_reads: float = 0.0
     if shape.system_tokens:
@@ -113,7 +120,18 @@ def reuse_candidates(
     p_next = _next_turn(shape, next_turn_probability)
     reads = p_next if later_turns is None or not shape.conversation else later_turns
     if shape.earlier_turns:
-        cached = shape.previous_turn_tokens if signals.cached(shape.previous_turn_depth) else 0
+        cached, basis = 0, "the conversation's next turn"
+        for back, (depth, tokens, after) in enumerate(shape.turn_ends):
+            if lookback_blocks is not None and after >= lookback_blocks:
+                break  # too far before the breakpoint to be found
+            if signals.cached(depth):
+                cached = tokens
+                basis = (
+                    "the conversation's previous turn cached its prefix"
+                    if back == 0
+                    else f"the conversation's turn {back + 1} back cached its prefix"
+                )
+                break
         candidates.append(
             ReuseCandidate(
                 "history",
@@ -122,9 +140,7 @@ def reuse_candidates(
                 shape.history_tokens,
                 reads,
                 cached,
-                "the conversation's previous turn cached its prefix"
-                if cached
-                else "the conversation's next turn",
+                basis,
                 shape.fixed_depth,
             )
         )
