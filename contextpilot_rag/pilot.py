@@ -1515,16 +1515,21 @@ class ContextPilot:
         first = prompt.messages[0]
         system_tokens = self._count_segment(first["content"]) if first["role"] == "system" else 0
         header_tokens = self._count_segment(self.config.context_header)
+        # each history turn's tail in the index path (system key, then per turn its
+        # blocks, tail and answer) and the content blocks after it: its answer's, then
+        # each later turn's (its blocks, the first with the header, and its tail)
+        through = list(itertools.accumulate(fixed_tokens))
+        depth, ends = 1, []
+        for _, turn in visible:
+            depth += len(turn.block_ids) + 1
+            ends.append((depth, turn))
+            depth += turn.answer is not None
         turn_ends: list[tuple[int, int, int]] = []
-        message, after = len(prompt.messages) - 2, 0  # the history's last message
-        for _, turn in reversed(visible):
-            if turn.answer is not None:
-                after += len(prompt.content_parts(message))
-                message -= 1
-            depth = path.index(turn.tail_id) + 1
-            turn_ends.append((depth, sum(fixed_tokens[:depth]), after))
-            after += len(prompt.content_parts(message))
-            message -= 1
+        after = 0
+        for depth, turn in reversed(ends):
+            after += turn.answer is not None
+            turn_ends.append((depth, through[depth - 1], after))
+            after += len(turn.block_ids) + 1
         return PromptShape(
             system_tokens=system_tokens,
             user_message_index=len(prompt.messages) - 1,
