@@ -487,7 +487,7 @@ def test_a_turn_after_one_that_wrote_no_tail_reads_an_earlier_turns_prefix(
     assert third.cache_plan is not None
     history = next(kept for kept in third.cache_plan.breakpoints if kept.kind == "history")
     assert history.candidate.cached_tokens == first.stats.prompt_tokens
-    assert "turn 2 back" in history.candidate.basis
+    assert "turn 2 turns back" in history.candidate.basis
 
 
 def test_chained_turns_sum_the_chances_of_reaching_each_later_turn() -> None:

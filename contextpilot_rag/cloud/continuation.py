@@ -19,12 +19,13 @@ likely the next turn is within a shorter window (what a route's request rate see
 not followed is known only when ``ttl_s`` has passed. Counting only resolved turns
 therefore sees the followed ones minutes earlier than the others: for the first
 ``ttl_s`` of a run no turn resolves as not followed at all, and every estimate leans
-toward "the conversation goes on" (a workload of conversations of one to four turns,
-shorter in all than a five-minute lifetime, was expected to send about eleven more
-turns after each first one). So once enough gaps are known (:data:`MIN_GAPS`), a turn
-that has waited longer than the longest recent gap is *presumed ended*: counted as not
-followed then, and counted as followed after all if its next turn still comes within
-``ttl_s`` (so no count stays wrong; only their timing changes).
+toward "the conversation goes on" (on a workload of conversations of one to four
+turns, shorter in all than a five-minute lifetime, a first turn was expected to be
+followed by far more turns than any conversation sent). So once enough gaps are known
+(:data:`MIN_GAPS`), a turn that has waited longer than the longest recent gap is
+*presumed ended*: counted as not followed then, and counted as followed after all if
+its next turn still comes within ``ttl_s`` (so no count stays wrong; only their timing
+changes).
 
 Invariant: every observed turn is pending (its conversation's next turn may still
 come; at most one per conversation, oldest first), presumed ended (counted in

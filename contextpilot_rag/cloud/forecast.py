@@ -129,7 +129,7 @@ def reuse_candidates(
                 basis = (
                     "the conversation's previous turn cached its prefix"
                     if back == 0
-                    else f"the conversation's turn {back + 1} back cached its prefix"
+                    else f"the conversation's turn {back + 1} turns back cached its prefix"
                 )
                 break
         candidates.append(
