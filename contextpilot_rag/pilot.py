@@ -1515,19 +1515,16 @@ class ContextPilot:
         first = prompt.messages[0]
         system_tokens = self._count_segment(first["content"]) if first["role"] == "system" else 0
         header_tokens = self._count_segment(self.config.context_header)
-        # each history turn's tail in the index path (system key, then per turn its
-        # blocks, tail and answer) and the content blocks after it: its answer's, then
-        # each later turn's (its blocks, the first with the header, and its tail)
+        # each history turn's tail in the index path, and the content blocks after it:
+        # its answer's, then each later turn's (its blocks, the first with the header,
+        # and its tail)
         through = list(itertools.accumulate(fixed_tokens))
-        depth, ends = 1, []
-        for _, turn in visible:
-            depth += len(turn.block_ids) + 1
-            ends.append((depth, turn))
-            depth += turn.answer is not None
+        depth_of = {key: depth for depth, key in enumerate(path[: len(fixed_tokens)], start=1)}
         turn_ends: list[tuple[int, int, int]] = []
         after = 0
-        for depth, turn in reversed(ends):
+        for _, turn in reversed(visible):
             after += turn.answer is not None
+            depth = depth_of[turn.tail_id]
             turn_ends.append((depth, through[depth - 1], after))
             after += len(turn.block_ids) + 1
         return PromptShape(

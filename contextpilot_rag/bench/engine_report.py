@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ..engines.memory import VLLM_FOOTPRINT_GIB
+from ..engines.memory import GIB, VLLM_FOOTPRINT_GIB, available_memory_bytes
 from .engine_suite import (
     ArmRun,
     EngineTarget,
@@ -75,7 +75,6 @@ def suite_kv_cache_gib(dtype: str | None = None, *, available_bytes: int | None 
     be read the cache is the size above) leaves under that, after
     :data:`ENGINE_HEADROOM_GIB` for the engine's own processes. The interleaved arms
     may then outgrow the cache, and the report says so."""
-    from ..engines.memory import GIB, available_memory_bytes
     from ..engines.start import default_vllm_dtype, usable_cpus
 
     wanted = 12 if (dtype or default_vllm_dtype()) == "float32" else 6

@@ -146,9 +146,8 @@ class ContinuationTracker:
             if presumed[0] == turn - 1:
                 self._followed[turn - 1] += 1
                 self._add_gap(now - presumed[1])
-            elif presumed[0] == turn:  # a retry: the turn waits again
+            elif presumed[0] == turn:  # a retry: the turn waits again (pending below)
                 self._resolved[turn] -= 1
-                self._pending[conversation] = presumed
         previous = self._pending.pop(conversation, None)
         if previous is not None and previous[0] != turn:
             followed = previous[0] == turn - 1

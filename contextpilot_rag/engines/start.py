@@ -279,10 +279,9 @@ def start_engine(
             f"{kind} with {model} is not installed: run "
             f"`contextpilot-rag engine install --engine {kind} --model {model}`"
         )
-    if kind == "vllm":
-        _check_kv_cache_fits(kv_cache_gib, cpu_bind)
     chosen = free_port() if port is None else port
     if kind == "vllm":
+        _check_kv_cache_fits(kv_cache_gib, cpu_bind)
         launch = vllm_launch_spec(
             installed,
             port=chosen,
