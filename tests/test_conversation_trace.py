@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import conversation_knobs
 import conversation_routing
 import pytest
 from lib.sections import begin_marker, end_marker
@@ -156,10 +157,10 @@ def test_small_family_run_writes_its_section_with_targets(tmp_path: Path) -> Non
     section = conversation_routing.SECTION
     assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
     assert "p95 E2E vs best baseline, worst held-out | <= -15%" in text
-    for policy in ("combined", "round-robin", "ranvier", "laar", conversation_routing.TAIL):
+    for policy in ("combined", "round-robin", "ranvier", "laar", conversation_routing.TUNED):
         assert f"| {policy} |" in text
     assert (
-        "| combined (default) | met | E2E tail weighting + TTFT budget p95 | met "
+        f"| combined (default) | met | {conversation_routing.TUNED_LABEL} (tuned) | met "
         "| bound: latency floor | within the bound |"
     ) in text
     assert "| 1 | held-out | 600 |" in text
@@ -176,3 +177,45 @@ def test_replicates_keep_the_parameters_and_change_the_seed() -> None:
     assert len({draw.seed, *(d.seed for d in again)}) == 3
     assert all(d.index == draw.index and d.think_s == draw.think_s for d in again)
     assert draw.replicated(2) == again  # deterministic
+
+
+def test_knob_rule_picks_the_smallest_shortfall_and_the_first_on_ties() -> None:
+    Outcome = conversation_knobs.Outcome
+    # worst TTFT -12% (meets), worst E2E -10% (5 points short): shortfall 0.05
+    near = [Outcome(-0.20, -0.16, 0.4, 0.3), Outcome(-0.12, -0.10, 0.4, 0.3)]
+    # worst TTFT +1% (11 points short), worst E2E -20% (meets): shortfall 0.11
+    fast_e2e = [Outcome(+0.01, -0.20, 0.4, 0.3), Outcome(-0.30, -0.25, 0.4, 0.3)]
+    assert conversation_knobs.shortfall(near) == pytest.approx(0.05)
+    assert conversation_knobs.shortfall(fast_e2e) == pytest.approx(0.11)
+    assert conversation_knobs.chosen({"a": fast_e2e, "b": near}) == "b"
+    assert conversation_knobs.chosen({"a": near, "b": list(near)}) == "a"
+    assert conversation_knobs.shortfall([Outcome(-0.10, -0.15, 0.3, 0.3)]) == pytest.approx(0.0)
+
+
+def test_small_knob_run_writes_one_row_per_configuration_on_the_tuning_half(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--count", "2", "--requests", "600", "--jobs", "1", "--only", "hold wait 3 s"]
+    assert conversation_knobs.main([*argv, "--write", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    section = conversation_knobs.SECTION
+    assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
+    # draw 0 (the only tuning draw of two) and its one default replicate
+    assert "the tuning draws 0 of" in text and ": 2 traces;" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    assert [row.split("|")[1].strip().strip("*") for row in rows] == ["default", "hold wait 3 s"]
+    assert sum(row.startswith("| **") for row in rows) == 1  # the rule's one choice
+
+
+def test_knob_run_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        conversation_knobs.main(["--only", "no such knob"])
+    assert stopped.value.code == 2
+    assert "unknown configurations ['no such knob']" in capsys.readouterr().err
+
+
+def test_the_tuned_configuration_is_one_the_knob_sweep_ran() -> None:
+    configs = dict(conversation_knobs.CONFIGS)
+    assert configs[conversation_routing.TUNED_LABEL] == conversation_routing.TUNED_OPTIONS

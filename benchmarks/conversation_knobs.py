@@ -1,0 +1,245 @@
+"""The combined policy's knobs on the tuning half of the conversation-trace family:
+which configuration comes closest to issue 22's routing targets on traces it may be
+tuned on.
+
+    python benchmarks/conversation_knobs.py --write docs/benchmarks.md \
+        --plot docs/img/conversation_knobs.png
+
+The traces are the even-numbered (tuning) draws of ``benchmarks/conversation_routing.py``
+(the same family, count and seed), each also generated with ``--replicates`` other seeds;
+the held-out draws are never run here. On every trace the six baselines and every
+configuration of :data:`CONFIGS` route the second half (3 regions x 1 replica). Each
+configuration's *shortfall* is how far its worst traces miss the two latency targets:
+the larger of (worst p95 TTFT change + 10 points) and (worst p95 E2E change + 15
+points); 0 or less meets both. The rule picks the smallest shortfall (the
+default first on ties). Writes the ``conversation-routing-knobs`` generated section.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from conversation_routing import (
+    FAIR_SHARE_LIMIT,
+    REGIONS,
+    TUNED_LABEL,
+    Draw,
+    draw_traces,
+    family_parser,
+)
+from lib.report import ordered_map, progress_bars
+from lib.route_sim import BASELINES, split_trace
+from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
+
+from contextpilot_rag.routing import CombinedPolicy, make_policy
+from contextpilot_rag.routing.combined import CombinedOptions
+from contextpilot_rag.sim import default_fleet, simulate
+from contextpilot_rag.sim.traces import conversation_trace
+
+SECTION = "conversation-routing-knobs"
+TTFT_TARGET, E2E_TARGET = -0.10, -0.15
+# (label, options over the default): one knob at a time around the default
+CONFIGS: tuple[tuple[str, CombinedOptions], ...] = (
+    ("default", {}),
+    ("externality 0.7", {"externality_weight": 0.7}),
+    ("externality 1.5", {"externality_weight": 1.5}),
+    ("externality 2", {"externality_weight": 2.0}),
+    ("queue externality 0.5", {"queue_externality_weight": 0.5}),
+    ("queue externality 2", {"queue_externality_weight": 2.0}),
+    ("queue externality 4", {"queue_externality_weight": 4.0}),
+    ("hold wait 0.5 s", {"hold_wait_s": 0.5}),
+    ("hold wait 3 s", {"hold_wait_s": 3.0}),
+    ("no late binding", {"hold_wait_s": None}),
+    ("max hold 30 s", {"max_hold_s": 30.0}),
+    ("duty tau 15 s", {"duty_tau_s": 15.0}),
+    ("duty tau 60 s", {"duty_tau_s": 60.0}),
+    ("TTFT budget p95", {"ttft_budget_percentile": 95.0}),
+    ("E2E tail weighting 0.85 / 0.2", {"tail_quantile": 0.85, "tail_discount": 0.2}),
+    ("E2E tail weighting 0.7 / 0.5", {"tail_quantile": 0.7, "tail_discount": 0.5}),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One configuration on one trace, relative to that trace's best baseline."""
+
+    ttft: float  # p95 TTFT change (negative: faster)
+    e2e: float  # p95 E2E change
+    share: float  # busiest replica's share of the requests
+    hit: float  # prompt tokens read from the replicas' caches / prompt tokens
+
+
+def run_trace(job: tuple[Draw, int, tuple[str, ...]]) -> dict[str, Outcome]:
+    """Every baseline and every configuration named in ``job`` on one trace's second half."""
+    draw, n_requests, labels = job
+    _, held = split_trace(conversation_trace(**draw.trace_arguments(n_requests)), 0.5)
+    fleet = default_fleet(REGIONS, 1, block_tokens=held[0].block_tokens)
+    baselines = [simulate(held, make_policy(name), fleet).summary for name in BASELINES]
+    best_ttft = min(s.ttft_p95_ms for s in baselines)
+    best_e2e = min(s.e2e_p95_s for s in baselines)
+    options = dict(CONFIGS)
+    outcomes = {}
+    for label in labels:
+        summary = simulate(held, CombinedPolicy(**options[label]), fleet).summary
+        outcomes[label] = Outcome(
+            summary.ttft_p95_ms / best_ttft - 1,
+            summary.e2e_p95_s / best_e2e - 1,
+            summary.max_replica_share,
+            summary.hit_ratio,
+        )
+    return outcomes
+
+
+def shortfall(outcomes: Sequence[Outcome]) -> float:
+    """How far the worst traces miss the two latency targets (the larger miss, in
+    fractions; <= 0: both met on every trace)."""
+    worst_ttft = max(o.ttft for o in outcomes)
+    worst_e2e = max(o.e2e for o in outcomes)
+    return max(worst_ttft - TTFT_TARGET, worst_e2e - E2E_TARGET)
+
+
+def chosen(by_label: dict[str, list[Outcome]]) -> str:
+    """The label of the smallest shortfall; the first in ``by_label``'s order on ties."""
+    return min(by_label, key=lambda label: shortfall(by_label[label]))
+
+
+def rows(by_label: dict[str, list[Outcome]]) -> list[list[str]]:
+    pick = chosen(by_label)
+    table = []
+    for label, outcomes in by_label.items():
+        ttft = [o.ttft for o in outcomes]
+        e2e = [o.e2e for o in outcomes]
+        cells = [
+            label,
+            f"{max(ttft):+.1%}",
+            f"{statistics.median(ttft):+.1%}",
+            f"{max(e2e):+.1%}",
+            f"{statistics.median(e2e):+.1%}",
+            f"{max(o.share for o in outcomes):.1%}",
+            f"{statistics.median(o.hit for o in outcomes):.1%}",
+            f"{shortfall(outcomes) * 100:+.1f}",
+        ]
+        table.append([f"**{cell}**" for cell in cells] if label == pick else cells)
+    return table
+
+
+def report(command: str, draws: Sequence[Draw], by_label: dict[str, list[Outcome]],
+           seconds: float, image: Path | None) -> str:  # fmt: skip
+    family = sorted({d.index for d in draws})
+    per_draw = len(draws) // len(family)
+    pick = chosen(by_label)
+    if pick == TUNED_LABEL:
+        verdict = f"`{pick}`, which the section above runs beside the default on the held-out half"
+    else:
+        verdict = (
+            f"`{pick}`; the section above runs `{TUNED_LABEL}` beside the default: "
+            "update `TUNED_OPTIONS` in `benchmarks/conversation_routing.py`"
+        )
+    lines = [
+        "## Combined policy knobs on the conversation family's tuning half "
+        "(`benchmarks/conversation_knobs.py`)",
+        "",
+        provenance(command, 1, "one run; every figure is simulated time, deterministic (seeded)"),
+        f"- traces: the tuning draws {', '.join(map(str, family))} of "
+        "`benchmarks/conversation_routing.py` (same family and seed), each generated with "
+        f"{per_draw} seed(s) (the family's, then replicates): {len(draws)} traces; the "
+        "held-out draws are not run",
+        f"- fleet: {REGIONS} regions × 1 replica; every configuration and the six baselines "
+        "route each trace's second half; changes are against each trace's best baseline",
+        f"- whole run: {seconds:.0f} s",
+        "",
+        "*Shortfall* (points): the larger of the worst trace's p95 TTFT change minus the "
+        f"{TTFT_TARGET:.0%} target and its p95 E2E change minus the {E2E_TARGET:.0%} target; "
+        f"at most 0 meets both. Busiest replica: the largest share over the traces (the "
+        f"target allows {FAIR_SHARE_LIMIT / REGIONS:.0%}). Bold: the smallest shortfall "
+        f"(the rule's choice): {verdict}.",
+        "",
+        *markdown_table(
+            (
+                "configuration",
+                "worst p95 TTFT",
+                "median p95 TTFT",
+                "worst p95 E2E",
+                "median p95 E2E",
+                "busiest replica",
+                "prompt read from cache (median)",
+                "shortfall",
+            ),
+            rows(by_label),
+        ),
+    ]
+    if image is not None:
+        lines += ["", f"![worst p95 change per configuration]({image.as_posix()})"]
+    return "\n".join(lines)
+
+
+def plot(by_label: dict[str, list[Outcome]], path: Path) -> bool:
+    """Worst p95 TTFT and E2E change per configuration, with the targets."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    labels = list(by_label)
+    y = np.arange(len(labels))
+    figure, axis = plt.subplots(figsize=(9, 0.35 * len(labels) + 1.5))
+    ttft = [max(o.ttft for o in by_label[label]) * 100 for label in labels]
+    e2e = [max(o.e2e for o in by_label[label]) * 100 for label in labels]
+    axis.barh(y - 0.2, ttft, 0.4, label="worst p95 TTFT")
+    axis.barh(y + 0.2, e2e, 0.4, label="worst p95 E2E", color="#dd8452")
+    axis.axvline(TTFT_TARGET * 100, color="#4c72b0", linestyle="--", label="TTFT target")
+    axis.axvline(E2E_TARGET * 100, color="#dd8452", linestyle="--", label="E2E target")
+    axis.set_yticks(y, labels)
+    axis.invert_yaxis()
+    axis.set_xlabel("% change against the best baseline (negative: faster)")
+    axis.set_title("Combined policy knobs, tuning half: worst trace")
+    axis.legend(fontsize="small")
+    return save_figure(figure, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = family_parser(__doc__, replicates=1, replicated="tuning draw")
+    parser.add_argument(
+        "--only", nargs="+", metavar="LABEL", help="run these configurations (default always)"
+    )
+    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
+    args = parser.parse_args(argv)
+    known = [label for label, _ in CONFIGS]
+    wanted = {"default", *(args.only or known)}
+    labels = tuple(label for label in known if label in wanted)
+    unknown = sorted(set(args.only or ()) - set(known))
+    if args.count < 1 or args.requests < 10 or args.replicates < 0 or unknown:
+        parser.error(
+            "--count must be >= 1, --requests >= 10, --replicates >= 0"
+            + (f"; unknown configurations {unknown} (known: {known})" if unknown else "")
+        )
+    started = time.perf_counter()
+    tuning = [d for d in draw_traces(args.count, args.seed) if not d.held_out]
+    draws = [again for d in tuning for again in (d, *d.replicated(args.replicates))]
+    with progress_bars() as progress:
+        results = ordered_map(
+            run_trace,
+            [(d, args.requests, labels) for d in draws],
+            args.jobs,
+            progress("tuning traces", len(draws)),
+        )
+    by_label = {label: [r[label] for r in results] for label in labels}
+    image = None
+    if args.plot and plot(by_label, args.plot) and args.write:
+        image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
+    command = shlex.join(["python", "benchmarks/conversation_knobs.py", *argv])
+    text = report(command, draws, by_label, time.perf_counter() - started, image)
+    write_or_print(text, SECTION, args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
