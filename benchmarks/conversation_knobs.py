@@ -41,8 +41,9 @@ from lib.sections import markdown_table, provenance, pyplot, save_figure, write_
 
 from contextpilot_rag.routing import CombinedPolicy, make_policy
 from contextpilot_rag.routing.combined import CombinedOptions
+from contextpilot_rag.routing.types import RouteRequest
 from contextpilot_rag.sim import default_fleet, simulate
-from contextpilot_rag.sim.traces import conversation_trace
+from contextpilot_rag.sim.traces import conversation_trace, load_mooncake
 
 SECTION = "conversation-routing-knobs"
 TTFT_TARGET, E2E_TARGET = -0.10, -0.15
@@ -55,6 +56,10 @@ CONFIGS: tuple[tuple[str, CombinedOptions], ...] = (
     ("queue externality 0.5", {"queue_externality_weight": 0.5}),
     ("queue externality 2", {"queue_externality_weight": 2.0}),
     ("queue externality 4", {"queue_externality_weight": 4.0}),
+    ("queue externality 8", {"queue_externality_weight": 8.0}),
+    ("queue externality 16", {"queue_externality_weight": 16.0}),
+    ("queue externality 32", {"queue_externality_weight": 32.0}),
+    ("queue externality 64", {"queue_externality_weight": 64.0}),
     ("hold wait 0.5 s", {"hold_wait_s": 0.5}),
     ("hold wait 3 s", {"hold_wait_s": 3.0}),
     ("no late binding", {"hold_wait_s": None}),
@@ -80,7 +85,13 @@ class Outcome:
 def run_trace(job: tuple[Draw, int, tuple[str, ...]]) -> dict[str, Outcome]:
     """Every baseline and every configuration named in ``job`` on one trace's second half."""
     draw, n_requests, labels = job
-    _, held = split_trace(conversation_trace(**draw.trace_arguments(n_requests)), 0.5)
+    return outcomes_on(conversation_trace(**draw.trace_arguments(n_requests)), labels)
+
+
+def outcomes_on(requests: Sequence[RouteRequest], labels: Sequence[str]) -> dict[str, Outcome]:
+    """The configurations ``labels`` on the second half of ``requests``, each against the
+    best of the baselines there."""
+    _, held = split_trace(requests, 0.5)
     fleet = default_fleet(REGIONS, 1, block_tokens=held[0].block_tokens)
     baselines = [simulate(held, make_policy(name), fleet).summary for name in BASELINES]
     best_ttft = min(s.ttft_p95_ms for s in baselines)
@@ -111,7 +122,9 @@ def chosen(by_label: dict[str, list[Outcome]]) -> str:
     return min(by_label, key=lambda label: shortfall(by_label[label]))
 
 
-def rows(by_label: dict[str, list[Outcome]]) -> list[list[str]]:
+def rows(
+    by_label: dict[str, list[Outcome]], also: dict[str, Outcome] | None = None
+) -> list[list[str]]:
     pick = chosen(by_label)
     table = []
     for label, outcomes in by_label.items():
@@ -127,12 +140,22 @@ def rows(by_label: dict[str, list[Outcome]]) -> list[list[str]]:
             f"{statistics.median(o.hit for o in outcomes):.1%}",
             f"{shortfall(outcomes) * 100:+.1f}",
         ]
+        if also is not None:
+            cells.append(f"{also[label].ttft:+.1%} / {also[label].e2e:+.1%}")
         table.append([f"**{cell}**" for cell in cells] if label == pick else cells)
     return table
 
 
-def report(command: str, draws: Sequence[Draw], by_label: dict[str, list[Outcome]],
-           seconds: float, image: Path | None) -> str:  # fmt: skip
+def report(
+    command: str,
+    draws: Sequence[Draw],
+    by_label: dict[str, list[Outcome]],
+    seconds: float,
+    image: Path | None,
+    also: tuple[str, dict[str, Outcome]] | None = None,
+) -> str:
+    """The section; ``also``: a trace from a file (its name, and every configuration on
+    it), shown in its own column and not used by the rule."""
     family = sorted({d.index for d in draws})
     per_draw = len(draws) // len(family)
     pick = chosen(by_label)
@@ -160,7 +183,14 @@ def report(command: str, draws: Sequence[Draw], by_label: dict[str, list[Outcome
         f"{TTFT_TARGET:.0%} target and its p95 E2E change minus the {E2E_TARGET:.0%} target; "
         f"at most 0 meets both. Busiest replica: the largest share over the traces (the "
         f"target allows {FAIR_SHARE_LIMIT / REGIONS:.0%}). Bold: the smallest shortfall "
-        f"(the rule's choice): {verdict}.",
+        f"(the rule's choice): {verdict}."
+        + (
+            f" Last column: every configuration on the held-out half of `{also[0]}` (same "
+            "fleet, against that trace's best baseline): a default has to hold there too. "
+            "It does not enter the rule."
+            if also is not None
+            else ""
+        ),
         "",
         *markdown_table(
             (
@@ -172,8 +202,9 @@ def report(command: str, draws: Sequence[Draw], by_label: dict[str, list[Outcome
                 "busiest replica",
                 "prompt read from cache (median)",
                 "shortfall",
+                *([f"{also[0]}: p95 TTFT / E2E"] if also is not None else []),
             ),
-            rows(by_label),
+            rows(by_label, None if also is None else also[1]),
         ),
     ]
     if image is not None:
@@ -211,6 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--write", type=Path, help="write the markdown section into this file")
     parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
+    parser.add_argument(
+        "--also-trace",
+        type=Path,
+        help="also run every configuration on this Mooncake-format trace (not used by the rule)",
+    )
     args = parser.parse_args(argv)
     known = [label for label, _ in CONFIGS]
     wanted = {"default", *(args.only or known)}
@@ -222,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f"; unknown configurations {unknown} (known: {known})" if unknown else "")
         )
     started = time.perf_counter()
+    # read first: a bad file fails before the family's minutes of simulation
+    other = None if args.also_trace is None else load_mooncake(args.also_trace)
     tuning = [d for d in draw_traces(args.count, args.seed) if not d.held_out]
     draws = [again for d in tuning for again in (d, *d.replicated(args.replicates))]
     with progress_bars() as progress:
@@ -232,11 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress("tuning traces", len(draws)),
         )
     by_label = {label: [r[label] for r in results] for label in labels}
+    also = None if other is None else (args.also_trace.name, outcomes_on(other, labels))
     image = None
     if args.plot and plot(by_label, args.plot) and args.write:
         image = Path(os.path.relpath(args.plot.resolve(), args.write.resolve().parent))
     command = shlex.join(["python", "benchmarks/conversation_knobs.py", *argv])
-    text = report(command, draws, by_label, time.perf_counter() - started, image)
+    text = report(command, draws, by_label, time.perf_counter() - started, image, also)
     write_or_print(text, SECTION, args.write)
     return 0
 

@@ -3,6 +3,7 @@ benchmark that routes a family of them."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -197,8 +198,22 @@ def test_small_knob_run_writes_one_row_per_configuration_on_the_tuning_half(
 ) -> None:
     report = tmp_path / "bench.md"
     report.write_text("# Benchmarks\n", encoding="utf-8")
+    # a Mooncake-format file for --also-trace: a generated trace written as the loader reads it
+    other = tmp_path / "other.jsonl"
+    lines = [
+        json.dumps(
+            {
+                "timestamp": round(r.arrival_s * 1000),
+                "input_length": r.prompt_tokens,
+                "output_length": r.expected_output_tokens,
+                "hash_ids": list(r.block_hashes),
+            }
+        )
+        for r in conversation_trace(seed=5, n_requests=300)
+    ]
+    other.write_text("\n".join(lines) + "\n", encoding="utf-8")
     argv = ["--count", "2", "--requests", "600", "--jobs", "1", "--only", "hold wait 3 s"]
-    assert conversation_knobs.main([*argv, "--write", str(report)]) == 0
+    assert conversation_knobs.main([*argv, "--also-trace", str(other), "--write", str(report)]) == 0
     text = report.read_text(encoding="utf-8")
     section = conversation_knobs.SECTION
     assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
@@ -207,6 +222,8 @@ def test_small_knob_run_writes_one_row_per_configuration_on_the_tuning_half(
     rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
     assert [row.split("|")[1].strip().strip("*") for row in rows] == ["default", "hold wait 3 s"]
     assert sum(row.startswith("| **") for row in rows) == 1  # the rule's one choice
+    assert "| other.jsonl: p95 TTFT / E2E |" in text
+    assert all(row.rstrip(" |*").endswith("%") and row.count(" / ") == 1 for row in rows)
 
 
 def test_knob_run_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture[str]) -> None:
