@@ -233,6 +233,19 @@ def test_knob_run_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture
     assert "unknown configurations ['no such knob']" in capsys.readouterr().err
 
 
-def test_the_tuned_configuration_is_one_the_knob_sweep_ran() -> None:
-    configs = dict(conversation_knobs.CONFIGS)
-    assert configs[conversation_routing.TUNED_LABEL] == conversation_routing.TUNED_OPTIONS
+def test_the_tuned_configuration_is_one_the_knob_sweep_names() -> None:
+    options = conversation_knobs.options_of(conversation_routing.TUNED_LABEL)
+    assert options == conversation_routing.TUNED_OPTIONS
+
+
+def test_second_stage_adds_each_other_knob_to_the_first_choice() -> None:
+    labels = [label for label, _ in conversation_knobs.CONFIGS]
+    pick = "queue externality 4"
+    stage = conversation_knobs.second_stage(pick, labels)
+    assert conversation_knobs.second_stage("default", labels) == []
+    assert f"{pick} + externality 2" in stage and f"{pick} + no late binding" in stage
+    # never the pick again, the default, or another value of the knob the pick sets
+    assert not any("queue externality" in label.split(" + ")[1] for label in stage)
+    assert len(stage) == len(labels) - sum("queue externality" in label for label in labels) - 1
+    merged = conversation_knobs.options_of(f"{pick} + E2E tail weighting 0.85 / 0.2")
+    assert merged == {"queue_externality_weight": 4.0, "tail_quantile": 0.85, "tail_discount": 0.2}
