@@ -40,54 +40,18 @@ from conversation_routing import (
     draw_traces,
     family_parser,
 )
+from lib.combined_knobs import CONFIGS, JOIN, options_of
 from lib.report import ordered_map, progress_bars
 from lib.route_sim import BASELINES, split_trace
 from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
 
 from contextpilot_rag.routing import CombinedPolicy, make_policy
-from contextpilot_rag.routing.combined import CombinedOptions
 from contextpilot_rag.routing.types import RouteRequest
 from contextpilot_rag.sim import default_fleet, simulate
 from contextpilot_rag.sim.traces import conversation_trace, load_mooncake
 
 SECTION = "conversation-routing-knobs"
 TTFT_TARGET, E2E_TARGET = -0.10, -0.15
-# (label, options over the default): one knob at a time around the default
-CONFIGS: tuple[tuple[str, CombinedOptions], ...] = (
-    ("default", {}),
-    ("externality 0.7", {"externality_weight": 0.7}),
-    ("externality 1.5", {"externality_weight": 1.5}),
-    ("externality 2", {"externality_weight": 2.0}),
-    ("queue externality 0.5", {"queue_externality_weight": 0.5}),
-    ("queue externality 2", {"queue_externality_weight": 2.0}),
-    ("queue externality 4", {"queue_externality_weight": 4.0}),
-    ("queue externality 8", {"queue_externality_weight": 8.0}),
-    ("queue externality 16", {"queue_externality_weight": 16.0}),
-    ("queue externality 32", {"queue_externality_weight": 32.0}),
-    ("queue externality 64", {"queue_externality_weight": 64.0}),
-    ("hold wait 0.5 s", {"hold_wait_s": 0.5}),
-    ("hold wait 3 s", {"hold_wait_s": 3.0}),
-    ("no late binding", {"hold_wait_s": None}),
-    ("max hold 30 s", {"max_hold_s": 30.0}),
-    ("duty tau 15 s", {"duty_tau_s": 15.0}),
-    ("duty tau 60 s", {"duty_tau_s": 60.0}),
-    ("TTFT budget p95", {"ttft_budget_percentile": 95.0}),
-    ("E2E tail weighting 0.85 / 0.2", {"tail_quantile": 0.85, "tail_discount": 0.2}),
-    ("E2E tail weighting 0.7 / 0.5", {"tail_quantile": 0.7, "tail_discount": 0.5}),
-)
-
-
-JOIN = " + "  # a second-stage label: the first stage's choice, then one more knob
-
-
-def options_of(label: str) -> CombinedOptions:
-    """The options of a configuration label: one of :data:`CONFIGS`, or labels of them
-    joined by :data:`JOIN` (their options merged, later ones over earlier ones)."""
-    table = dict(CONFIGS)
-    merged: CombinedOptions = {}
-    for part in label.split(JOIN):
-        merged.update(table[part])
-    return merged
 
 
 def second_stage(pick: str, labels: Sequence[str]) -> list[str]:
@@ -154,11 +118,10 @@ def chosen(by_label: dict[str, list[Outcome]]) -> str:
 
 
 def rows(
-    by_label: dict[str, list[Outcome]], also: dict[str, Outcome] | None = None
+    by_label: dict[str, list[Outcome]], pick: str, also: dict[str, Outcome] | None = None
 ) -> list[list[str]]:
-    """One table row per configuration (the rule's choice in bold); with ``also``, each
-    configuration's p95 changes on the trace from a file as a last cell."""
-    pick = chosen(by_label)
+    """One table row per configuration (``pick``, the rule's choice, in bold); with
+    ``also``, each configuration's p95 changes on the trace from a file as a last cell."""
     table = []
     for label, outcomes in by_label.items():
         ttft = [o.ttft for o in outcomes]
@@ -240,7 +203,7 @@ def report(
                 "shortfall",
                 *([f"{also[0]}: p95 TTFT / E2E"] if also is not None else []),
             ),
-            rows(by_label, None if also is None else also[1]),
+            rows(by_label, pick, None if also is None else also[1]),
         ),
     ]
     if image is not None:
@@ -290,8 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", metavar="LABEL", help="run these configurations (default always)"
     )
-    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
-    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
     parser.add_argument(
         "--also-trace",
         type=Path,

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lib.combined_knobs import options_of
 from lib.report import ordered_map, progress_bars
 from lib.route_sim import BASELINES, PEERS, result_row, route_sim_results, split_trace
 from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
 
 from contextpilot_rag.routing import CombinedPolicy
-from contextpilot_rag.routing.combined import CombinedOptions
 from contextpilot_rag.routing.types import RouteRequest
 from contextpilot_rag.sim import default_fleet, simulate
 from contextpilot_rag.sim.fleet import latency_floor
@@ -51,11 +51,7 @@ BUDGET = "combined, TTFT budget p95"  # configurations shown beside the default
 # tuning draws and their replicates), shown beside the default on the held-out half
 TUNED_LABEL = "queue externality 32 + E2E tail weighting 0.85 / 0.2"
 TUNED = f"combined, {TUNED_LABEL} (tuning half's choice)"
-TUNED_OPTIONS: CombinedOptions = {
-    "queue_externality_weight": 32.0,
-    "tail_quantile": 0.85,
-    "tail_discount": 0.2,
-}
+TUNED_OPTIONS = options_of(TUNED_LABEL)
 TARGETED = ("combined", TUNED)  # the configurations the targets are checked for
 Row = dict[str, Any]
 
@@ -568,7 +564,8 @@ def _has(result: TraceResult, policy: str) -> bool:
 def family_parser(doc: str | None, *, replicates: int, replicated: str) -> argparse.ArgumentParser:
     """A command line with the family's options (``--count``, ``--requests``, ``--seed``,
     ``--jobs``, and ``--replicates``: other seeds per ``replicated``, default
-    ``replicates``), described by the first paragraph of ``doc``."""
+    ``replicates``) and the report's (``--write``, ``--plot``), described by the first
+    paragraph of ``doc``."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--count", type=int, default=16, help="family draws (16; even: tuning)")
     parser.add_argument("--requests", type=int, default=12_031, help="per trace (12,031)")
@@ -580,14 +577,14 @@ def family_parser(doc: str | None, *, replicates: int, replicated: str) -> argpa
         default=replicates,
         help=f"other seeds per {replicated} ({replicates})",
     )
+    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = family_parser(__doc__, replicates=2, replicated="held-out draw")
-    parser.add_argument("--write", type=Path, help="write the markdown section into this file")
-    parser.add_argument("--plot", type=Path, help="write a chart (PNG) to this file")
     parser.add_argument(
         "--reference-trace",
         type=Path,
