@@ -707,6 +707,10 @@ TARGETS = (
     Target("multi-turn computed vs unmodified, worst held-out", "multi-turn", 0.60,
            lambda o: max(x.ours for x in o), at_most=True,
            bound=lambda o: max(x.bound for x in o)),
+    # the issue asks for 1.15x "on every workload where it finishes": the general batch
+    # family too, not only the targets' shape
+    Target("batch ours / reference, worst held-out that finished", "batch", 1.15,
+           _worst_versus_reference, ratio=True, bound=_bound_versus_reference),
 )  # fmt: skip
 
 

@@ -162,6 +162,22 @@ def test_refining_moves_a_request_to_the_prefix_it_shares_most() -> None:
     assert sequence[:2] == [2, 3]
 
 
+def test_refining_reorders_a_partners_tail_so_a_request_can_follow_it() -> None:
+    # requests 0 and 2 share block 1 and both hold 3 and 4, each after a block the
+    # other lacks (5, 9), so neither can follow the other's path; but past block 1
+    # each continues alone, so one reorders its tail to put 3, 4 first and the
+    # other follows it through them
+    sequences = [[1, 5, 3, 4], [1, 6], [1, 9, 3, 4]]
+    weights, rank = [1.0] * 10, list(range(10))
+    identity = [list(range(4)), list(range(2)), list(range(4))]
+    assert shared_tokens(sequences, identity) == 2
+    refined = refine_sequences(sequences, weights, rank)
+    assert refined[2] == [1, 3, 4, 9]
+    assert refined[0] == [1, 3, 4, 5]
+    assert refined[1] == [1, 6]
+    assert shared_tokens(refined, identity) == 4
+
+
 @settings(max_examples=80, deadline=None)
 @given(requests_strategy, st.lists(st.integers(1, 9), min_size=13, max_size=13))
 def test_refined_sequences_are_permutations_and_never_share_less(

@@ -40,11 +40,11 @@ BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
 REFINE_UP_TO = 5_000
 """``plan_batch`` refines batches up to this many requests unless told otherwise. At
-2,000 requests the pass adds a third to the plan's time and shares 1–2% more tokens;
-it grows faster than the batch (at 12,000 requests it about doubles the plan's time
-for about 1% more; the ``bench`` section of docs/benchmarks.md times both sizes), and at
-100,000 one pass costs more than the greedy build. Further passes gain about a tenth of
-the first, so the pass runs once."""
+2,000 requests the pass costs up to about as much as the builds and shares 1–3% more
+tokens; it grows faster than the batch (at 12,000 requests it about doubles the plan's
+time for about 1% more; the ``bench`` section of docs/benchmarks.md times both sizes),
+and at 100,000 one pass costs more than the greedy build. A second pass gains about a
+sixth of what the first does for most of the first's time, so the pass runs once."""
 
 
 def plan_batch(
