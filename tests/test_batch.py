@@ -178,6 +178,20 @@ def test_refining_reorders_a_partners_tail_so_a_request_can_follow_it() -> None:
     assert shared_tokens(refined, identity) == 4
 
 
+def test_joint_moves_free_two_requests_that_no_single_move_frees() -> None:
+    # requests 0 and 1 share blocks 3, 4, 5, but each is held by a prefix the other
+    # lacks (1, shared with request 2; 2, shared with request 3): no single move pays,
+    # moving both together under 3, 4, 5 does
+    sequences = [[1, 3, 4, 5], [2, 3, 4, 5], [1, 6], [2, 7]]
+    weights, rank = [1.0] * 8, list(range(8))
+    identity = [list(range(len(s))) for s in sequences]
+    assert shared_tokens(sequences, identity) == 2
+    assert refine_sequences(sequences, weights, rank, passes=3) == sequences
+    joint = refine_sequences(sequences, weights, rank, pairs=1)
+    assert joint[0][:3] == joint[1][:3] == [3, 4, 5]
+    assert shared_tokens(joint, identity) == 3
+
+
 @settings(max_examples=80, deadline=None)
 @given(requests_strategy, st.lists(st.integers(1, 9), min_size=13, max_size=13))
 def test_refined_sequences_are_permutations_and_never_share_less(
@@ -186,10 +200,12 @@ def test_refined_sequences_are_permutations_and_never_share_less(
     weights = [float(size) for size in sizes]
     sequences = [list(request) for request in requests]
     rank = list(range(13))
-    refined = refine_sequences(sequences, weights, rank)
-    assert [sorted(s) for s in refined] == [sorted(r) for r in requests]
     identity = [list(range(len(s))) for s in sequences]
-    assert shared_tokens(refined, identity, weights) >= shared_tokens(sequences, identity, weights)
+    before = shared_tokens(sequences, identity, weights)
+    for pairs in (0, 2):
+        refined = refine_sequences(sequences, weights, rank, pairs=pairs)
+        assert [sorted(s) for s in refined] == [sorted(r) for r in requests]
+        assert shared_tokens(refined, identity, weights) >= before
 
 
 def test_refine_is_off_for_large_batches_and_with_the_builders_schedule() -> None:

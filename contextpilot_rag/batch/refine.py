@@ -18,6 +18,13 @@ After the shared part the request's other blocks (and a moved partner's) follow 
 popularity, as in the builders. Passes (one by default) repeat until a pass moves
 nothing or the limit is reached.
 
+A request can also be stuck where no single move helps: two requests sharing many
+blocks, each held in place by a prefix the other lacks. *Joint* moves (``pairs``) take
+a request with each of its heaviest partners by shared weight, lift both, put both
+under the heaviest path inside the blocks they share, followed by the rest of those
+blocks, and keep the best such pair where the tree gets lighter (exactly: the nodes
+only the two passed through, against the nodes their new sequences add).
+
 Cost: per request, the removal and insertion are O(k) and the search visits the tree
 nodes whose path lies inside the request's blocks and the tails hanging from them, at
 most ``_VISIT_LIMIT`` of them (each O(k)); memory is one tree node per distinct prefix.
@@ -28,9 +35,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["refine_sequences"]
 
 _VISIT_LIMIT = 64  # tree nodes and partner tails searched per request
+_MIN_GAIN = 1e-9  # a joint move must make the tree lighter by more than rounding
 
 
 class _Node:
@@ -100,17 +110,17 @@ class _Tree:
 
     def best_place(
         self,
-        row: int,
         blocks: set[int],
         weights: Sequence[float],
-        current: Sequence[Sequence[int]],
-        lifted: Sequence[_Node],
+        tails: tuple[int, Sequence[Sequence[int]], Sequence[_Node]] | None = None,
     ) -> _Place:
-        """The heaviest place for lifted ``row`` (blocks ``blocks``) among the paths
-        whose blocks all lie in ``blocks`` and the partner tails below their branching
-        nodes (depth first, at most ``_VISIT_LIMIT`` nodes and tails); ``current``:
-        every request's sequence; ``lifted``: ``row``'s path."""
+        """The heaviest place for a lifted request of blocks ``blocks`` among the paths
+        whose blocks all lie in ``blocks`` and, given ``tails`` (the request's row,
+        every request's sequence, the request's path), the partner tails below their
+        branching nodes (depth first, at most ``_VISIT_LIMIT`` nodes and tails)."""
+        row, current, lifted = tails if tails is not None else (-1, (), ())
         on_path = set(lifted)
+        deeper = 1 if tails is not None else 0  # with tails, a count-1 child is a tail
         total = sum(weights[block] for block in blocks)
         best = _Place(0.0)
         stack: list[tuple[_Node, float, tuple[int, ...]]] = [(self.root, 0.0, ())]
@@ -121,9 +131,9 @@ class _Tree:
             if weight > best.weight:
                 best = _Place(weight, path)
             for block, child in node.children.items():
-                if child.count > 1 and block in blocks:
+                if child.count > deeper and block in blocks:
                     stack.append((child, weight + weights[block], (*path, block)))
-                elif child.count == 1:  # a tail: it shares at least what following it would
+                elif deeper and child.count == 1:  # a tail: at least what following it gives
                     visits += 1
                     partner = child.rows - (row if child in on_path else 0)
                     common = tuple(c for c in current[partner][len(path) :] if c in blocks)
@@ -132,6 +142,23 @@ class _Tree:
                         best = _Place(gained, path, partner, common)
         return best
 
+    def added_weight(self, sequences: Sequence[Sequence[int]], weights: Sequence[float]) -> float:
+        """The weight of the nodes that inserting ``sequences`` would add (nodes no
+        request passes through count as absent)."""
+        added: set[tuple[int, ...]] = set()
+        total = 0.0
+        for sequence in sequences:
+            node: _Node | None = self.root
+            for depth, block in enumerate(sequence):
+                child = node.children.get(block) if node is not None else None
+                node = child if child is not None and child.count else None
+                if node is None:
+                    prefix = tuple(sequence[: depth + 1])
+                    if prefix not in added:
+                        added.add(prefix)
+                        total += weights[block]
+        return total
+
 
 def refine_sequences(
     sequences: Sequence[Sequence[int]],
@@ -139,12 +166,17 @@ def refine_sequences(
     rank: Sequence[int],
     *,
     passes: int = 1,
+    pairs: int = 0,
 ) -> list[list[int]]:
     """Improved block sequences for a batch (see the module docstring).
     ``sequences[i]``: request ``i``'s blocks in the plan's order (distinct codes);
     ``weights[code]``: the block's tokens; ``rank[code]``: its popularity rank (0 most
-    popular) for the blocks after the shared part. The result shares at least as many
-    weighted tokens in an unbounded prefix cache as the input."""
+    popular) for the blocks after the shared part. ``pairs`` > 0: after the passes,
+    one pass of *joint* moves (each request with each of its ``pairs`` heaviest
+    partners by shared weight: both go under the heaviest path inside the blocks they
+    share, then the rest of those blocks, where that makes the tree lighter). The
+    result shares at least as many weighted tokens in an unbounded prefix cache as the
+    input."""
     current = [list(sequence) for sequence in sequences]
     tree = _Tree()
     paths = [tree.insert(sequence, row) for row, sequence in enumerate(current)]
@@ -156,18 +188,22 @@ def refine_sequences(
         current[row] = sequence
         paths[row] = tree.insert(sequence, row)
 
-    for _ in range(passes):
+    def shared_before(row: int) -> float:
+        before = 0.0
+        for node in paths[row]:
+            if node.count < 2:
+                break
+            before += weights[node.block]
+        return before
+
+    def single_moves() -> int:
         moved = 0
         for row, sequence in enumerate(current):
             path = paths[row]
-            before = 0.0
-            for node in path:
-                if node.count < 2:
-                    break
-                before += weights[node.block]
+            before = shared_before(row)
             tree.lift(path)
             blocks = set(sequence)
-            found = tree.best_place(row, blocks, weights, current, path)
+            found = tree.best_place(blocks, weights, (row, current, path))
             if found.weight <= before:
                 tree.restore(path)
                 continue
@@ -181,6 +217,75 @@ def refine_sequences(
                 place(partner, [*shared, *by_rank(tail)])
             place(row, [*shared, *by_rank(blocks.difference(shared))])
             moved += 1
-        if not moved:
+        return moved
+
+    def joint_moves(partners: Sequence[Sequence[tuple[int, float]]]) -> None:
+        for row in range(len(current)):
+            best: tuple[float, int, list[int], list[int]] | None = None
+            mine_before = shared_before(row)
+            for other, share in partners[row]:
+                # the pair gains at most twice what it shares less what both share now
+                if 2 * share <= mine_before + shared_before(other):
+                    continue
+                both = (paths[row], paths[other])
+                for path in both:
+                    tree.lift(path)
+                freed = {id(n): weights[n.block] for p in both for n in p if not n.count}
+                common = set(current[row]).intersection(current[other])
+                head = list(tree.best_place(common, weights).path)
+                head += by_rank(common.difference(head))
+                mine = [*head, *by_rank(set(current[row]).difference(common))]
+                theirs = [*head, *by_rank(set(current[other]).difference(common))]
+                gain = sum(freed.values()) - tree.added_weight((mine, theirs), weights)
+                for path in both:
+                    tree.restore(path)
+                if gain > _MIN_GAIN and (best is None or gain > best[0]):
+                    best = (gain, other, mine, theirs)
+            if best is not None:
+                _, other, mine, theirs = best
+                for moving in (row, other):
+                    tree.lift(paths[moving])
+                    tree.remove(paths[moving], moving)
+                place(row, mine)
+                place(other, theirs)
+
+    for _ in range(passes):
+        if not single_moves():
             break
+    if pairs > 0:
+        joint_moves(_heaviest_partners(current, weights, pairs))
     return current
+
+
+def _heaviest_partners(
+    sequences: Sequence[Sequence[int]], weights: Sequence[float], count: int
+) -> list[list[tuple[int, float]]]:
+    """Per request, up to ``count`` (other request, block weight it shares) pairs, the
+    heaviest first (at least one block shared); from each block's list of holders."""
+    n = len(sequences)
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=n)
+    flat = np.fromiter((c for s in sequences for c in s), dtype=np.int64, count=int(lengths.sum()))
+    holders = np.repeat(np.arange(n, dtype=np.int64), lengths)[np.argsort(flat, kind="stable")]
+    codes = np.sort(flat)
+    starts = np.searchsorted(codes, flat, side="left")
+    ends = np.searchsorted(codes, flat, side="right")
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    block_weight = np.asarray(weights, dtype=np.float64)
+    partners: list[list[tuple[int, float]]] = []
+    for row in range(n):
+        slots = range(int(offsets[row]), int(offsets[row + 1]))
+        if not slots:
+            partners.append([])
+            continue
+        spans = [holders[starts[slot] : ends[slot]] for slot in slots]
+        sharing = np.bincount(
+            np.concatenate(spans),
+            weights=np.repeat(block_weight[flat[offsets[row] : offsets[row + 1]]],
+                              [len(span) for span in spans]),
+            minlength=n,
+        )  # fmt: skip
+        sharing[row] = 0.0
+        top = np.argpartition(-sharing, count)[:count] if count < n else np.arange(n)
+        top = top[np.argsort(-sharing[top], kind="stable")]
+        partners.append([(int(o), float(sharing[o])) for o in top if sharing[o] > 0])
+    return partners
