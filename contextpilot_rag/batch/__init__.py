@@ -20,7 +20,6 @@ from .schedule import grouped_schedule, prefix_tree_schedule
 from .trie import PrefixTrie
 
 __all__ = [
-    "JOINT_PARTNERS",
     "REFINE_UP_TO",
     "BatchMethod",
     "BatchPlan",
@@ -39,20 +38,13 @@ __all__ = [
 BatchMethod = Literal["auto", "greedy", "cluster"]
 BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
-JOINT_PARTNERS = 3
-"""Refining ends with joint moves of each request with up to this many partners (the
-requests sharing the most block weight with it; :func:`refine_sequences` ``pairs``),
-on the better of the refined builds only. More partners gained next to nothing on the
-``families`` workloads."""
-
 REFINE_UP_TO = 5_000
 """``plan_batch`` refines batches up to this many requests unless told otherwise. At
-2,000 requests refining (a pass of single moves on each build, joint moves on the kept
-one) takes about three times the unrefined plan's time and shares 1–4% more tokens;
-it grows faster than the batch (at 12,000 requests about three times too, for about
-2% more; the ``bench`` section of docs/benchmarks.md times both sizes), and at
-100,000 one pass costs more than the greedy build. A second pass of single moves gains
-about a sixth of what the first does for most of the first's time, so it runs once."""
+2,000 requests the pass costs up to about as much as the builds and shares 1–3% more
+tokens; it grows faster than the batch (at 12,000 requests it about doubles the plan's
+time for about 1% more; the ``bench`` section of docs/benchmarks.md times both sizes),
+and at 100,000 one pass costs more than the greedy build. A second pass gains about a
+sixth of what the first does for most of the first's time, so the pass runs once."""
 
 
 def plan_batch(
@@ -73,8 +65,7 @@ def plan_batch(
     requests come in near-duplicate groups (topics, query templates), measured in the
     ``families`` section of docs/benchmarks.md. ``refine``: after the build, move each
     request to the prefix it shares most (:mod:`.refine`, one pass; never shares less);
-    with ``"auto"`` both builds are refined before the comparison; then the kept plan
-    gets one pass of joint moves (:data:`JOINT_PARTNERS`). Default: on up to
+    with ``"auto"`` both builds are refined before the comparison. Default: on up to
     :data:`REFINE_UP_TO` requests. ``schedule``:
     ``"prefix-tree"`` (depth first over the final sequences, default), ``"grouped"``
     (Alg. 5), or ``"builder"`` (the builder's own order; unrefined plans only, since
@@ -113,7 +104,6 @@ def plan_batch(
             for plan in candidates
         ]
         sequences = max(refined, key=lambda seqs: _shared_along(seqs, sized))
-        sequences = refine_sequences(sequences, sized, rank, passes=0, pairs=JOINT_PARTNERS)
     return BatchPlan(orders_of(requests, sequences), schedulers[schedule](sequences))
 
 

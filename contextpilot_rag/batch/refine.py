@@ -224,7 +224,9 @@ def refine_sequences(
             best: tuple[float, int, list[int], list[int]] | None = None
             mine_before = shared_before(row)
             for other, share in partners[row]:
-                # the pair gains at most twice what it shares less what both share now
+                # a pair gains at most twice what it shares less what both share with
+                # others now (shared_before also counts what they share with each
+                # other: a cheap filter that may skip a rare small gain, never a loss)
                 if 2 * share <= mine_before + shared_before(other):
                     continue
                 both = (paths[row], paths[other])
