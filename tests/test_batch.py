@@ -208,6 +208,14 @@ def test_refined_sequences_are_permutations_and_never_share_less(
         assert shared_tokens(refined, identity, weights) >= before
 
 
+@pytest.mark.parametrize("bad", [{"passes": -1}, {"pairs": -2}, {"pairs": 1.5}, {"passes": True}])
+def test_refine_sequences_refuses_bad_counts_and_changes_nothing(bad: dict[str, object]) -> None:
+    sequences = [[1, 2], [2, 1]]
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        refine_sequences(sequences, [1.0] * 3, [0, 1, 2], **bad)  # type: ignore[arg-type]
+    assert sequences == [[1, 2], [2, 1]]
+
+
 def test_refine_is_off_for_large_batches_and_with_the_builders_schedule() -> None:
     requests = [[1, 2, 3], [2, 3, 4], [1, 5], [1, 6]]
     builder = plan_batch(requests, method="greedy", schedule="builder")  # refine: off

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
+
 __all__ = ["refine_sequences"]
 
 _VISIT_LIMIT = 64  # tree nodes and partner tails searched per request
@@ -177,6 +179,9 @@ def refine_sequences(
     share, then the rest of those blocks, where that makes the tree lighter). The
     result shares at least as many weighted tokens in an unbounded prefix cache as the
     input."""
+    for name, value in (("passes", passes), ("pairs", pairs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
     current = [list(sequence) for sequence in sequences]
     tree = _Tree()
     paths = [tree.insert(sequence, row) for row, sequence in enumerate(current)]
@@ -187,6 +192,10 @@ def refine_sequences(
     def place(row: int, sequence: list[int]) -> None:
         current[row] = sequence
         paths[row] = tree.insert(sequence, row)
+
+    def take_out(row: int) -> None:
+        tree.lift(paths[row])
+        tree.remove(paths[row], row)
 
     def shared_before(row: int) -> float:
         before = 0.0
@@ -211,8 +220,7 @@ def refine_sequences(
             shared = [*found.path, *found.common]
             if found.partner is not None:
                 partner = found.partner
-                tree.lift(paths[partner])
-                tree.remove(paths[partner], partner)
+                take_out(partner)
                 tail = set(current[partner][len(found.path) :]).difference(found.common)
                 place(partner, [*shared, *by_rank(tail)])
             place(row, [*shared, *by_rank(blocks.difference(shared))])
@@ -245,9 +253,8 @@ def refine_sequences(
                     best = (gain, other, mine, theirs)
             if best is not None:
                 _, other, mine, theirs = best
-                for moving in (row, other):
-                    tree.lift(paths[moving])
-                    tree.remove(paths[moving], moving)
+                take_out(row)
+                take_out(other)
                 place(row, mine)
                 place(other, theirs)
 
