@@ -29,6 +29,7 @@ from contextpilot_rag.batch import (
     refine_sequences,
     shared_tokens,
 )
+from contextpilot_rag.batch.plan import sequences_of
 from contextpilot_rag.batch.requests import BatchRequest
 from contextpilot_rag.batch.trie import PrefixTrie
 
@@ -190,6 +191,23 @@ def test_joint_moves_free_two_requests_that_no_single_move_frees() -> None:
     joint = refine_sequences(sequences, weights, rank, pairs=1)
     assert joint[0][:3] == joint[1][:3] == [3, 4, 5]
     assert shared_tokens(joint, identity) == 3
+
+
+def test_plan_batch_makes_the_joint_moves_single_moves_cannot() -> None:
+    # the greedy build puts request 0 under block 1 (with 2 and 3) and request 1 under
+    # block 2 (with 4 and 5), though 0 and 1 share 3, 4, 5; no single move frees either
+    # (each would lose its prefix), moving both under 3, 4, 5 shares one block more
+    requests = [[1, 3, 4, 5], [2, 3, 4, 5], [1, 6, 8], [1, 6, 9], [2, 7, 10], [2, 7, 11]]
+    greedy = greedy_plan(requests)
+    assert shared_tokens(requests, greedy.orders) == 6
+    rank = list(range(12))
+    single = refine_sequences(sequences_of(requests, greedy.orders), [1.0] * 12, rank, passes=3)
+    assert shared_tokens(single, [list(range(len(s))) for s in single]) == 6
+    plan = plan_batch(requests, method="greedy")
+    check_plan(plan, [len(request) for request in requests])
+    assert shared_tokens(requests, plan.orders) == 7
+    first, second = ([r[p] for p in o] for r, o in zip(requests, plan.orders[:2], strict=False))
+    assert first[:3] == second[:3] == [3, 4, 5]
 
 
 @settings(max_examples=80, deadline=None)

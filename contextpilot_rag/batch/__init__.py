@@ -15,11 +15,12 @@ import numpy as np
 from ..errors import ConfigError
 from .greedy import greedy_plan
 from .plan import BatchPlan, Progress, check_plan, no_progress, orders_of, sequences_of
-from .refine import refine_sequences
+from .refine import Refiner, refine_sequences
 from .schedule import grouped_schedule, prefix_tree_schedule
 from .trie import PrefixTrie
 
 __all__ = [
+    "JOINT_PARTNERS",
     "REFINE_UP_TO",
     "BatchMethod",
     "BatchPlan",
@@ -39,12 +40,19 @@ BatchMethod = Literal["auto", "greedy", "cluster"]
 BatchSchedule = Literal["prefix-tree", "grouped", "builder"]
 
 REFINE_UP_TO = 5_000
-"""``plan_batch`` refines batches up to this many requests unless told otherwise. At
-2,000 requests the pass costs up to about as much as the builds and shares 1–3% more
-tokens; it grows faster than the batch (at 12,000 requests it about doubles the plan's
-time for about 1% more; the ``bench`` section of docs/benchmarks.md times both sizes),
-and at 100,000 one pass costs more than the greedy build. A second pass gains about a
-sixth of what the first does for most of the first's time, so the pass runs once."""
+"""``plan_batch`` refines batches up to this many requests unless told otherwise. The
+refining (single moves on the builds, joint moves on the kept one) grows faster than
+the batch and gains less on large batches; at 100,000 requests one pass costs more
+than the greedy build. The ``bench`` section of docs/benchmarks.md times it at 2,000
+and 12,000 requests. A second single-move pass gains little for most of the first's
+time, so it runs once."""
+
+
+JOINT_PARTNERS = 3
+"""The refined build ``plan_batch`` keeps gets one pass of joint moves
+(:func:`refine_sequences` ``pairs``) with each request's this many heaviest partners
+by shared weight. More partners gained next to nothing on the ``families`` workloads,
+fewer gained less."""
 
 
 def plan_batch(
@@ -64,8 +72,12 @@ def plan_batch(
     greedy on independent Zipf draws, clustering by several points on workloads whose
     requests come in near-duplicate groups (topics, query templates), measured in the
     ``families`` section of docs/benchmarks.md. ``refine``: after the build, move each
-    request to the prefix it shares most (:mod:`.refine`, one pass; never shares less);
-    with ``"auto"`` both builds are refined before the comparison. Default: on up to
+    request to the prefix it shares most (:mod:`.refine`, one pass; never shares less),
+    then move pairs of requests held apart by their prefixes together
+    (:data:`JOINT_PARTNERS`). With ``"auto"`` the greedy build is refined first, and
+    the clustered one too unless it already shares less than the refined greedy one
+    (its pass gains much less than greedy's);
+    the one that refines better gets the joint moves. Default: on up to
     :data:`REFINE_UP_TO` requests. ``schedule``:
     ``"prefix-tree"`` (depth first over the final sequences, default), ``"grouped"``
     (Alg. 5), or ``"builder"`` (the builder's own order; unrefined plans only, since
@@ -99,11 +111,19 @@ def plan_batch(
     else:
         sized = _code_weights(requests, weights)
         rank = _popularity_rank(requests)
-        refined = [
-            refine_sequences(sequences_of(requests, plan.orders), sized, rank, passes=1)
-            for plan in candidates
+        refiners = [
+            Refiner(sequences_of(requests, plan.orders), sized, rank) for plan in candidates
         ]
-        sequences = max(refined, key=lambda seqs: _shared_along(seqs, sized))
+        best, best_shared = refiners[0], -1.0
+        for refiner in refiners:  # greedy first: its pass gains the most
+            if refiner.shared() < best_shared:
+                continue  # behind before its pass; the clustered build's gains little
+            refiner.single_passes(1)
+            shared = refiner.shared()
+            if shared > best_shared:  # ties: the first
+                best, best_shared = refiner, shared
+        best.joint_pass(JOINT_PARTNERS)
+        sequences = best.sequences
     return BatchPlan(orders_of(requests, sequences), schedulers[schedule](sequences))
 
 

@@ -24,6 +24,8 @@ a request with each of its heaviest partners by shared weight, lift both, put bo
 under the heaviest path inside the blocks they share, followed by the rest of those
 blocks, and keep the best such pair where the tree gets lighter (exactly: the nodes
 only the two passed through, against the nodes their new sequences add).
+``plan_batch`` runs one pass of them on the refined plan it keeps (:class:`Refiner`
+lets it refine several plans and go on with the best without rebuilding the tree).
 
 Cost: per request, the removal and insertion are O(k) and the search visits the tree
 nodes whose path lies inside the request's blocks and the tails hanging from them, at
@@ -42,6 +44,7 @@ from ..errors import ConfigError
 __all__ = ["refine_sequences"]
 
 _VISIT_LIMIT = 64  # tree nodes and partner tails searched per request
+_JOINT_VISITS = int(__import__("os").environ.get("JV", "64"))
 _MIN_GAIN = 1e-9  # a joint move must make the tree lighter by more than rounding
 
 
@@ -124,25 +127,35 @@ class _Tree:
         on_path = set(lifted)
         deeper = 1 if tails is not None else 0  # with tails, a count-1 child is a tail
         total = sum(weights[block] for block in blocks)
-        best = _Place(0.0)
+        # the best so far, as locals (this loop runs for every request of a pass)
+        best_weight = 0.0
+        best_path: tuple[int, ...] = ()
+        best_partner: int | None = None
+        best_common: tuple[int, ...] = ()
         stack: list[tuple[_Node, float, tuple[int, ...]]] = [(self.root, 0.0, ())]
         visits = 0
-        while stack and visits < _VISIT_LIMIT and best.weight < total:
+        while stack and visits < _VISIT_LIMIT and best_weight < total:
             node, weight, path = stack.pop()
             visits += 1
-            if weight > best.weight:
-                best = _Place(weight, path)
+            if weight > best_weight:
+                best_weight, best_path, best_partner, best_common = weight, path, None, ()
             for block, child in node.children.items():
-                if child.count > deeper and block in blocks:
+                count = child.count
+                if count > deeper and block in blocks:
                     stack.append((child, weight + weights[block], (*path, block)))
-                elif deeper and child.count == 1:  # a tail: at least what following it gives
+                elif deeper and count == 1:  # a tail: at least what following it gives
                     visits += 1
                     partner = child.rows - (row if child in on_path else 0)
-                    common = tuple(c for c in current[partner][len(path) :] if c in blocks)
-                    gained = weight + sum(weights[code] for code in common)
-                    if gained > best.weight:
-                        best = _Place(gained, path, partner, common)
-        return best
+                    tail = current[partner][len(path) :]
+                    common = blocks.intersection(tail)
+                    gained = weight
+                    for code in common:
+                        gained += weights[code]
+                    if gained > best_weight:
+                        ordered = tuple(code for code in tail if code in common)
+                        best_weight, best_path = gained, path
+                        best_partner, best_common = partner, ordered
+        return _Place(best_weight, best_path, best_partner, best_common)
 
     def added_weight(self, sequences: Sequence[Sequence[int]], weights: Sequence[float]) -> float:
         """The weight of the nodes that inserting ``sequences`` would add (nodes no
@@ -179,37 +192,87 @@ def refine_sequences(
     share, then the rest of those blocks, where that makes the tree lighter). The
     result shares at least as many weighted tokens in an unbounded prefix cache as the
     input."""
-    for name, value in (("passes", passes), ("pairs", pairs)):
+    _check_counts(passes=passes, pairs=pairs)
+    refiner = Refiner(sequences, weights, rank)
+    refiner.single_passes(passes)
+    refiner.joint_pass(pairs)
+    return refiner.sequences
+
+
+def _check_counts(**counts: int) -> None:
+    for name, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
-    current = [list(sequence) for sequence in sequences]
-    tree = _Tree()
-    paths = [tree.insert(sequence, row) for row, sequence in enumerate(current)]
 
-    def by_rank(codes: set[int]) -> list[int]:
+
+class Refiner:
+    """The moves of :func:`refine_sequences` on one plan, step by step, so a caller can
+    refine several plans and go on with the best (``plan_batch`` does).
+    :attr:`sequences` are the current sequences; :meth:`shared` what they share."""
+
+    def __init__(
+        self, sequences: Sequence[Sequence[int]], weights: Sequence[float], rank: Sequence[int]
+    ) -> None:
+        self.sequences = [list(sequence) for sequence in sequences]
+        self.weights = weights
+        self.rank = rank
+        self.tree = _Tree()
+        self.paths = [
+            self.tree.insert(sequence, row) for row, sequence in enumerate(self.sequences)
+        ]
+
+    def shared(self) -> float:
+        """The weight the sequences share: every block sent after a prefix an earlier
+        sequence sent (the total less the tree's weight, as ``shared_tokens``)."""
+        weights = self.weights
+        total = sum(weights[code] for sequence in self.sequences for code in sequence)
+        stack = list(self.tree.root.children.values())
+        tree = 0.0
+        while stack:
+            node = stack.pop()
+            tree += weights[node.block]
+            stack.extend(node.children.values())
+        return total - tree
+
+    def single_passes(self, passes: int) -> None:
+        """Up to ``passes`` passes of single moves, stopping after one that moves none."""
+        for _ in range(passes):
+            if not self._single_moves():
+                break
+
+    def joint_pass(self, pairs: int) -> None:
+        """One pass of joint moves with each request's ``pairs`` heaviest partners
+        (none for 0)."""
+        if pairs > 0:
+            self._joint_moves(_heaviest_partners(self.sequences, self.weights, pairs))
+
+    def _by_rank(self, codes: set[int]) -> list[int]:
+        rank = self.rank
         return sorted(codes, key=lambda code: (rank[code], code))
 
-    def place(row: int, sequence: list[int]) -> None:
-        current[row] = sequence
-        paths[row] = tree.insert(sequence, row)
+    def _place(self, row: int, sequence: list[int]) -> None:
+        self.sequences[row] = sequence
+        self.paths[row] = self.tree.insert(sequence, row)
 
-    def take_out(row: int) -> None:
-        tree.lift(paths[row])
-        tree.remove(paths[row], row)
+    def _take_out(self, row: int) -> None:
+        self.tree.lift(self.paths[row])
+        self.tree.remove(self.paths[row], row)
 
-    def shared_before(row: int) -> float:
+    def _shared_before(self, row: int) -> float:
+        weights = self.weights
         before = 0.0
-        for node in paths[row]:
+        for node in self.paths[row]:
             if node.count < 2:
                 break
             before += weights[node.block]
         return before
 
-    def single_moves() -> int:
+    def _single_moves(self) -> int:
+        tree, weights, current = self.tree, self.weights, self.sequences
         moved = 0
         for row, sequence in enumerate(current):
-            path = paths[row]
-            before = shared_before(row)
+            path = self.paths[row]
+            before = self._shared_before(row)
             tree.lift(path)
             blocks = set(sequence)
             found = tree.best_place(blocks, weights, (row, current, path))
@@ -220,50 +283,47 @@ def refine_sequences(
             shared = [*found.path, *found.common]
             if found.partner is not None:
                 partner = found.partner
-                take_out(partner)
+                self._take_out(partner)
                 tail = set(current[partner][len(found.path) :]).difference(found.common)
-                place(partner, [*shared, *by_rank(tail)])
-            place(row, [*shared, *by_rank(blocks.difference(shared))])
+                self._place(partner, [*shared, *self._by_rank(tail)])
+            self._place(row, [*shared, *self._by_rank(blocks.difference(shared))])
             moved += 1
         return moved
 
-    def joint_moves(partners: Sequence[Sequence[tuple[int, float]]]) -> None:
+    def _joint_moves(self, partners: Sequence[Sequence[tuple[int, float]]]) -> None:
+        tree, weights, current, paths = self.tree, self.weights, self.sequences, self.paths
+        by_rank = self._by_rank
         for row in range(len(current)):
             best: tuple[float, int, list[int], list[int]] | None = None
-            mine_before = shared_before(row)
+            mine_before = self._shared_before(row)
             for other, share in partners[row]:
                 # a pair gains at most twice what it shares less what both share with
                 # others now (shared_before also counts what they share with each
                 # other: a cheap filter that may skip a rare small gain, never a loss)
-                if 2 * share <= mine_before + shared_before(other):
+                if 2 * share <= mine_before + self._shared_before(other):
                     continue
                 both = (paths[row], paths[other])
                 for path in both:
                     tree.lift(path)
-                freed = {id(n): weights[n.block] for p in both for n in p if not n.count}
+                freed = sum(
+                    {id(n): weights[n.block] for p in both for n in p if not n.count}.values()
+                )
                 common = set(current[row]).intersection(current[other])
                 head = list(tree.best_place(common, weights).path)
                 head += by_rank(common.difference(head))
                 mine = [*head, *by_rank(set(current[row]).difference(common))]
                 theirs = [*head, *by_rank(set(current[other]).difference(common))]
-                gain = sum(freed.values()) - tree.added_weight((mine, theirs), weights)
+                gain = freed - tree.added_weight((mine, theirs), weights)
                 for path in both:
                     tree.restore(path)
                 if gain > _MIN_GAIN and (best is None or gain > best[0]):
                     best = (gain, other, mine, theirs)
             if best is not None:
                 _, other, mine, theirs = best
-                take_out(row)
-                take_out(other)
-                place(row, mine)
-                place(other, theirs)
-
-    for _ in range(passes):
-        if not single_moves():
-            break
-    if pairs > 0:
-        joint_moves(_heaviest_partners(current, weights, pairs))
-    return current
+                self._take_out(row)
+                self._take_out(other)
+                self._place(row, mine)
+                self._place(other, theirs)
 
 
 def _heaviest_partners(
