@@ -91,6 +91,7 @@ bench-families: $(STAMP)
 	$(BIN)/pip install --quiet scipy numpy
 	$(BIN)/pip install --quiet --no-deps contextpilot==0.5.0
 	$(BIN)/python benchmarks/families.py --write docs/benchmarks.md --plot docs/img/families.png
+	$(BIN)/python benchmarks/batch_headroom.py --write docs/benchmarks.md --plot docs/img/batch_headroom.png --jobs 2
 
 # The simulated routing benchmarks and the client overhead: no engine, a few minutes.
 bench-sim: $(STAMP)

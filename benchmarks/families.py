@@ -298,7 +298,7 @@ def unmodified_prompts(workload: Workload, tokenizer: Tokenizer) -> Iterator[Pro
         )
 
 
-def _coded(rows: Sequence[RequestTokens]) -> tuple[list[list[int]], dict[int, float]]:
+def coded_requests(rows: Sequence[RequestTokens]) -> tuple[list[list[int]], dict[int, float]]:
     """The rows' blocks as integer codes (the bounds of ``bench.optimum`` take those),
     and each code's tokens."""
     codes: dict[str, int] = {}
@@ -314,7 +314,7 @@ def cached_upper_bound(rows: Sequence[RequestTokens], *, fixed_order: bool) -> f
     request — an earlier one when the arrival order is fixed (``fixed_order``); and
     the trie of the sequences is at least as wide at every depth as a set of requests
     that pairwise share less than that depth (``separation_bound``, any order)."""
-    requests, weights = _coded(rows)
+    requests, weights = coded_requests(rows)
     blocks = min(
         seen_before_bound(requests, weights),
         best_partner_bound(requests, weights, earlier_only=fixed_order),
@@ -337,7 +337,7 @@ def computed_lower_bound(
     conversation. ``questions[n]``: tokens of request ``n``'s question no prompt has
     cached when it is first asked (:func:`question_floor`; none when not given). Less at
     most one page per request that may match by coincidence."""
-    coded, sizes = _coded(rows)
+    coded, sizes = coded_requests(rows)
     firsts = [number for number, request in enumerate(requests) if request.turn == 0]
     partner = dict(
         zip(

@@ -154,3 +154,26 @@ def test_benchmarks_import_only_public_names_of_the_package() -> None:
             if any(part.startswith("_") for name in names for part in name.split(".")):
                 private.append(f"{path.relative_to(ROOT)}: from {node.module} import ...")
     assert private == []
+
+
+def test_batch_headroom_writes_searches_and_widths_within_their_bounds(tmp_path: Path) -> None:
+    import batch_headroom
+
+    report = tmp_path / "bench.md"
+    image = tmp_path / "img" / "headroom.png"
+    argv = ["--draws", "1", "--requests", "120", "--write", str(report), "--plot", str(image)]
+    assert batch_headroom.main(argv) == 0
+    text = report.read_text(encoding="utf-8")
+    assert begin_marker("batch-headroom") in text and "### Other searches against ours" in text
+    assert image.stat().st_size > 0
+    (result,) = [batch_headroom.measure((1, 120))]
+    assert result.requests == 120
+    for share in (result.ours, result.longer, result.cover_first):
+        assert 0.0 < share <= result.bound + 1e-9  # no plan beats the bound
+    assert result.longer >= result.ours - 1e-12  # refining never shares less
+    for width in result.widths:
+        # the independent set is a packing, the packing bounds every plan's width (ours,
+        # and the greedy cover at that depth alone) from below
+        assert width.independent <= width.packing + 1e-6
+        assert width.packing <= min(width.ours, width.cover) + 1e-6
+        assert width.cover <= width.alive and width.ours <= width.alive

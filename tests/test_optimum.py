@@ -16,6 +16,7 @@ from contextpilot_rag.bench.optimum import (
     random_instance,
     seen_before_bound,
     separation_bound,
+    separation_width,
 )
 
 
@@ -148,6 +149,19 @@ def test_separation_bound_is_tighter_on_a_zipf_batch() -> None:
     ours = ours_hits(requests)
     bound = separation_bound(requests, levels=6)
     assert ours <= bound < best_partner_bound(requests)
+
+
+def test_separation_width_counts_requests_that_must_part_by_a_depth() -> None:
+    pairs = [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)]
+    # below one block, only pairs sharing nothing must part: {1,2} and {3,4}
+    assert separation_width(pairs, None, 0.5) == 2
+    # past one block every pair has parted; requests no heavier than the depth count not
+    assert separation_width(pairs, None, 1.5) == 6
+    assert separation_width(pairs, None, 2.0) == 0
+    # weights move the depths: block 1 weighs 3, so (1, 2) and (1, 3) stay together to 3
+    weights = {1: 3.0, 2: 1.0, 3: 1.0, 4: 1.0}
+    assert separation_width([(1, 2), (1, 3)], weights, 2.5) == 1
+    assert separation_width([(1, 2), (1, 3)], weights, 3.0) == 2
 
 
 def test_separation_bound_rejects_bad_levels() -> None:

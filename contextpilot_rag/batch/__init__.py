@@ -31,6 +31,7 @@ __all__ = [
     "grouped_schedule",
     "no_progress",
     "plan_batch",
+    "popularity_rank",
     "prefix_tree_schedule",
     "refine_sequences",
     "shared_tokens",
@@ -110,7 +111,7 @@ def plan_batch(
         sequences = sequences_of(requests, plan.orders)
     else:
         sized = _code_weights(requests, weights)
-        rank = _popularity_rank(requests)
+        rank = popularity_rank(requests)
         refiners = [
             Refiner(sequences_of(requests, plan.orders), sized, rank) for plan in candidates
         ]
@@ -176,9 +177,10 @@ def _code_weights(
     return [float(weight) for weight in weights[:size]]
 
 
-def _popularity_rank(requests: Sequence[Sequence[int]]) -> list[int]:
+def popularity_rank(requests: Sequence[Sequence[int]]) -> list[int]:
     """Per code, its rank by how many requests hold it (0: most; ties: smaller code),
-    the order the builders give a leaf's unshared blocks."""
+    the order the builders give a leaf's unshared blocks (the ``rank`` that
+    :func:`refine_sequences` takes)."""
     flat = np.fromiter((code for request in requests for code in request), dtype=np.int64)
     counts = np.bincount(flat) if flat.size else np.zeros(0, dtype=np.int64)
     order = np.lexsort((np.arange(counts.size), -counts))

@@ -36,6 +36,7 @@ __all__ = [
     "random_instance",
     "seen_before_bound",
     "separation_bound",
+    "separation_width",
 ]
 
 _Key = tuple[tuple[int, ...], ...]
@@ -182,6 +183,21 @@ def separation_bound(
         if end > start and alive.any():
             hits -= (end - start) * _greedy_independent_set(shared > start, alive)
     return max(0.0, hits)
+
+
+def separation_width(
+    requests: Sequence[Collection[int]], weights: Mapping[int, float] | None, depth: float
+) -> int:
+    """The size of a set of requests heavier than ``depth`` that pairwise share at most
+    ``depth`` (minimum-degree greedy, as :func:`separation_bound` takes at each depth):
+    each sits on its own trie node at ``depth`` in every plan, so every plan's trie is
+    at least this wide there."""
+    sets = [sorted(set(request)) for request in requests]
+    heavy = np.array([sum(_weight(weights, b) for b in blocks) for blocks in sets])
+    alive = heavy > depth
+    if len(sets) < 2:
+        return int(alive.sum())
+    return _greedy_independent_set(_pairwise_shares(sets, weights) > depth, alive)
 
 
 def _pairwise_shares(
