@@ -117,7 +117,7 @@ def plan_batch(
         ]
         best, best_shared = refiners[0], -1.0
         for refiner in refiners:  # greedy first: its pass gains the most
-            if refiner.shared() < best_shared:
+            if best_shared >= 0.0 and refiner.shared() < best_shared:
                 continue  # behind before its pass; the clustered build's gains little
             refiner.single_passes(1)
             shared = refiner.shared()

@@ -44,7 +44,6 @@ from ..errors import ConfigError
 __all__ = ["refine_sequences"]
 
 _VISIT_LIMIT = 64  # tree nodes and partner tails searched per request
-_JOINT_VISITS = int(__import__("os").environ.get("JV", "64"))
 _MIN_GAIN = 1e-9  # a joint move must make the tree lighter by more than rounding
 
 
