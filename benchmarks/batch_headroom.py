@@ -439,7 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         import scipy  # noqa: F401
     except ImportError:
         parser.error("needs scipy (pip install scipy; `make bench-families` installs it)")
-    draws = [int(d) for d in args.draws.split(",")]
+    try:
+        draws = [int(d) for d in args.draws.split(",")]
+    except ValueError:
+        parser.error(f"--draws takes comma-separated draw numbers, got {args.draws!r}")
+    if any(draw < 0 for draw in draws) or args.requests < 2 or args.jobs < 1:
+        parser.error("--draws must be >= 0, --requests >= 2 and --jobs >= 1")
     started = time.perf_counter()
     with progress_bars() as progress:
         jobs = [(draw, args.requests) for draw in draws]

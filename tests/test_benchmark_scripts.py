@@ -13,6 +13,7 @@ from typing import Any
 import bench
 import engine
 import families
+import pytest
 import soak
 from lib.sections import begin_marker, end_marker
 
@@ -177,3 +178,18 @@ def test_batch_headroom_writes_searches_and_widths_within_their_bounds(tmp_path:
         assert width.independent <= width.packing + 1e-6
         assert width.packing <= min(width.ours, width.cover) + 1e-6
         assert width.cover <= width.alive and width.ours <= width.alive
+
+
+@pytest.mark.parametrize(
+    "argv", [["--draws", "one"], ["--draws", "-1"], ["--requests", "1"], ["--jobs", "0"]]
+)
+def test_batch_headroom_refuses_bad_arguments_before_any_work(
+    argv: list[str], tmp_path: Path
+) -> None:
+    import batch_headroom
+
+    report = tmp_path / "bench.md"
+    with pytest.raises(SystemExit) as exit_info:
+        batch_headroom.main([*argv, "--write", str(report)])
+    assert exit_info.value.code == 2
+    assert not report.exists()

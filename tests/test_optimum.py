@@ -162,6 +162,9 @@ def test_separation_width_counts_requests_that_must_part_by_a_depth() -> None:
     weights = {1: 3.0, 2: 1.0, 3: 1.0, 4: 1.0}
     assert separation_width([(1, 2), (1, 3)], weights, 2.5) == 1
     assert separation_width([(1, 2), (1, 3)], weights, 3.0) == 2
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="depth"):
+            separation_width(pairs, None, bad)
 
 
 def test_separation_bound_rejects_bad_levels() -> None:

@@ -192,6 +192,8 @@ def separation_width(
     ``depth`` (minimum-degree greedy, as :func:`separation_bound` takes at each depth):
     each sits on its own trie node at ``depth`` in every plan, so every plan's trie is
     at least this wide there."""
+    if not depth >= 0:
+        raise ValueError(f"depth must be >= 0, got {depth!r}")
     sets = [sorted(set(request)) for request in requests]
     heavy = np.array([sum(_weight(weights, b) for b in blocks) for blocks in sets])
     alive = heavy > depth
