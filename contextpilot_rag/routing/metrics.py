@@ -29,7 +29,8 @@ What is exported (prefix ``contextpilot_routing_``):
   ``ttca_seconds`` histogram and ``solves_total{correct}`` for
   :meth:`RoutingClient.solve`.
 - gauges read at scrape time: ``route_table_entries`` (the policy's route memory),
-  ``in_flight`` / ``queued_tokens`` / ``healthy`` ``{endpoint,model}``.
+  ``in_flight`` / ``queued_tokens`` / ``healthy`` ``{endpoint,model}`` (``endpoint``:
+  the routing target, ``url#slot<n>`` for a slot endpoint; its own load).
 
 Structured logs need no dependency: every finished attempt is logged on the
 ``contextpilot_rag.routing.decisions`` logger at INFO as one JSON object (also in the
@@ -252,7 +253,8 @@ class RoutingMetrics:
             ),
         }
         for state in replicas:
-            labels = [state.replica_id.split("#")[0], state.model]
+            # the target (a slot's URL keeps its ``#slot<n>``), not the model suffix
+            labels = [state.replica_id.removesuffix(f"#{state.model}"), state.model]
             families["in_flight"].add_metric(labels, state.in_flight)
             families["queued_tokens"].add_metric(labels, state.queued_tokens)
             families["healthy"].add_metric(labels, 1.0 if state.healthy else 0.0)

@@ -143,14 +143,15 @@ class Dispatcher:
         with self.lock:
             return {r.replica_id: (r.in_flight, r.queued_tokens) for r in self.replicas.values()}
 
-    def _states(self, now: float) -> tuple[ReplicaState, ...]:
+    def _states(self, now: float, *, shared_compute: bool = True) -> tuple[ReplicaState, ...]:
         """Every replica's state (lock held), other routers' load included, and for a
-        slot of a server whose other slots are targets too, their queued prompts: the
-        slots of one server share its compute, so a prompt sent to an idle slot still
-        waits while the server prefills another slot's."""
+        slot of a server whose other slots are targets too (``shared_compute``), their
+        queued prompts: the slots of one server share its compute, so a prompt sent to
+        an idle slot still waits while the server prefills another slot's."""
         replicas = self.replicas.values()
         remote = self.shared.remote_load() if self.shared is not None else None
-        if not remote and not self._siblings:
+        siblings = self._siblings if shared_compute else {}
+        if not remote and not siblings:
             return tuple(r.state(now) for r in replicas)
         remote = remote or {}
 
@@ -160,7 +161,7 @@ class Dispatcher:
         states = []
         for replica in replicas:
             in_flight, tokens = remote.get(replica.replica_id, (0, 0))
-            for sibling in self._siblings.get(replica.replica_id, ()):
+            for sibling in siblings.get(replica.replica_id, ()):
                 tokens += queued(sibling)
             states.append(replica.state(now, (in_flight, tokens)))
         return tuple(states)
@@ -172,8 +173,11 @@ class Dispatcher:
             return list(self._states(now))
 
     def metrics_state(self) -> tuple[list[ReplicaState], int | None]:
+        """Each target's own load (other routers' included, not its sibling slots': a
+        gauge per target sums to the fleet's) and the route memory's size."""
+        now = time.monotonic()
         with self.lock:
-            return self.states(), route_table_entries(self.policy)
+            return list(self._states(now, shared_compute=False)), route_table_entries(self.policy)
 
     def plan(
         self,
