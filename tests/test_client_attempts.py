@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextpilot_rag.errors import ConfigError, InvalidDecisionError
-from contextpilot_rag.routing import CombinedPolicy, RoundRobinPolicy, RoutingClient
+from contextpilot_rag.routing import RoundRobinPolicy, RoutingClient
 from contextpilot_rag.routing.client import ClientConfig
 from contextpilot_rag.routing.client.attempts import (
     READ_BODY,
@@ -151,55 +151,3 @@ def test_a_decision_for_an_unknown_replica_is_the_simulators_error_and_books_not
     with pytest.raises(InvalidDecisionError, match="stray"):
         client.chat("hello")
     assert all(state.in_flight == 0 and state.queued_tokens == 0 for state in client.replicas)
-
-
-def _slot_dispatcher(policy: object) -> Dispatcher:
-    """Two llama-server-style servers, each listed as two slot targets."""
-    endpoints = [
-        Endpoint(url, slot=slot, prefill_tokens_per_s=1000.0)
-        for url in ("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1")
-        for slot in (0, 1)
-    ]
-    replicas = [Replica(endpoint, "m") for endpoint in endpoints]
-    return Dispatcher(replicas, policy, ClientConfig(model="m"), metrics=None)  # type: ignore[arg-type]
-
-
-def test_the_slots_of_one_server_see_each_others_queued_prompts() -> None:
-    dispatch = _slot_dispatcher(RoundRobinPolicy())
-    first, second, third, fourth = dispatch.replicas.values()
-    first.queued_tokens, first.in_flight = 3000, 1
-    third.queued_tokens, third.in_flight = 200, 1
-    states = {s.replica_id: s for s in dispatch.states()}
-    # a slot's own prompts and those of the other slot of its server: they share its compute
-    assert states[first.replica_id].queued_tokens == 3000
-    assert states[second.replica_id].queued_tokens == 3000
-    assert states[third.replica_id].queued_tokens == 200
-    assert states[fourth.replica_id].queued_tokens == 200
-    # in-flight counts stay per slot (a slot runs its own request)
-    assert [states[r.replica_id].in_flight for r in (first, second, third, fourth)] == [1, 0, 1, 0]
-
-
-def test_slots_of_other_servers_and_plain_endpoints_stay_apart() -> None:
-    endpoints = [
-        Endpoint("http://127.0.0.1:1/v1", slot=0),
-        Endpoint("http://127.0.0.1:2/v1", slot=0),
-        Endpoint("http://127.0.0.1:1/v1/x"),
-    ]
-    dispatch = Dispatcher(
-        [Replica(e, "m") for e in endpoints], RoundRobinPolicy(), ClientConfig(model="m"), None
-    )
-    first, second, plain = dispatch.replicas.values()
-    first.queued_tokens = 500
-    states = {s.replica_id: s.queued_tokens for s in dispatch.states()}
-    assert states == {first.replica_id: 500, second.replica_id: 0, plain.replica_id: 0}
-
-
-def test_combined_sends_a_prompt_to_an_idle_server_not_to_a_busy_servers_free_slot() -> None:
-    dispatch = _slot_dispatcher(CombinedPolicy())
-    busy = next(iter(dispatch.replicas.values()))
-    busy.queued_tokens, busy.in_flight = 8000, 1  # server 1 prefills 8 s of prompt
-    request = RouteRequest("r", prompt_tokens=500, expected_output_tokens=8)
-    with dispatch.lock:
-        _, replica = dispatch._offer(request, time.monotonic())
-    assert replica is not None
-    assert replica.endpoint.base_url == "http://127.0.0.1:2/v1"

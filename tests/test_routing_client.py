@@ -643,9 +643,7 @@ def test_metrics_count_decisions_cache_predictions_and_latencies(
     assert "contextpilot_routing_decisions_total" in text and "route_table_entries" in text
 
 
-def test_gauges_name_each_slot_target_and_count_its_own_load(
-    fleet: list[OpenAICompatibleServer],
-) -> None:
+def test_gauges_name_each_slot_target(fleet: list[OpenAICompatibleServer]) -> None:
     url = fleet[0].base_url
     slots = [Endpoint(url, slot=i) for i in range(2)]
     with RoutingClient(slots, model="m", policy="round-robin", metrics=True) as client:
@@ -657,13 +655,11 @@ def test_gauges_name_each_slot_target_and_count_its_own_load(
             lines = client.metrics.exposition().decode().splitlines()
             own = sample(client, "queued_tokens", endpoint=f"{url}#slot0", model="m")
             other = sample(client, "queued_tokens", endpoint=f"{url}#slot1", model="m")
-            seen_by_policy = {s.replica_id: s.queued_tokens for s in client.replicas}
         finally:
             first.queued_tokens = 0
     gauges = [line for line in lines if line.startswith("contextpilot_routing_healthy{")]
     assert len(gauges) == 2 and len(set(gauges)) == 2  # one sample per slot, none merged
-    assert (own, other) == (700, 0)  # a gauge per target: they sum to the fleet's
-    assert seen_by_policy == {f"{url}#slot0": 700, f"{url}#slot1": 700}  # shared compute
+    assert (own, other) == (700, 0)
 
 
 def test_metrics_of_solve_and_the_http_endpoint(fleet: list[OpenAICompatibleServer]) -> None:

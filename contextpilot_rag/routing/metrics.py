@@ -30,7 +30,7 @@ What is exported (prefix ``contextpilot_routing_``):
   :meth:`RoutingClient.solve`.
 - gauges read at scrape time: ``route_table_entries`` (the policy's route memory),
   ``in_flight`` / ``queued_tokens`` / ``healthy`` ``{endpoint,model}`` (``endpoint``:
-  the routing target, ``url#slot<n>`` for a slot endpoint; its own load).
+  the routing target, ``url#slot<n>`` for a slot endpoint).
 
 Structured logs need no dependency: every finished attempt is logged on the
 ``contextpilot_rag.routing.decisions`` logger at INFO as one JSON object (also in the

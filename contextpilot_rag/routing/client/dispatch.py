@@ -127,7 +127,6 @@ class Dispatcher:
             block_tokens=config.block_tokens, chars_per_token=config.chars_per_token
         )
         self.replicas = {r.replica_id: r for r in replicas}
-        self._siblings = _slot_siblings(replicas)
         self.held = HeldRequests()
         self.lock = threading.RLock()  # finish() releases counters under it
         memory = policy.route_memory  # told how many prompts each endpoint keeps
@@ -143,28 +142,13 @@ class Dispatcher:
         with self.lock:
             return {r.replica_id: (r.in_flight, r.queued_tokens) for r in self.replicas.values()}
 
-    def _states(self, now: float, *, shared_compute: bool = True) -> tuple[ReplicaState, ...]:
-        """Every replica's state (lock held), other routers' load included, and for a
-        slot of a server whose other slots are targets too (``shared_compute``), their
-        queued prompts: the slots of one server share its compute, so a prompt sent to
-        an idle slot still waits while the server prefills another slot's."""
+    def _states(self, now: float) -> tuple[ReplicaState, ...]:
+        """Every replica's state (lock held), other routers' load included."""
         replicas = self.replicas.values()
         remote = self.shared.remote_load() if self.shared is not None else None
-        siblings = self._siblings if shared_compute else {}
-        if not remote and not siblings:
+        if not remote:
             return tuple(r.state(now) for r in replicas)
-        remote = remote or {}
-
-        def queued(replica_id: str) -> int:
-            return self.replicas[replica_id].queued_tokens + remote.get(replica_id, (0, 0))[1]
-
-        states = []
-        for replica in replicas:
-            in_flight, tokens = remote.get(replica.replica_id, (0, 0))
-            for sibling in siblings.get(replica.replica_id, ()):
-                tokens += queued(sibling)
-            states.append(replica.state(now, (in_flight, tokens)))
-        return tuple(states)
+        return tuple(r.state(now, remote.get(r.replica_id, (0, 0))) for r in replicas)
 
     def states(self) -> list[ReplicaState]:
         """The fleet as the policy sees it now (counters, health)."""
@@ -173,11 +157,8 @@ class Dispatcher:
             return list(self._states(now))
 
     def metrics_state(self) -> tuple[list[ReplicaState], int | None]:
-        """Each target's own load (other routers' included, not its sibling slots': a
-        gauge per target sums to the fleet's) and the route memory's size."""
-        now = time.monotonic()
         with self.lock:
-            return list(self._states(now, shared_compute=False)), route_table_entries(self.policy)
+            return self.states(), route_table_entries(self.policy)
 
     def plan(
         self,
@@ -456,19 +437,3 @@ def _answer(plan: Plan, reply: Reply, counts: TokenCounts, ttft_s: float, now: f
         attempts=plan.request.attempt + 1,
         tool_calls=tuple(reply.tool_calls[i] for i in sorted(reply.tool_calls)),
     )
-
-
-def _slot_siblings(replicas: Sequence[Replica]) -> dict[str, tuple[str, ...]]:
-    """For each slot target (:attr:`Endpoint.slot`), the other slot targets of the same
-    server and model; targets with no such sibling are left out."""
-    servers: dict[tuple[str, str], list[str]] = {}
-    for replica in replicas:
-        if replica.endpoint.slot is not None:
-            key = (replica.endpoint.base_url, replica.model)
-            servers.setdefault(key, []).append(replica.replica_id)
-    return {
-        replica_id: tuple(other for other in slots if other != replica_id)
-        for slots in servers.values()
-        if len(slots) > 1
-        for replica_id in slots
-    }
