@@ -46,7 +46,13 @@ the servers: one ``Endpoint(base_url, slot=i, max_cached_prompts=1)`` per slot, 
 request carries llama-server's ``id_slot`` and the router knows a slot keeps only its
 last prompt; ``NAME`` alone (or ``NAME:servers``) lets llama-server choose the slot.
 ``--cache-ram`` sets llama-server's host-memory prompt cache (MiB; default: the
-server's own), the same for every policy.
+server's own), the same for every policy; with ``--cache-ram 0`` the closed-loop and
+the chat runs write sections of their own (``-slot-cache``)::
+
+    python benchmarks/llama_server_routing.py --workload chat --users 12 \
+        --conversation-rates 0.06 --policies round-robin,combined,combined:slots \
+        --cache-ram 0 --write docs/benchmarks.md \
+        --plot docs/img/llama_server_chat_slot_cache.png
 """
 
 from __future__ import annotations
@@ -976,9 +982,10 @@ def main() -> None:
         section = "llama-server-slots" if by_slots(args) else "llama-server-stream"
         text = stream_benchmark(policies, engine, args, command)
     elif args.workload == "chat":
-        text, section = chat_benchmark(policies, engine, args, command), "llama-server-chat"
-    else:
         # without llama-server's host-memory prompt cache: a section of its own
+        section = "llama-server-chat" + ("-slot-cache" if args.cache_ram == 0 else "")
+        text = chat_benchmark(policies, engine, args, command)
+    else:
         section = "llama-server-routing" + ("-slot-cache" if args.cache_ram == 0 else "")
         text = multiturn_benchmark(policies, engine, args, command)
     if args.write:
