@@ -3,7 +3,8 @@ expected time to a correct answer.
 
 Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
 
-    cost(u) = (TTFT(u, x) + decode(u, x) + e · harm(u, x) + g · queue_harm(u, x)) / Q(m, x)
+    cost(u) = (TTFT(u, x) + decode(u, x) + e · harm(u, x) + g · queue_harm(u, x)
+               + v · evict(u, x)) / Q(m, x)
 
     TTFT(u, x)   = RTT(u) + wait(u) + prefill(u, x)
     prefill(u, x) = uncached(u, x) / prefill_rate(u)
@@ -13,6 +14,7 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
     harm(u, x)   = decoders on u still running when x's prefill starts
                    · uncached(u, x) / prefill_rate(u)
     queue_harm(u, x) = prefill(u, x) · λ · (wait(u) + prefill(u, x))
+    evict(u, x)  = lost(u, x) / prefill_rate(u) · wanted(age(u))        (bounded u only)
 
 - ``uncached`` comes from the router-side prefix estimate
   :class:`~contextpilot_rag.routing.gorgo.PrefixLocations`.
@@ -57,6 +59,28 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   ``queue_externality_weight`` ``g`` (1: seconds of other requests' TTFT count as
   much as ``x``'s own). It vanishes on an idle fleet; in an overload it makes every
   uncached token cost what it costs the queue, so prefixes stay where they are cached.
+- ``evict`` is the prefill a target that keeps only its last few prompts (a
+  llama-server slot: ``Endpoint(max_cached_prompts=1)``, the route table's
+  :meth:`~.route_table.RouteTableBase.limit_prompts`) would lose by taking ``x``:
+  ``lost`` is the tokens of the oldest prompt it keeps beyond the prefix ``x`` shares
+  with it (:meth:`~.route_table.RouteTableBase.displaced`), which that prompt's
+  conversation computes again when it comes back, weighted by ``eviction_weight``
+  ``v``. ``wanted(age)`` is how likely a prompt sent ``age`` seconds ago is still
+  extended later, from the last ``_GAPS_WINDOW`` prompts sent to bounded targets:
+  with ``r`` the share of them that extended the prompt their target kept (a
+  *return*) and ``S(age)`` the share of those returns that came more than ``age``
+  after the kept prompt (``exp(-age / H)``, ``H`` = ``eviction_horizon_s``, until
+  ``_GAPS_MIN`` returns were seen), ``wanted = r·S / (1 − r + r·S)``, the chance of
+  a return given none came in ``age``. So a conversation silent for longer than
+  conversations here take between turns is likely over, and where prompts never
+  return (single-turn traffic) pushing one out costs almost nothing. ``evict`` is 0
+  for a target that keeps fewer prompts than its bound, for a next turn that extends
+  the kept prompt, and on every unbounded replica. Without it, every prompt sharing
+  the system prompt with every slot, a new conversation took the first idle slot in
+  fleet order even while that slot's conversation was between two turns, and the
+  conversations kept overwriting each other's slots. Off by default
+  (``eviction_weight=0``) until repeated runs on llama-server settle it (docs/routing.md,
+  Open-loop conversations); ``eviction_weight=1`` counts the lost prefill as seconds.
 - ``Q(m, x)`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`,
   clipped to ``[q_floor, 1]`` and 1 for requests without features or unknown models;
   dividing by it is the expected number of attempts if they were independent.
@@ -140,7 +164,8 @@ class CombinedConfig:
     per dispatch. ``warm_retries``: warm the likely retry's replica. ``hold_wait_s``
     (``None``: no late binding) and ``max_hold_s``: when to hold a request, and how
     long at most. ``tail_quantile`` (``None``: off) and ``tail_discount``: the E2E
-    tail weighting."""
+    tail weighting. ``eviction_weight`` ``v`` and ``eviction_horizon_s`` ``H``: the
+    cost of pushing a kept prompt out of a bounded target."""
 
     externality_weight: float = 1.0
     queue_externality_weight: float = 1.0
@@ -157,6 +182,8 @@ class CombinedConfig:
     max_hold_s: float = 60.0
     tail_quantile: float | None = None
     tail_discount: float = 0.2
+    eviction_weight: float = 0.0
+    eviction_horizon_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.externality_weight < 0 or self.queue_externality_weight < 0:
@@ -176,6 +203,8 @@ class CombinedConfig:
             raise ConfigError("tail_quantile must be in (0, 1) or None")
         if not 0 <= self.tail_discount <= 1:
             raise ConfigError(f"tail_discount must be in [0, 1], got {self.tail_discount}")
+        if self.eviction_weight < 0 or self.eviction_horizon_s <= 0:
+            raise ConfigError("eviction_weight must be >= 0 and eviction_horizon_s > 0")
 
 
 class CombinedOptions(TypedDict, total=False):
@@ -197,6 +226,8 @@ class CombinedOptions(TypedDict, total=False):
     max_hold_s: float
     tail_quantile: float | None
     tail_discount: float
+    eviction_weight: float
+    eviction_horizon_s: float
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(CombinedConfig))
@@ -269,6 +300,8 @@ _TAIL_WINDOW = 1000  # recent expected outputs the tail quantile is taken over
 _TAIL_EVERY = 50  # dispatches between two updates of the tail threshold
 _SCALE_ALPHA = 0.05  # weight of one answer in a replica's decode_scale
 _SCALE_MIN, _SCALE_MAX = 0.5, 20.0
+_GAPS_WINDOW = 200  # returns to bounded targets whose gaps are kept
+_GAPS_MIN = 8  # returns seen before their gaps replace exp(-age / eviction_horizon_s)
 # an in-flight request: (replica_id, predicted decode end, prompt tokens, tail request,
 # its decode time as the step model predicts it, unscaled; 0: no step model)
 _Tracked = tuple[str, float, int, bool, float]
@@ -304,6 +337,7 @@ class CombinedPolicy:
         self._outputs: deque[int] = deque(maxlen=_TAIL_WINDOW)
         self._tail_from = 0  # expected output tokens from which a request is a tail one
         self._tail_dispatches = 0
+        self._gaps = _ReturnGaps()
 
     @property
     def route_memory(self) -> PrefixLocations:
@@ -353,6 +387,9 @@ class CombinedPolicy:
         tailed = config.tail_quantile is not None
         discount = config.tail_discount if tailed else 1.0
         own_weight = self._decode_weight(output_tokens)
+        # targets that keep only their last prompts (slots): the cost of pushing one out
+        bounded = self.locations.bounded if config.eviction_weight else None
+        hashes, wanted = request.block_hashes, self._gaps.wanted
         for replica in candidates:
             replica_id = replica.replica_id
             state = models.get(replica_id) or self._model(replica_id)
@@ -426,6 +463,12 @@ class CombinedPolicy:
             cost = ttft_s + own_weight * decode_s + weight * harm_s
             if per_replica_rate:
                 cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
+            if bounded and replica_id in bounded:
+                pushed_out = self.locations.displaced(replica_id, hashes)
+                if pushed_out is not None and pushed_out[0]:
+                    lost_s = pushed_out[0] * block_tokens / rate
+                    lost_s *= wanted(now - pushed_out[1], config.eviction_horizon_s)
+                    cost += config.eviction_weight * lost_s
             cost /= q
             options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
         return options, fastest, same_q
@@ -525,6 +568,12 @@ class CombinedPolicy:
         cached: int,
         now: float,
     ) -> None:
+        replica_id = replica.replica_id
+        if replica_id in self.locations.bounded:  # before the route update replaces it
+            kept = self.locations.displaced(replica_id, request.block_hashes)
+            # x extends the kept prompt (but for the blocks after its last shared boundary)
+            extends = kept is not None and 2 * kept[0] <= kept[2]
+            self._gaps.dispatched(now - kept[1] if kept is not None and extends else None)
         state = self._book_prefill(request, replica, prefill_s, cached, now)
         state.context_tokens += request.prompt_tokens
         decay = math.exp((self._arrivals_at - now) / self.config.duty_tau_s)
@@ -613,6 +662,47 @@ class CombinedPolicy:
         ratio = decoded_s / entry[4]
         ratio = min(max(ratio, _SCALE_MIN), _SCALE_MAX)
         state.decode_scale += _SCALE_ALPHA * (ratio - state.decode_scale)
+
+
+class _ReturnGaps:
+    """Which of the last ``_GAPS_WINDOW`` prompts sent to bounded targets were extended
+    there later, and after how many seconds: how likely a kept prompt still comes
+    back (module docstring)."""
+
+    __slots__ = ("_ordered", "_outcomes", "_recent", "_returned")
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque()  # gaps of the last returns, oldest first
+        self._ordered: list[float] = []  # the same, sorted
+        self._outcomes: deque[bool] = deque()  # per dispatch: did it return to a kept prompt
+        self._returned = 0
+
+    def dispatched(self, gap_s: float | None) -> None:
+        """One prompt sent to a bounded target; ``gap_s``: seconds since the kept prompt
+        it extends was sent (``None``: it extends none)."""
+        outcomes = self._outcomes
+        outcomes.append(gap_s is not None)
+        self._returned += gap_s is not None
+        if len(outcomes) > _GAPS_WINDOW:
+            self._returned -= outcomes.popleft()
+        if gap_s is None:
+            return
+        gap_s = max(0.0, gap_s)
+        self._recent.append(gap_s)
+        insort(self._ordered, gap_s)
+        if len(self._recent) > _GAPS_WINDOW:
+            _remove(self._ordered, self._recent.popleft())
+
+    def wanted(self, age_s: float, horizon_s: float) -> float:
+        """The chance a prompt sent ``age_s`` ago is still extended later."""
+        ordered, n = self._ordered, len(self._ordered)
+        if n < _GAPS_MIN:
+            later = math.exp(-age_s / horizon_s) if age_s > 0.0 else 1.0
+        else:
+            later = (n - bisect_right(ordered, age_s) + 0.5) / (n + 1)
+        share = (self._returned + 1) / (len(self._outcomes) + 2)  # prompts that return
+        returning = share * later
+        return returning / (1.0 - share + returning)
 
 
 def _remove(ends: list[float], ends_at: float) -> None:

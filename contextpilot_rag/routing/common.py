@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..errors import ConfigError, NoReplicaAvailableError
 from .types import FleetView, ReplicaState, RouteRequest
@@ -27,11 +29,15 @@ def candidate_replicas(request: RouteRequest, fleet: FleetView) -> list[ReplicaS
 class PromptBound:
     """How many prompts' routes a route table keeps per replica (a llama-server slot
     holds only its last prompt: 1). ``limits`` maps the bounded replicas to their
-    bound; unbounded replicas are absent and cost nothing."""
+    bound; unbounded replicas are absent and cost nothing.
+
+    Each kept prompt is remembered as its route keys, the prefix length (blocks) each
+    key ends, its own length and when it was recorded, so a router can tell what
+    recording one more prompt would push out (:meth:`displaced`)."""
 
     def __init__(self) -> None:
         self.limits: dict[str, int] = {}
-        self._recent: dict[str, deque[frozenset[int]]] = {}  # keys of each kept prompt
+        self._recent: dict[str, deque[_Kept]] = {}  # oldest kept prompt first
 
     def limit(self, replica_id: str, max_prompts: int | None) -> None:
         """Bound ``replica_id`` to its ``max_prompts`` latest prompts; ``None`` removes
@@ -45,12 +51,48 @@ class PromptBound:
         self.limits[replica_id] = max_prompts
         self._recent[replica_id] = deque()
 
-    def add(self, replica_id: str, keys: frozenset[int]) -> set[int]:
-        """Record one prompt's route keys on a bounded replica; the keys of the prompts
-        it pushed out that no kept prompt shares (their routes to it are stale)."""
+    def add(
+        self,
+        replica_id: str,
+        keys: frozenset[int],
+        *,
+        ends: dict[int, int] | None = None,
+        blocks: int = 0,
+        at_s: float = 0.0,
+    ) -> set[int]:
+        """Record one prompt's route keys on a bounded replica (``ends``: the prefix
+        length in blocks each key ends; ``blocks``: the prompt's length; ``at_s``:
+        now); the keys of the prompts it pushed out that no kept prompt shares (their
+        routes to it are stale)."""
         recent, limit = self._recent[replica_id], self.limits[replica_id]
-        recent.append(keys)
+        recent.append(_Kept(keys, ends or {}, blocks, at_s))
         stale: set[int] = set()
         while len(recent) > limit:
-            stale |= recent.popleft().difference(*recent)
+            stale |= recent.popleft().keys.difference(*(kept.keys for kept in recent))
         return stale
+
+    def displaced(
+        self, replica_id: str, block_hashes: Sequence[int]
+    ) -> tuple[int, float, int] | None:
+        """What recording the prompt ``block_hashes`` on ``replica_id`` would push out:
+        ``(lost, at_s, blocks)``, the blocks of its oldest kept prompt beyond the prefix
+        the two share, when that prompt was recorded, and its length in blocks.
+        ``None`` when the replica is unbounded or keeps fewer prompts than its bound."""
+        recent = self._recent.get(replica_id)
+        if recent is None or len(recent) < self.limits[replica_id]:
+            return None
+        oldest = recent[0]
+        n, shared = len(block_hashes), 0
+        for key, b in oldest.ends.items():  # chained hashes: one match names the prefix
+            if shared < b <= n and block_hashes[b - 1] == key:
+                shared = b
+        return max(0, oldest.blocks - shared), oldest.at_s, oldest.blocks
+
+
+class _Kept(NamedTuple):
+    """One prompt a bounded replica keeps (see :class:`PromptBound`)."""
+
+    keys: frozenset[int]
+    ends: dict[int, int]  # route key -> blocks of the prefix it ends
+    blocks: int
+    at_s: float

@@ -116,7 +116,7 @@ class PrefixLocations(RouteTableBase[_Holders]):
             entry.replicas[replica_id] = b
             entries.move_to_end(key)
         self._evict()
-        self._count_prompt(block_hashes, boundaries, replica_id)
+        self._count_prompt(block_hashes, boundaries, replica_id, now)
 
     def record_route(
         self, request: RouteRequest, replica_id: str, relied_on: int, now: float, keep: int

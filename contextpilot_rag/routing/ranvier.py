@@ -148,7 +148,7 @@ class RouteTable(RouteTableBase[_Entry]):
                     local[key] = (replica_id, b, now)
                     local.move_to_end(key)
             self._evict()
-        self._count_prompt(block_hashes, boundaries, replica_id)
+        self._count_prompt(block_hashes, boundaries, replica_id, now)
 
     def put(self, key: int, route: Route) -> None:
         """Insert one route, honouring trust ranks, then evict down to capacity."""

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from ..errors import ConfigError
@@ -63,6 +64,21 @@ class RouteTableBase(ABC, Generic[Entry]):
         (a llama-server slot: 1): its routes that only older prompts had are dropped.
         ``None`` removes the bound. Prompts recorded before the call are not counted."""
         self._bound.limit(replica_id, max_prompts)
+
+    @property
+    def bounded(self) -> Mapping[str, int]:
+        """The replicas limited by :meth:`limit_prompts`, with their bound (read-only)."""
+        return MappingProxyType(self._bound.limits)
+
+    def displaced(
+        self, replica_id: str, block_hashes: Sequence[int]
+    ) -> tuple[int, float, int] | None:
+        """What sending the prompt ``block_hashes`` to ``replica_id`` would push out of
+        it: ``(lost, recorded_s, blocks)``, the blocks of the oldest prompt it keeps
+        beyond the prefix the two share, when that prompt was recorded (this table's
+        clock) and its length in blocks. ``None`` for a replica without a prompt bound,
+        or one that keeps fewer prompts than its bound (nothing is pushed out)."""
+        return self._bound.displaced(replica_id, block_hashes)
 
     @abstractmethod
     def forget(self, key: int, replica_id: str) -> object:
@@ -125,16 +141,21 @@ class RouteTableBase(ABC, Generic[Entry]):
                 excess -= 1
 
     def _count_prompt(
-        self, block_hashes: Sequence[int], boundaries: Iterable[int], replica_id: str
+        self,
+        block_hashes: Sequence[int],
+        boundaries: Iterable[int],
+        replica_id: str,
+        now: float = 0.0,
     ) -> None:
-        """Count one prompt recorded on ``replica_id`` at ``boundaries``; on a replica
-        limited by :meth:`limit_prompts`, release it from the keys of the prompts this
-        one pushed out."""
+        """Count one prompt recorded on ``replica_id`` at ``boundaries`` at ``now``; on
+        a replica limited by :meth:`limit_prompts`, release it from the keys of the
+        prompts this one pushed out."""
         if replica_id not in self._bound.limits:
             return
         n = len(block_hashes)
-        keys = frozenset(block_hashes[b - 1] for b in boundaries if 1 <= b <= n)
-        for key in self._bound.add(replica_id, keys):
+        ends = {block_hashes[b - 1]: b for b in boundaries if 1 <= b <= n}
+        stale = self._bound.add(replica_id, frozenset(ends), ends=ends, blocks=n, at_s=now)
+        for key in stale:
             self._release(key, replica_id)
 
     def _release(self, key: int, replica_id: str) -> None:
