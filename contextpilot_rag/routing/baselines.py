@@ -195,7 +195,8 @@ class PrefixOwners:
         while len(owners) > self.capacity_blocks:
             owners.popitem(last=False)
         if replica_id in self._bound.limits:
-            for block_hash in self._bound.add(replica_id, frozenset(block_hashes)):
+            ends = {block_hash: b for b, block_hash in enumerate(block_hashes, start=1)}
+            for block_hash in self._bound.add(replica_id, ends, blocks=len(block_hashes)):
                 if owners.get(block_hash) == replica_id:
                     del owners[block_hash]
 

@@ -465,9 +465,9 @@ class CombinedPolicy:
                 cost += per_replica_rate * prefill_s * (wait_s + prefill_s)
             if bounded and replica_id in bounded:
                 pushed_out = self.locations.displaced(replica_id, hashes)
-                if pushed_out is not None and pushed_out[0]:
-                    lost_s = pushed_out[0] * block_tokens / rate
-                    lost_s *= wanted(now - pushed_out[1], config.eviction_horizon_s)
+                if pushed_out is not None and pushed_out.lost:
+                    lost_s = pushed_out.lost * block_tokens / rate
+                    lost_s *= wanted(now - pushed_out.sent_s, config.eviction_horizon_s)
                     cost += config.eviction_weight * lost_s
             cost /= q
             options.append((cost, ttft_s, q, replica, cached, prefill_s, decode_s))
@@ -569,11 +569,12 @@ class CombinedPolicy:
         now: float,
     ) -> None:
         replica_id = replica.replica_id
-        if replica_id in self.locations.bounded:  # before the route update replaces it
+        # the returns the eviction cost learns from (before the route update below)
+        if self.config.eviction_weight and replica_id in self.locations.bounded:
             kept = self.locations.displaced(replica_id, request.block_hashes)
             # x extends the kept prompt (but for the blocks after its last shared boundary)
-            extends = kept is not None and 2 * kept[0] <= kept[2]
-            self._gaps.dispatched(now - kept[1] if kept is not None and extends else None)
+            extends = kept is not None and 2 * kept.lost <= kept.blocks
+            self._gaps.dispatched(now - kept.sent_s if kept is not None and extends else None)
         state = self._book_prefill(request, replica, prefill_s, cached, now)
         state.context_tokens += request.prompt_tokens
         decay = math.exp((self._arrivals_at - now) / self.config.duty_tau_s)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from ..errors import ConfigError, NoReplicaAvailableError
 from .types import FleetView, ReplicaState, RouteRequest
 
-__all__ = ["PromptBound", "candidate_replicas"]
+__all__ = ["Displaced", "PromptBound", "candidate_replicas"]
 
 
 def candidate_replicas(request: RouteRequest, fleet: FleetView) -> list[ReplicaState]:
@@ -31,8 +31,8 @@ class PromptBound:
     holds only its last prompt: 1). ``limits`` maps the bounded replicas to their
     bound; unbounded replicas are absent and cost nothing.
 
-    Each kept prompt is remembered as its route keys, the prefix length (blocks) each
-    key ends, its own length and when it was recorded, so a router can tell what
+    Each kept prompt is remembered as its route keys with the prefix length (blocks)
+    each ends, its own length and when it was recorded, so a router can tell what
     recording one more prompt would push out (:meth:`displaced`)."""
 
     def __init__(self) -> None:
@@ -52,32 +52,23 @@ class PromptBound:
         self._recent[replica_id] = deque()
 
     def add(
-        self,
-        replica_id: str,
-        keys: frozenset[int],
-        *,
-        ends: dict[int, int] | None = None,
-        blocks: int = 0,
-        at_s: float = 0.0,
+        self, replica_id: str, ends: dict[int, int], *, blocks: int, at_s: float = 0.0
     ) -> set[int]:
-        """Record one prompt's route keys on a bounded replica (``ends``: the prefix
-        length in blocks each key ends; ``blocks``: the prompt's length; ``at_s``:
-        now); the keys of the prompts it pushed out that no kept prompt shares (their
-        routes to it are stale)."""
+        """Record one prompt on a bounded replica: ``ends`` maps its route keys to the
+        prefix length (blocks) each ends, ``blocks`` is its length, ``at_s`` when it was
+        sent. Returns the keys of the prompts it pushed out that no kept prompt shares
+        (their routes to it are stale)."""
         recent, limit = self._recent[replica_id], self.limits[replica_id]
-        recent.append(_Kept(keys, ends or {}, blocks, at_s))
+        recent.append(_Kept(ends, blocks, at_s))
         stale: set[int] = set()
         while len(recent) > limit:
-            stale |= recent.popleft().keys.difference(*(kept.keys for kept in recent))
+            stale |= set(recent.popleft().ends).difference(*(kept.ends for kept in recent))
         return stale
 
-    def displaced(
-        self, replica_id: str, block_hashes: Sequence[int]
-    ) -> tuple[int, float, int] | None:
-        """What recording the prompt ``block_hashes`` on ``replica_id`` would push out:
-        ``(lost, at_s, blocks)``, the blocks of its oldest kept prompt beyond the prefix
-        the two share, when that prompt was recorded, and its length in blocks.
-        ``None`` when the replica is unbounded or keeps fewer prompts than its bound."""
+    def displaced(self, replica_id: str, block_hashes: Sequence[int]) -> Displaced | None:
+        """What recording the prompt ``block_hashes`` on ``replica_id`` would push out
+        (:class:`Displaced`); ``None`` when the replica is unbounded or keeps fewer
+        prompts than its bound."""
         recent = self._recent.get(replica_id)
         if recent is None or len(recent) < self.limits[replica_id]:
             return None
@@ -86,13 +77,22 @@ class PromptBound:
         for key, b in oldest.ends.items():  # chained hashes: one match names the prefix
             if shared < b <= n and block_hashes[b - 1] == key:
                 shared = b
-        return max(0, oldest.blocks - shared), oldest.at_s, oldest.blocks
+        return Displaced(max(0, oldest.blocks - shared), oldest.at_s, oldest.blocks)
+
+
+class Displaced(NamedTuple):
+    """The oldest prompt a bounded replica keeps, as one more prompt would push it out:
+    ``lost``, its blocks beyond the prefix the two share; ``sent_s``, when it was
+    recorded (the route table's clock); ``blocks``, its length."""
+
+    lost: int
+    sent_s: float
+    blocks: int
 
 
 class _Kept(NamedTuple):
     """One prompt a bounded replica keeps (see :class:`PromptBound`)."""
 
-    keys: frozenset[int]
     ends: dict[int, int]  # route key -> blocks of the prefix it ends
     blocks: int
     at_s: float

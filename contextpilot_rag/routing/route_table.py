@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from ..errors import ConfigError
-from .common import PromptBound
+from .common import Displaced, PromptBound
 from .types import Outcome, RouteRequest
 
 __all__ = ["RouteTableBase"]
@@ -70,14 +70,12 @@ class RouteTableBase(ABC, Generic[Entry]):
         """The replicas limited by :meth:`limit_prompts`, with their bound (read-only)."""
         return MappingProxyType(self._bound.limits)
 
-    def displaced(
-        self, replica_id: str, block_hashes: Sequence[int]
-    ) -> tuple[int, float, int] | None:
+    def displaced(self, replica_id: str, block_hashes: Sequence[int]) -> Displaced | None:
         """What sending the prompt ``block_hashes`` to ``replica_id`` would push out of
-        it: ``(lost, recorded_s, blocks)``, the blocks of the oldest prompt it keeps
-        beyond the prefix the two share, when that prompt was recorded (this table's
-        clock) and its length in blocks. ``None`` for a replica without a prompt bound,
-        or one that keeps fewer prompts than its bound (nothing is pushed out)."""
+        it (:class:`~.common.Displaced`: the oldest kept prompt's blocks beyond the
+        prefix the two share, when it was recorded on this table's clock, its length).
+        ``None`` for a replica without a prompt bound, or one that keeps fewer prompts
+        than its bound (nothing is pushed out)."""
         return self._bound.displaced(replica_id, block_hashes)
 
     @abstractmethod
@@ -145,7 +143,7 @@ class RouteTableBase(ABC, Generic[Entry]):
         block_hashes: Sequence[int],
         boundaries: Iterable[int],
         replica_id: str,
-        now: float = 0.0,
+        now: float,
     ) -> None:
         """Count one prompt recorded on ``replica_id`` at ``boundaries`` at ``now``; on
         a replica limited by :meth:`limit_prompts`, release it from the keys of the
@@ -154,8 +152,7 @@ class RouteTableBase(ABC, Generic[Entry]):
             return
         n = len(block_hashes)
         ends = {block_hashes[b - 1]: b for b in boundaries if 1 <= b <= n}
-        stale = self._bound.add(replica_id, frozenset(ends), ends=ends, blocks=n, at_s=now)
-        for key in stale:
+        for key in self._bound.add(replica_id, ends, blocks=n, at_s=now):
             self._release(key, replica_id)
 
     def _release(self, key: int, replica_id: str) -> None:
