@@ -53,6 +53,17 @@ the chat runs write sections of their own (``-slot-cache``)::
         --conversation-rates 0.06 --policies round-robin,combined,combined:slots \
         --cache-ram 0 --write docs/benchmarks.md \
         --plot docs/img/llama_server_chat_slot_cache.png
+
+A label may pass numeric options to the policy's constructor: ``NAME+OPTION=VALUE…``,
+e.g. ``combined+eviction_weight=1:slots``. ``--workload chat --seeds 0,1,2 --repeats N``
+runs the open-loop conversations at one rate ``N`` times per seed (cold fleets, the
+policies taking turns) and compares every policy with the first, run by run
+(section ``llama-server-chat-seeds``, ``-slot-cache`` with ``--cache-ram 0``)::
+
+    python benchmarks/llama_server_routing.py --workload chat --users 12 \
+        --conversation-rates 0.06 --cache-ram 0 --seeds 0,1,2 --repeats 2 \
+        --policies combined:slots,combined+eviction_weight=1:slots \
+        --write docs/benchmarks.md --plot docs/img/llama_server_chat_seeds_slot_cache.png
 """
 
 from __future__ import annotations
@@ -68,19 +79,20 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from lib.report import progress_bars
 from lib.sections import provenance, write_section
 from rich.console import Console
 
-from contextpilot_rag import ContextBlock, ContextPilot, Prompt
+from contextpilot_rag import ConfigError, ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.bench.workloads import (
     Workload,
     WorkloadRequest,
     multiturn_workload,
     topic_workload,
 )
-from contextpilot_rag.routing import ChatResult, Endpoint, RoutingClient
+from contextpilot_rag.routing import ChatResult, Endpoint, Policy, RoutingClient, make_policy
 from contextpilot_rag.testing import LlamaEngine, LlamaServer, find_llama_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,12 +154,32 @@ def conversations(workload: Workload) -> list[list[WorkloadRequest]]:
 
 
 def policy_spec(label: str) -> tuple[str, bool]:
-    """``NAME``, ``NAME:servers`` or ``NAME:slots`` → the policy name and whether it
+    """``NAME[+OPTION=VALUE…][:servers|:slots]`` → the policy name and whether it
     addresses slots."""
-    name, _, address = label.partition(":")
+    head, _, address = label.partition(":")
     if address not in ("", "servers", "slots"):
         raise SystemExit(f"{label!r}: the address after ':' must be 'servers' or 'slots'")
-    return name, address == "slots"
+    return head.partition("+")[0], address == "slots"
+
+
+def labelled_policy(label: str) -> Policy:
+    """The policy a label names, its ``+OPTION=VALUE`` parts (numbers) passed to the
+    policy's constructor: ``combined+eviction_weight=1:slots`` is
+    ``make_policy("combined", eviction_weight=1.0)`` over the slots."""
+    name, *pairs = label.partition(":")[0].split("+")
+    options: dict[str, float] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        try:
+            options[key] = float(value)
+        except ValueError:
+            raise SystemExit(f"{label!r}: {pair!r} is not OPTION=NUMBER") from None
+        if not (equals and key):
+            raise SystemExit(f"{label!r}: {pair!r} is not OPTION=NUMBER")
+    try:
+        return make_policy(name, **options)
+    except (ConfigError, TypeError) as exc:
+        raise SystemExit(f"{label!r}: {exc}") from None
 
 
 def cold_fleet(
@@ -167,7 +199,7 @@ def cold_fleet(
         )
         for _ in range(args.replicas)
     ]
-    policy, by_slot = policy_spec(label)
+    by_slot = policy_spec(label)[1]
     rates = {"prefill_tokens_per_s": args.prefill_rate, "decode_tokens_per_s": 40.0}
     endpoints = (
         [
@@ -179,7 +211,9 @@ def cold_fleet(
         else [Endpoint(s.base_url, **rates) for s in servers]
     )
     return stack.enter_context(
-        RoutingClient(endpoints, model=LlamaServer.model_name, policy=policy, timeout_s=600)
+        RoutingClient(
+            endpoints, model=LlamaServer.model_name, policy=labelled_policy(label), timeout_s=600
+        )
     )
 
 
@@ -522,14 +556,19 @@ SLOT_ADDRESSING = (
 
 
 def open_loop_header(
-    title: str, workload: str, args: argparse.Namespace, command: str
+    title: str,
+    workload: str,
+    args: argparse.Namespace,
+    command: str,
+    runs: tuple[int, str] = (1, RUN_NOTE),
 ) -> list[str]:
-    """The heading, machine and engine paragraphs of an open-loop section."""
+    """The heading, machine and engine paragraphs of an open-loop section; ``runs``:
+    how many runs it reports and how they spread."""
     return [
         f"## RoutingClient over real llama-server replicas, {title}: "
         f"`benchmarks/llama_server_routing.py --workload {workload}`",
         "",
-        provenance(command, 1, RUN_NOTE),
+        provenance(command, *runs),
         "",
         f"{engine_line(args)} (one fresh fleet per rate and policy); llama-server's "
         f"defaults otherwise, the same for every policy: {cache_ram_text(args)}, slot "
@@ -685,7 +724,7 @@ def seeds_benchmark(
     seed its own conversations and pauses, a cold fleet per policy, seed and repeat);
     per seed, round-robin's mean TTFT over each policy's (the median over the repeats),
     and the worst seed against the target."""
-    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    seeds = parse_seeds(args.seeds)
     by_seed: dict[int, list[Summary]] = {}
     every: list[str] = []  # --rows: each request, with its seed and repeat
     with progress_bars() as progress:
@@ -852,6 +891,158 @@ def chat_markdown(
     return "\n".join(lines)
 
 
+def chat_seeds_benchmark(
+    policies: Sequence[str], engine: LlamaEngine, args: argparse.Namespace, command: str
+) -> str:
+    """The open-loop conversations at the one rate of ``--conversation-rates``,
+    ``--repeats`` times per seed of ``--seeds`` (each seed its own conversations, start
+    times and pauses; a cold fleet per policy, seed and repeat; the policies take turns
+    within a repeat); their section, comparing every policy with the first one."""
+    rate = float(args.conversation_rates)
+    runs: dict[int, list[list[Summary]]] = {}  # seed → repeats → one summary per policy
+    every: list[str] = []  # --rows: each request, with its seed and repeat
+    with progress_bars() as progress:
+        for seed in parse_seeds(args.seeds):
+            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            workload = conversation_workload(seeded)
+            starts = [t / rate for t in unit_arrivals(args.users, seed)]
+            for repeat in range(args.repeats):
+                summaries = []
+                for policy in policies:
+                    label = f"seed {seed} #{repeat + 1}: {policy}"
+                    advance = progress(label, len(workload.requests))
+                    rows = run_policy(policy, engine, workload, seeded, advance, starts)
+                    summaries.append(summarise(policy, rows))
+                    tags = {"seed": seed, "repeat": repeat}
+                    every += [json.dumps(tags | asdict(row)) + "\n" for row in rows]
+                    if args.rows:  # after every run: a long benchmark keeps what it measured
+                        args.rows.write_text("".join(every), encoding="utf-8")
+                runs.setdefault(seed, []).append(summaries)
+    if args.plot:
+        plot_chat_seeds(runs, policies, args.plot)
+    if args.json:
+        print(
+            json.dumps({seed: [[asdict(s) for s in run] for run in r] for seed, r in runs.items()})
+        )
+    return chat_seeds_markdown(runs, policies, rate, args, command)
+
+
+def parse_seeds(text: str) -> list[int]:
+    return [int(seed) for seed in text.split(",") if seed.strip()]
+
+
+def _median_range(values: Sequence[float], form: str) -> str:
+    """The median of ``values`` in ``form``, their min–max in brackets when several."""
+    middle = form.format(statistics.median(values))
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({form.format(min(values))}–{form.format(max(values))})"
+
+
+def chat_seeds_markdown(
+    runs: dict[int, list[list[Summary]]],
+    policies: Sequence[str],
+    rate: float,
+    args: argparse.Namespace,
+    command: str,
+) -> str:
+    """One table row per (seed, policy): the median over the repeats of the mean TTFT,
+    of the cached share and of the first policy's mean TTFT over this one's (each
+    within its repeat), min–max in brackets; then each policy over every run."""
+    first = policies[0]
+    count = sum(len(r) for r in runs.values())
+
+    def column(
+        seed: int | None, policy: str, value: Callable[[Summary, Summary], float]
+    ) -> list[float]:
+        seeds = list(runs) if seed is None else [seed]
+        return [value(run[policies.index(policy)], run[0]) for s in seeds for run in runs[s]]
+
+    lines = [
+        *open_loop_header(
+            "open-loop conversations, several seeds",
+            "chat --seeds",
+            args,
+            command,
+            (count * len(policies), "cold-fleet runs; each cell's min–max below"),
+        ),
+        f"Workload per seed: {args.users} conversations × {args.turns} turns of the core's "
+        f"multi-turn RAG workload ({args.k} documents per turn) with that seed, started at "
+        f"{rate:g} conversations/s at seeded Poisson times, pauses exponential with mean "
+        f"{args.think_s} s, `max_tokens={args.max_tokens}` — the `--workload chat` run, "
+        f"{args.repeats} cold-fleet runs per policy and seed, the policies taking turns "
+        f"within each repeat. Each cell: the median over the repeats, min–max in brackets; "
+        f"*{first} / this*: `{first}`'s mean TTFT over the policy's, within the same repeat.",
+        "",
+        f"| seed | policy | mean TTFT s | cached share | {first} / this |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for seed in runs:
+        for policy in policies:
+            ttft = column(seed, policy, lambda s, _: s.ttft_mean_s)
+            share = column(seed, policy, lambda s, _: 100 * s.cached_share)
+            ratio = column(seed, policy, lambda s, base: base.ttft_mean_s / s.ttft_mean_s)
+            versus = _median_range(ratio, "{:.2f}×") if policy != first else "–"
+            lines.append(
+                f"| {seed} | {policy} | {_median_range(ttft, '{:.2f}')} "
+                f"| {_median_range(share, '{:.1f}%')} | {versus} |"
+            )
+    lines.append("")
+    for policy in policies[1:]:
+        ratios = column(None, policy, lambda s, base: base.ttft_mean_s / s.ttft_mean_s)
+        shares = column(None, policy, lambda s, base: 100 * (s.cached_share - base.cached_share))
+        per_seed = [
+            statistics.median(column(seed, policy, lambda s, b: b.ttft_mean_s / s.ttft_mean_s))
+            for seed in runs
+        ]
+        lines.append(
+            f"- `{policy}` against `{first}` over all {count} runs: mean TTFT lower in "
+            f"{sum(r > 1 for r in ratios)}, median ratio {statistics.median(ratios):.2f}× "
+            f"(worst seed's median {min(per_seed):.2f}×), cached share "
+            f"{statistics.median(shares):+.1f} points (median of the differences)."
+        )
+    if args.plot:
+        lines += ["", f"![every run's mean TTFT and cached share per seed](img/{args.plot.name})"]
+    return "\n".join(lines)
+
+
+def plot_chat_seeds(
+    runs: dict[int, list[list[Summary]]], policies: Sequence[str], path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    seeds = list(runs)
+    width = 0.6 / max(1, len(policies))
+    for number, policy in enumerate(policies):
+        measures: list[tuple[Any, Callable[[Summary], float]]] = [
+            (left, lambda s: s.ttft_mean_s),
+            (right, lambda s: 100 * s.cached_share),
+        ]
+        for axis, value in measures:
+            xs = [
+                i + (number - (len(policies) - 1) / 2) * width
+                for i, seed in enumerate(seeds)
+                for _ in runs[seed]
+            ]
+            ys = [value(run[number]) for seed in seeds for run in runs[seed]]
+            axis.scatter(xs, ys, label=policy, alpha=0.8)
+    for axis, label in ((left, "mean TTFT (s)"), (right, "cached share (%)")):
+        axis.set_xticks(range(len(seeds)), [str(seed) for seed in seeds])
+        axis.set_xlabel("seed (every run)")
+        axis.set_ylabel(label)
+        axis.legend()
+    left.set_title("mean TTFT per run")
+    right.set_title("share of prompt tokens served from cache")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_chat(
     by_rate: dict[float, list[Summary]], runs: dict[tuple[float, str], list[Row]], path: Path
 ) -> None:
@@ -943,7 +1134,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seeds",
         help="multi-turn: run once per seed of this comma-separated list and write the "
-        "llama-server-seeds section (every seed's ratios, the worst against the target)",
+        "llama-server-seeds section (every seed's ratios, the worst against the target); "
+        "chat: the same at one conversation rate, comparing every policy with the first "
+        "(llama-server-chat-seeds)",
     )
     parser.add_argument(
         "--repeats",
@@ -964,10 +1157,14 @@ def main() -> None:
     args = arguments.parse_args()
     if args.repeats < 1:
         arguments.error("--repeats must be at least 1")
+    if args.seeds and args.workload == "chat" and "," in args.conversation_rates.strip(", "):
+        arguments.error("chat --seeds runs one rate: give --conversation-rates a single value")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for label in policies:  # a bad label stops the run before any engine starts
+        labelled_policy(label)
     engine = find_llama_server(ROOT)
     if engine is None:
         raise SystemExit("llama-server not found: run benchmarks/engines/build_llama_server.sh")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     command = "python benchmarks/llama_server_routing.py " + " ".join(
         f"--{name.replace('_', '-')} {value}"
         for name, value in vars(args).items()
@@ -981,6 +1178,9 @@ def main() -> None:
     elif args.workload == "stream":
         section = "llama-server-slots" if by_slots(args) else "llama-server-stream"
         text = stream_benchmark(policies, engine, args, command)
+    elif args.workload == "chat" and args.seeds:
+        section = "llama-server-chat-seeds" + ("-slot-cache" if args.cache_ram == 0 else "")
+        text = chat_seeds_benchmark(policies, engine, args, command)
     elif args.workload == "chat":
         # without llama-server's host-memory prompt cache: a section of its own
         section = "llama-server-chat" + ("-slot-cache" if args.cache_ram == 0 else "")

@@ -105,3 +105,71 @@ def test_repeats_below_one_is_refused_before_any_engine_starts(
         bench.main()
     assert exit_info.value.code == 2
     assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_a_label_passes_its_options_to_the_policy_and_keeps_its_address() -> None:
+    policy = bench.labelled_policy("combined+eviction_weight=1+eviction_horizon_s=20:slots")
+    assert policy.config.eviction_weight == 1.0  # type: ignore[attr-defined]
+    assert policy.config.eviction_horizon_s == 20.0  # type: ignore[attr-defined]
+    assert bench.policy_spec("combined+eviction_weight=1:slots") == ("combined", True)
+    assert bench.policy_spec("round-robin") == ("round-robin", False)
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("combined+eviction_weight:slots", "is not OPTION=NUMBER"),
+        ("combined+eviction_weight=high", "is not OPTION=NUMBER"),
+        ("combined+=1", "is not OPTION=NUMBER"),
+        ("combined+eviction_weight=-1", "eviction_weight must be >= 0"),
+        ("combined+no_such_knob=1", "no_such_knob"),
+        ("nonsense", "unknown routing policy"),
+    ],
+)
+def test_a_bad_label_is_refused_before_any_engine_starts(
+    label: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["llama_server_routing.py", "--policies", label])
+    monkeypatch.setattr(bench, "find_llama_server", lambda root: pytest.fail("engine looked up"))
+    with pytest.raises(SystemExit, match=message):
+        bench.main()
+
+
+def test_chat_seeds_need_one_rate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["x", "--workload", "chat", "--seeds", "0,1", "--conversation-rates", "0.03,0.06"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(bench, "find_llama_server", lambda root: pytest.fail("engine looked up"))
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "give --conversation-rates a single value" in capsys.readouterr().err
+
+
+def chat_summary(policy: str, mean_s: float, cached: int) -> bench.Summary:
+    return bench.Summary(policy, 48, mean_s, mean_s, 2 * mean_s, cached, 1000 - cached)
+
+
+def test_chat_seeds_compare_every_run_with_the_first_policy_of_its_repeat() -> None:
+    a, b = "combined:slots", "combined+eviction_weight=1:slots"
+    runs = {
+        0: [
+            [chat_summary(a, 10.0, 400), chat_summary(b, 8.0, 500)],  # 1.25×, +10 points
+            [chat_summary(a, 6.0, 600), chat_summary(b, 7.5, 550)],  # 0.80×, −5 points
+        ],
+        1: [
+            [chat_summary(a, 9.0, 420), chat_summary(b, 6.0, 520)],  # 1.50×
+            [chat_summary(a, 9.0, 400), chat_summary(b, 4.5, 600)],  # 2.00×
+        ],
+    }
+    text = bench.chat_seeds_markdown(
+        runs, [a, b], 0.06, args(workload="chat", repeats=2), "python x"
+    )
+    assert f"| 0 | {a} | 8.00 (6.00–10.00) | 50.0% (40.0%–60.0%) | – |" in text
+    assert f"| 0 | {b} | 7.75 (7.50–8.00) | 52.5% (50.0%–55.0%) | 1.02× (0.80×–1.25×) |" in text
+    assert f"| 1 | {b} | 5.25 (4.50–6.00) | 56.0% (52.0%–60.0%) | 1.75× (1.50×–2.00×) |" in text
+    assert "- runs: 8; spread: cold-fleet runs" in text
+    assert (
+        f"- `{b}` against `{a}` over all 4 runs: mean TTFT lower in 3, median ratio 1.38× "
+        "(worst seed's median 1.02×), cached share +10.0 points" in text
+    )
