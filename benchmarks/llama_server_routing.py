@@ -49,20 +49,20 @@ last prompt; ``NAME`` alone (or ``NAME:servers``) lets llama-server choose the s
 server's own), the same for every policy; with ``--cache-ram 0`` the closed-loop and
 the chat runs write sections of their own (``-slot-cache``)::
 
-    python benchmarks/llama_server_routing.py --workload chat --users 12 \
-        --conversation-rates 0.06 --policies round-robin,combined,combined:slots \
-        --cache-ram 0 --write docs/benchmarks.md \
+    python benchmarks/llama_server_routing.py --workload chat --users 12 \\
+        --conversation-rates 0.06 --policies round-robin,combined,combined:slots \\
+        --cache-ram 0 --write docs/benchmarks.md \\
         --plot docs/img/llama_server_chat_slot_cache.png
 
 A label may pass numeric options to the policy's constructor: ``NAME+OPTION=VALUE…``,
-e.g. ``combined+eviction_weight=1:slots``. ``--workload chat --seeds 0,1,2 --repeats N``
+e.g. ``combined+eviction_weight=0:slots``. ``--workload chat --seeds 0,1,2 --repeats N``
 runs the open-loop conversations at one rate ``N`` times per seed (cold fleets, the
 policies taking turns) and compares every policy with the first, run by run
 (section ``llama-server-chat-seeds``, ``-slot-cache`` with ``--cache-ram 0``)::
 
-    python benchmarks/llama_server_routing.py --workload chat --users 12 \
-        --conversation-rates 0.06 --cache-ram 0 --seeds 0,1,2 --repeats 2 \
-        --policies combined:slots,combined+eviction_weight=1:slots \
+    python benchmarks/llama_server_routing.py --workload chat --users 12 \\
+        --conversation-rates 0.06 --cache-ram 0 --seeds 0,1,2 --repeats 2 \\
+        --policies combined+eviction_weight=0:slots,combined:slots \\
         --write docs/benchmarks.md --plot docs/img/llama_server_chat_seeds_slot_cache.png
 """
 

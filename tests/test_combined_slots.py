@@ -33,10 +33,16 @@ def conversation(first: int, turns: int = 1) -> list[int]:
     return [*SYSTEM, *range(first, first + 19 * turns)]
 
 
-def slots(eviction_weight: float = 1.0) -> tuple[CombinedPolicy, tuple[ReplicaState, ...]]:
+def slots(
+    eviction_weight: float | None = None,
+) -> tuple[CombinedPolicy, tuple[ReplicaState, ...]]:
     """A combined policy over two one-prompt slots, ``s0`` first in fleet order, the
-    eviction cost counted at ``eviction_weight`` (off by default in the policy)."""
-    policy = CombinedPolicy(eviction_weight=eviction_weight)
+    eviction cost counted at ``eviction_weight`` (``None``: the policy's default)."""
+    policy = (
+        CombinedPolicy()
+        if eviction_weight is None
+        else CombinedPolicy(eviction_weight=eviction_weight)
+    )
     for slot in ("s0", "s1"):
         policy.locations.limit_prompts(slot, 1)
     return policy, (ReplicaState("s0", "m"), ReplicaState("s1", "m"))
@@ -55,7 +61,7 @@ def test_a_new_conversation_leaves_a_slot_whose_conversation_is_between_turns() 
 
 
 def test_without_the_eviction_cost_the_shared_system_prompt_decides() -> None:
-    assert CombinedPolicy().config.eviction_weight == 0.0  # the default, until settled
+    assert CombinedPolicy().config.eviction_weight == 1.0  # on by default; 0 turns it off
     policy, replicas = slots(0.0)
     policy.choose(req("a1", conversation(100)), Fleet(0.0, replicas))
     decision = policy.choose(req("b1", conversation(500)), Fleet(5.0, replicas))

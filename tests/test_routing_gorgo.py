@@ -167,7 +167,8 @@ def test_a_prompt_limit_bounds_the_route_table_by_the_kept_prompts() -> None:
 
 
 def test_the_combined_policy_predicts_no_hit_on_a_slot_overwritten_since() -> None:
-    policy = CombinedPolicy()
+    # without the eviction cost, which would send b to the empty slot instead
+    policy = CombinedPolicy(eviction_weight=0.0)
     for slot in ("s0", "s1"):
         policy.locations.limit_prompts(slot, 1)
     view = Fleet(0.0, (ReplicaState("s0", "m"), ReplicaState("s1", "m")))

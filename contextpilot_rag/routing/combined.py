@@ -78,9 +78,10 @@ Per candidate replica ``u`` serving model ``m`` (all terms in seconds)::
   the kept prompt, and on every unbounded replica. Without it, every prompt sharing
   the system prompt with every slot, a new conversation took the first idle slot in
   fleet order even while that slot's conversation was between two turns, and the
-  conversations kept overwriting each other's slots. Off by default
-  (``eviction_weight=0``) until repeated runs on llama-server settle it (docs/routing.md,
-  Open-loop conversations); ``eviction_weight=1`` counts the lost prefill as seconds.
+  conversations kept overwriting each other's slots. On by default:
+  ``eviction_weight=1`` counts the lost prefill as seconds, and repeated open-loop
+  conversation runs on llama-server read more from the slots with it than without
+  (docs/routing.md, Open-loop conversations); ``eviction_weight=0`` turns it off.
 - ``Q(m, x)`` from a fitted :class:`~contextpilot_rag.routing.laar.AccuracyModel`,
   clipped to ``[q_floor, 1]`` and 1 for requests without features or unknown models;
   dividing by it is the expected number of attempts if they were independent.
@@ -182,7 +183,7 @@ class CombinedConfig:
     max_hold_s: float = 60.0
     tail_quantile: float | None = None
     tail_discount: float = 0.2
-    eviction_weight: float = 0.0
+    eviction_weight: float = 1.0
     eviction_horizon_s: float = 30.0
 
     def __post_init__(self) -> None:
