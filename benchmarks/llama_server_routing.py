@@ -170,8 +170,8 @@ def labelled_policy(label: str) -> Policy:
     options: dict[str, float] = {}
     for pair in pairs:
         key, equals, value = pair.partition("=")
-        try:
-            options[key] = float(value)
+        try:  # integral text stays an int, for the count-valued options
+            options[key] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
             raise SystemExit(f"{label!r}: {pair!r} is not OPTION=NUMBER") from None
         if not (equals and key):

@@ -111,6 +111,10 @@ def test_a_label_passes_its_options_to_the_policy_and_keeps_its_address() -> Non
     policy = bench.labelled_policy("combined+eviction_weight=1+eviction_horizon_s=20:slots")
     assert policy.config.eviction_weight == 1.0  # type: ignore[attr-defined]
     assert policy.config.eviction_horizon_s == 20.0  # type: ignore[attr-defined]
+    counted = bench.labelled_policy("combined+recorded_boundaries=12")
+    assert counted.config.recorded_boundaries == 12  # type: ignore[attr-defined]
+    assert isinstance(counted.config.recorded_boundaries, int)  # type: ignore[attr-defined]
+    assert bench.labelled_policy("combined+tail_discount=0.5").config.tail_discount == 0.5  # type: ignore[attr-defined]
     assert bench.policy_spec("combined+eviction_weight=1:slots") == ("combined", True)
     assert bench.policy_spec("round-robin") == ("round-robin", False)
 
