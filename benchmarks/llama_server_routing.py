@@ -729,20 +729,33 @@ def seeds_benchmark(
     every: list[str] = []  # --rows: each request, with its seed and repeat
     with progress_bars() as progress:
         for seed in seeds:
-            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            seeded = with_seed(args, seed)
             runs = []
             for repeat in range(args.repeats):
                 label = f"seed {seed}" + (f" #{repeat + 1}" if args.repeats > 1 else "") + ": "
                 rows, summaries = closed_loop(policies, engine, seeded, progress, label)
                 runs.append(summaries)
-                tags = {"seed": seed, "repeat": repeat}
-                every += [json.dumps(tags | asdict(row)) + "\n" for row in rows]
-                if args.rows:  # after every run: a long benchmark keeps what it measured
-                    args.rows.write_text("".join(every), encoding="utf-8")
+                keep_rows(every, rows, seed, repeat, args.rows)
             by_seed[seed] = combine_repeats(runs)
     if args.json:
         print(json.dumps({seed: [asdict(s) for s in rows] for seed, rows in by_seed.items()}))
     return seeds_markdown(by_seed, policies, args, command)
+
+
+def with_seed(args: argparse.Namespace, seed: int) -> argparse.Namespace:
+    """The command line's arguments with ``seed`` in place of ``--seed``."""
+    return argparse.Namespace(**(vars(args) | {"seed": seed}))
+
+
+def keep_rows(
+    every: list[str], rows: Sequence[Row], seed: int, repeat: int, path: Path | None
+) -> None:
+    """Add ``rows``, tagged with their seed and repeat, to ``every`` as JSON lines and,
+    with ``--rows``, rewrite that file after every run: a long benchmark keeps what it
+    measured."""
+    every += [json.dumps({"seed": seed, "repeat": repeat} | asdict(row)) + "\n" for row in rows]
+    if path:
+        path.write_text("".join(every), encoding="utf-8")
 
 
 def combine_repeats(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
@@ -903,7 +916,7 @@ def chat_seeds_benchmark(
     every: list[str] = []  # --rows: each request, with its seed and repeat
     with progress_bars() as progress:
         for seed in parse_seeds(args.seeds):
-            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            seeded = with_seed(args, seed)
             workload = conversation_workload(seeded)
             starts = [t / rate for t in unit_arrivals(args.users, seed)]
             for repeat in range(args.repeats):
@@ -913,10 +926,7 @@ def chat_seeds_benchmark(
                     advance = progress(label, len(workload.requests))
                     rows = run_policy(policy, engine, workload, seeded, advance, starts)
                     summaries.append(summarise(policy, rows))
-                    tags = {"seed": seed, "repeat": repeat}
-                    every += [json.dumps(tags | asdict(row)) + "\n" for row in rows]
-                    if args.rows:  # after every run: a long benchmark keeps what it measured
-                        args.rows.write_text("".join(every), encoding="utf-8")
+                    keep_rows(every, rows, seed, repeat, args.rows)
                 runs.setdefault(seed, []).append(summaries)
     if args.plot:
         plot_chat_seeds(runs, policies, args.plot)
@@ -977,11 +987,15 @@ def chat_seeds_markdown(
         f"| seed | policy | mean TTFT s | cached share | {first} / this |",
         "|---:|---|---:|---:|---:|",
     ]
+
+    def over_first(s: Summary, base: Summary) -> float:  # the first policy's TTFT / this
+        return base.ttft_mean_s / s.ttft_mean_s
+
     for seed in runs:
         for policy in policies:
             ttft = column(seed, policy, lambda s, _: s.ttft_mean_s)
             share = column(seed, policy, lambda s, _: 100 * s.cached_share)
-            ratio = column(seed, policy, lambda s, base: base.ttft_mean_s / s.ttft_mean_s)
+            ratio = column(seed, policy, over_first)
             versus = _median_range(ratio, "{:.2f}×") if policy != first else "–"
             lines.append(
                 f"| {seed} | {policy} | {_median_range(ttft, '{:.2f}')} "
@@ -989,12 +1003,9 @@ def chat_seeds_markdown(
             )
     lines.append("")
     for policy in policies[1:]:
-        ratios = column(None, policy, lambda s, base: base.ttft_mean_s / s.ttft_mean_s)
+        ratios = column(None, policy, over_first)
         shares = column(None, policy, lambda s, base: 100 * (s.cached_share - base.cached_share))
-        per_seed = [
-            statistics.median(column(seed, policy, lambda s, b: b.ttft_mean_s / s.ttft_mean_s))
-            for seed in runs
-        ]
+        per_seed = [statistics.median(column(seed, policy, over_first)) for seed in runs]
         lines.append(
             f"- `{policy}` against `{first}` over all {count} runs: mean TTFT lower in "
             f"{sum(r > 1 for r in ratios)}, median ratio {statistics.median(ratios):.2f}× "
