@@ -25,7 +25,7 @@ from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
 from .engines.errors import EngineError
-from .errors import ConfigError, ContextPilotError
+from .errors import ConfigError, ContextPilotError, ProviderError
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .jsonl import process_lines
@@ -201,7 +201,7 @@ def _on_engine(
     except ConfigError as error:
         console.print(f"error: {error}", style="red", markup=False, highlight=False)
         return 2
-    except EngineError as error:
+    except (EngineError, ProviderError) as error:
         console.print(f"error: {error}", style="red", markup=False, highlight=False)
         return 1
 

@@ -27,6 +27,7 @@ __all__ = [
     "InvalidRouteRequestError",
     "NoReplicaAvailableError",
     "OversizeBlockError",
+    "ProviderError",
     "RoutingError",
     "StoreError",
     "StoreFormatError",
@@ -128,6 +129,12 @@ class EndpointError(ContextPilotError, RuntimeError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ProviderError(ContextPilotError, RuntimeError):
+    """A hosted provider's API failed a request the live cloud benchmark
+    (``bench --suite cloud --live``) sent, or the run spent more than its budget; the
+    SDK's error, if any, is the ``__cause__``."""
 
 
 class StoreError(ContextPilotError, RuntimeError):

@@ -280,7 +280,11 @@ def markdown(result: CloudSuiteResult) -> str:
             "simulated send time, tokens counted with the offline cl100k tokenizer, and "
             "billed with `contextpilot_rag.cloud.input_cost` at the list prices below "
             "(USD per million input tokens; output tokens are not counted). Ratios are "
-            "input-token cost, baseline / ours (> 1: ours is cheaper).",
+            "input-token cost, baseline / ours (> 1: ours is cheaper). To measure the same "
+            "arms on the provider's API with your key (it costs money; the report puts "
+            "each measured figure beside this emulator's prediction): `contextpilot-rag "
+            "bench --suite cloud --live --provider anthropic --scale 0.03 --max-usd 5` "
+            "(or `--provider openai`; [cloud.md](cloud.md)).",
             _prices(result),
             "Baseline: the same requests unmodified (documents in retrieval order, every "
             "turn's documents kept in the conversation, no de-duplication), with the "

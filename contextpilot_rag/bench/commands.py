@@ -192,8 +192,45 @@ def add_bench_parser(commands: Any) -> None:
         "--emulated",
         action="store_true",
         default=True,
-        help="--suite cloud: replay on the emulated provider caches, no API key (the "
-        "default, and for now the only mode)",
+        help="--suite cloud: replay on the emulated provider caches, no API key (the default)",
+    )
+    live = bench.add_argument_group(
+        "--suite cloud --live",
+        "measure on the provider's API with your key (ANTHROPIC_API_KEY / OPENAI_API_KEY): "
+        "every arm's requests at the workloads' send times, the usage each response "
+        "reports beside the emulator's prediction. It costs money: see docs/cloud.md",
+    )
+    live.add_argument(
+        "--live",
+        action="store_true",
+        help="send the requests to the provider's API instead of the emulator (one "
+        "--provider; --model names the provider model)",
+    )
+    live.add_argument("--base-url", help="the API's base URL (default: the provider's own)")
+    live.add_argument(
+        "--max-usd",
+        type=float,
+        default=1.0,
+        help="the most the run may cost; a run that could cost more is refused before "
+        "anything is sent (default 1)",
+    )
+    live.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="send times relative to the workloads' (default 1; smaller is faster but "
+        "lets less expire than the workload would)",
+    )
+    live.add_argument(
+        "--workers", type=int, default=8, help="requests in flight at most (default 8)"
+    )
+    live.add_argument(
+        "--max-tokens", type=int, default=1, help="output tokens per request (default 1)"
+    )
+    live.add_argument(
+        "--families",
+        default="multi-turn,multi-session,no-overlap",
+        help="comma-separated workload families, each at --seed (default: all three)",
     )
     bench.add_argument(
         "--scale",
@@ -263,6 +300,8 @@ def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     from .cloud_report import markdown, plot, rich_tables, write_json
     from .cloud_suite import PROVIDERS, run_cloud_suite
 
+    if args.live:
+        return run_live_cloud_bench(args, console)
     providers = PROVIDERS if args.provider == "both" else (args.provider,)
     console.print(
         "Emulated from the providers' published cache rules (no API key, no network): "
@@ -271,6 +310,47 @@ def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     with rich_step_progress() as progress:
         result = run_cloud_suite(providers, scale=args.scale, progress=_progress_arm(progress))
     _report(result, args, console, _Report(rich_tables, write_json, markdown, plot))
+    return 0
+
+
+def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
+    """``bench --suite cloud --live``: the same arms on the provider's API."""
+    from .cloud_live import (
+        LiveOptions,
+        live_markdown,
+        live_plot,
+        live_tables,
+        run_live_suite,
+        write_live_json,
+    )
+    from .cloud_workloads import FAMILIES, cloud_workload
+
+    if args.provider == "both":
+        raise ConfigError("--live measures one provider: --provider anthropic or openai")
+    families = [f.strip() for f in str(args.families).split(",") if f.strip()]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise ConfigError(f"--families must name some of {', '.join(FAMILIES)}; got {unknown}")
+    options = LiveOptions(
+        args.provider,
+        model=args.model,
+        base_url=args.base_url,
+        max_usd=args.max_usd,
+        time_scale=args.time_scale,
+        workers=args.workers,
+        max_tokens=args.max_tokens,
+    )
+    workloads = [cloud_workload(family, args.seed, args.scale) for family in families]
+    console.print(
+        f"Live: {options.provider} ({options.chosen_model}) at "
+        f"{args.base_url or 'the provider API'}; at most {options.max_usd:g} USD."
+    )
+    with rich_step_progress() as progress:
+        result = run_live_suite(
+            workloads, options, progress=_progress_arm(progress), scale=args.scale
+        )
+    _report(result, args, console, _Report(live_tables, write_live_json, live_markdown, live_plot))
+    console.print(f"spent {result.spent_usd:.4f} USD (run {result.run_id})")
     return 0
 
 

@@ -1,0 +1,636 @@
+"""The cloud-cache cost benchmark on a provider's real API (``bench --suite cloud --live``).
+
+The emulated suite (:mod:`.cloud_suite`) says what the providers' *published* cache
+rules predict. This module measures it: it sends the same requests — unmodified with
+the two common caching practices, and the pilot's — to the provider through its
+official SDK (``anthropic`` or ``openai``) with the user's key, each at its workload's
+send time, reads the cache usage every response reports
+(:func:`~contextpilot_rag.usage.parse_input_tokens`) and bills it at the same list
+prices (:func:`~contextpilot_rag.cloud.input_cost`). Beside every measured figure it
+gives the emulator's prediction for the very same request bodies sent at the same
+times, so a reader sees both the saving and how far the published rules are from the
+provider's behaviour.
+
+How a run stays a fair comparison:
+
+* Every arm's system prompt starts with a line naming the run (a random id) and the
+  arm, so no arm reads another arm's cache entries, and no run reads an earlier run's.
+* Prompts are built exactly as in the emulated suite, on the workload's own clock,
+  each turn's answer the workload's synthetic one (a reply from the model would change
+  the next turn's prompt from arm to arm); ``max_tokens`` (1 by default) keeps the
+  output small, since only input tokens are compared.
+* Requests go out at ``at_s × time_scale`` seconds after the start, from a pool of
+  ``workers`` threads. ``time_scale`` 1 keeps the workload's timing, which is what
+  decides what a 5-minute cache still holds; a smaller one shortens the run but lets
+  less expire than the workload would (the prediction is computed at the same scaled
+  times, so the two stay comparable). How late the latest request left is reported.
+
+It costs money: before anything is sent, the largest cost the run could have (every
+prompt token billed at the highest input-side price, with a margin for the provider's
+own tokenizer, plus ``max_tokens`` of output per request) must fit ``max_usd``, or a
+:class:`~contextpilot_rag.errors.ConfigError` says how much it could cost. A run that
+spends more than ``max_usd`` anyway stops with a
+:class:`~contextpilot_rag.errors.ProviderError`, as does any request the API fails.
+The API key is read by the SDK from its environment variable (``ANTHROPIC_API_KEY``,
+``OPENAI_API_KEY``) unless given; it is never printed or stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..cloud import DEFAULT_PRICES, ModelPrice, input_cost
+from ..errors import ConfigError, ContextPilotError, ProviderError
+from ..experiment import baseline_config
+from ..prompt import Prompt
+from ..tokenizers import Tokenizer, default_tokenizer
+from ..usage import InputTokens, parse_input_tokens
+from .cloud_suite import (
+    ANTHROPIC_BASELINES,
+    DEFAULT_MODELS,
+    OPENAI_BASELINES,
+    OURS,
+    PROVIDERS,
+    CloudRun,
+    Shape,
+    _AnthropicArm,
+    _OpenAIArm,
+    _pilot_config,
+    _prompts,
+    _Tally,
+    _to_anthropic,
+    _to_openai,
+    _TokenCache,
+    _unmodified_anthropic,
+    _unmodified_openai,
+)
+from .cloud_workloads import CloudWorkload, TimedRequest
+from .sections import markdown_table, pyplot, save_figure
+
+__all__ = [
+    "API_KEY_VARIABLES",
+    "TOKEN_MARGIN",
+    "LiveOptions",
+    "LiveRun",
+    "LiveSuiteResult",
+    "live_markdown",
+    "live_plot",
+    "live_tables",
+    "run_live_suite",
+    "write_live_json",
+]
+
+API_KEY_VARIABLES: Mapping[str, str] = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openai": "OPENAI_API_KEY",
+}
+"""The environment variable each SDK reads its key from."""
+
+TOKEN_MARGIN = 1.3
+"""The budget check counts prompts with the offline tokenizer; the provider's own
+tokenizer may count more tokens for the same text, by this factor at most (assumed)."""
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """How a live run reaches the provider and what it may spend.
+
+    ``model``: the provider model (``None``: :data:`~.cloud_suite.DEFAULT_MODELS`);
+    it needs a row in :data:`~contextpilot_rag.cloud.DEFAULT_PRICES`. ``base_url``:
+    the API's base URL (``None``: the SDK's default, the provider's own API; a
+    compatible server or :class:`~contextpilot_rag.testing.cloud_server.CloudCacheServer`
+    otherwise). ``api_key``: ``None`` reads :data:`API_KEY_VARIABLES`. ``max_usd``:
+    the most the whole run may cost (input and output). ``time_scale``: send times
+    relative to the workload's (1: as generated). ``workers``: requests in flight at
+    most. ``max_tokens``: output tokens asked per request. ``timeout_s``: per request.
+    ``retries``: the SDK's retries of a failed request (a rate limit's 429 waits as the
+    API says) before the run stops; a retried request is late, which the report shows.
+    """
+
+    provider: str
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    max_usd: float = 1.0
+    time_scale: float = 1.0
+    workers: int = 8
+    max_tokens: int = 1
+    timeout_s: float = 120.0
+    retries: int = 5
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ConfigError(
+                f"provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}"
+            )
+        for name in ("model", "base_url", "api_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a non-empty str or None")
+        for name in ("max_usd", "time_scale", "timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        if self.time_scale > 1:
+            raise ConfigError(f"time_scale must be at most 1, got {self.time_scale!r}")
+        for name, least in (("workers", 1), ("max_tokens", 1), ("retries", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+        try:
+            DEFAULT_PRICES.price(self.chosen_model)
+        except ContextPilotError as error:
+            raise ConfigError(f"model {self.chosen_model!r} has no list price: {error}") from None
+
+    @property
+    def chosen_model(self) -> str:
+        return self.model or DEFAULT_MODELS[self.provider]
+
+    @property
+    def price(self) -> ModelPrice:
+        return DEFAULT_PRICES.price(self.chosen_model)
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """One workload on the provider's API: ``measured``, the arms as the responses'
+    usage billed them; ``predicted``, the emulator's figures for the same request
+    bodies at the same times. ``late_s``: how long after its scheduled time the
+    latest request left."""
+
+    measured: CloudRun
+    predicted: CloudRun
+    late_s: float
+
+
+@dataclass(frozen=True)
+class LiveSuiteResult:
+    runs: tuple[LiveRun, ...]
+    provider: str
+    model: str
+    run_id: str
+    base_url: str | None
+    time_scale: float
+    scale: float
+    spent_usd: float  # input and output, as the responses reported them
+    elapsed_s: float
+    price: ModelPrice
+
+
+@dataclass
+class _Job:
+    """One request of one arm: what is sent, when, and what came back."""
+
+    due_s: float
+    order: tuple[int, int, int]  # workload, request, arm: the send order at equal times
+    body: dict[str, Any]
+    usage: InputTokens | None = None
+    output_tokens: int = 0
+    late_s: float = 0.0
+
+
+class _Arm:
+    """An arm of one workload: its name, how it shapes a prompt, its jobs and the
+    emulator that predicts them."""
+
+    def __init__(
+        self, name: str, shape: Shape, predictor: _AnthropicArm | _OpenAIArm, price: ModelPrice
+    ) -> None:
+        self.name, self.shape, self.predictor = name, shape, predictor
+        self.jobs: list[_Job] = []
+        self.measured = _Tally(name, price)
+
+
+def _salted(shape: Shape, line: str, provider: str) -> Shape:
+    """``shape`` with ``line`` put before the system prompt's text (a system prompt of
+    that line alone where the request has none)."""
+
+    def salted(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
+        body: dict[str, Any] = copy.deepcopy(shape(prompt, timed))
+        if provider == "anthropic":  # system: a list of text blocks
+            body["system"] = body.get("system") or [{"type": "text", "text": ""}]
+            body["system"][0]["text"] = line + body["system"][0]["text"]
+            return body
+        messages = body["messages"]
+        if not messages or messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": ""})
+        content = messages[0]["content"]
+        if isinstance(content, str):
+            messages[0]["content"] = line + content
+        else:  # content parts
+            content[0]["text"] = line + content[0]["text"]
+        return body
+
+    return salted
+
+
+def _arm_specs(provider: str) -> list[tuple[str, Shape, bool]]:
+    """(name, shape, sends the pilot's prompts) of every arm on ``provider``."""
+    if provider == "anthropic":
+        baselines = [
+            (name, _unmodified_anthropic(mark_last), False)
+            for name, mark_last in zip(ANTHROPIC_BASELINES, (False, True), strict=True)
+        ]
+        return [*baselines, (OURS, _to_anthropic, True)]
+    baselines = [
+        (name, _unmodified_openai(per_user), False)
+        for name, per_user in zip(OPENAI_BASELINES, (False, True), strict=True)
+    ]
+    return [*baselines, (OURS, _to_openai, True)]
+
+
+def _plan(
+    workloads: Sequence[CloudWorkload],
+    options: LiveOptions,
+    run_id: str,
+    tokenizer: Tokenizer,
+    tokens: _TokenCache,
+) -> list[list[_Arm]]:
+    """Every workload's arms with their jobs, each job's usage predicted."""
+    provider, model, price = options.provider, options.chosen_model, options.price
+    planned: list[list[_Arm]] = []
+    for w, workload in enumerate(workloads):
+        # as in the emulated suite: the unmodified prompts split into content blocks
+        # the way Anthropic's planning splits them, for both providers
+        plain = baseline_config(_pilot_config("anthropic", DEFAULT_MODELS["anthropic"]))
+        unmodified = list(_prompts(workload, plain, tokenizer))
+        ours = list(_prompts(workload, _pilot_config(provider, model), tokenizer))
+        arms: list[_Arm] = []
+        for a, (name, shape, pilot) in enumerate(_arm_specs(provider)):
+            line = f"[run {run_id}, {workload.family} seed {workload.seed}, arm {a + 1}]\n"
+            salted = _salted(shape, line, provider)
+            predictor: _AnthropicArm | _OpenAIArm
+            if provider == "anthropic":
+                predictor = _AnthropicArm(name, salted, model, tokens)
+            else:
+                predictor = _OpenAIArm(name, salted, model, tokens)
+            arm = _Arm(name, salted, predictor, price)
+            for r, (prompt, timed) in enumerate(ours if pilot else unmodified):
+                tokens.learn(prompt)
+                scaled = replace(timed, at_s=timed.at_s * options.time_scale)
+                arm.predictor.send(prompt, scaled)
+                arm.jobs.append(_Job(scaled.at_s, (w, r, a), salted(prompt, scaled)))
+            arms.append(arm)
+        planned.append(arms)
+    return planned
+
+
+def _worst_cost_usd(planned: Sequence[Sequence[_Arm]], options: LiveOptions) -> float:
+    price = options.price
+    highest = max(price.input, price.cache_write_5m or 0.0)  # the arms mark 5-minute entries
+    every = [arm for arms in planned for arm in arms]
+    prompt_tokens = sum(arm.predictor.tally.result().prompt_tokens for arm in every)
+    requests = sum(len(arm.jobs) for arm in every)
+    output = price.output if price.output is not None else 5 * price.input
+    return (prompt_tokens * TOKEN_MARGIN * highest + requests * options.max_tokens * output) / 1e6
+
+
+def _client(options: LiveOptions) -> Any:
+    """The provider's SDK client (imported here: the ``cloud`` extra)."""
+    variable = API_KEY_VARIABLES[options.provider]
+    key = options.api_key or os.environ.get(variable)
+    if not key:
+        raise ConfigError(f"no API key: set {variable} (or pass api_key)")
+    try:
+        if options.provider == "anthropic":
+            import anthropic
+
+            return anthropic.Anthropic(
+                api_key=key,
+                base_url=options.base_url,
+                timeout=options.timeout_s,
+                max_retries=options.retries,
+            )
+        import openai
+
+        return openai.OpenAI(
+            api_key=key,
+            base_url=options.base_url,
+            timeout=options.timeout_s,
+            max_retries=options.retries,
+        )
+    except ImportError as error:
+        raise ConfigError(
+            f"the {options.provider} SDK is not installed: pip install 'contextpilot-rag[cloud]'"
+        ) from error
+
+
+def _sender(options: LiveOptions, client: Any) -> Callable[[dict[str, Any]], Any]:
+    model, max_tokens = options.chosen_model, options.max_tokens
+    if options.provider == "anthropic":
+
+        def send_anthropic(body: dict[str, Any]) -> Any:
+            return client.messages.create(model=model, max_tokens=max_tokens, **body)
+
+        return send_anthropic
+
+    def send_openai(body: dict[str, Any]) -> Any:
+        extra = {key: value for key, value in body.items() if key != "messages"}
+        return client.chat.completions.create(
+            model=model,
+            messages=body["messages"],
+            max_completion_tokens=max_tokens,
+            extra_body=extra or None,
+        )
+
+    return send_openai
+
+
+def _output_tokens(response: Any) -> int:
+    usage = getattr(response, "usage", None)
+    for name in ("output_tokens", "completion_tokens"):
+        value = getattr(usage, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+class _Dispatch:
+    """Sends jobs at their times from a thread pool; stops at the first failure or
+    when the spend passes the budget."""
+
+    def __init__(self, options: LiveOptions, send: Callable[[dict[str, Any]], Any]) -> None:
+        self._options, self._send = options, send
+        self._lock = threading.Lock()
+        self.spent_usd = 0.0
+        self.failure: BaseException | None = None
+        self.failed_job: _Job | None = None
+
+    def run(self, jobs: Sequence[_Job], tick: Callable[[], None]) -> None:
+        started = time.monotonic()
+        with ThreadPoolExecutor(self._options.workers, thread_name_prefix="cloud-live") as pool:
+            futures: list[Future[None]] = []
+            for job in jobs:
+                wait_s = started + job.due_s - time.monotonic()
+                if wait_s > 0:
+                    time.sleep(wait_s)
+                if self.failure is not None:
+                    break
+                futures.append(pool.submit(self._one, job, started, tick))
+            for future in futures:
+                future.result()
+
+    def _one(self, job: _Job, started: float, tick: Callable[[], None]) -> None:
+        if self.failure is not None:
+            return
+        job.late_s = max(0.0, time.monotonic() - started - job.due_s)
+        try:
+            response = self._send(job.body)
+            usage = parse_input_tokens(response)
+        except Exception as error:  # the SDK's errors, reported with the job below
+            with self._lock:
+                if self.failure is None:
+                    self.failure, self.failed_job = error, job
+            return
+        job.usage, job.output_tokens = usage, _output_tokens(response)
+        price = self._options.price
+        output = job.output_tokens * (price.output or 0.0) / 1e6
+        with self._lock:
+            self.spent_usd += input_cost(usage, price).total + output
+            if self.spent_usd > self._options.max_usd and self.failure is None:
+                self.failure = ProviderError(
+                    f"the run spent {self.spent_usd:.4f} USD, over max_usd "
+                    f"{self._options.max_usd:g}; it stopped sending"
+                )
+                self.failed_job = job
+        tick()
+
+
+def run_live_suite(
+    workloads: Sequence[CloudWorkload],
+    options: LiveOptions,
+    *,
+    tokenizer: Tokenizer | None = None,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+    scale: float = 1.0,
+) -> LiveSuiteResult:
+    """Send every arm of ``workloads`` to ``options.provider`` (module docstring).
+    ``scale``: the workloads' size relative to the documented run, for the report.
+    Raises :class:`ConfigError` (bad options, no key, no SDK, a run that could cost
+    more than ``max_usd``) before anything is sent, :class:`ProviderError` when a
+    request fails or the spend passes ``max_usd``."""
+    if not workloads:
+        raise ConfigError("no workloads to run")
+    tokenizer = tokenizer or default_tokenizer()
+    tokens = _TokenCache(tokenizer)
+    run_id = secrets.token_hex(4)
+    planned = _plan(workloads, options, run_id, tokenizer, tokens)
+    worst = _worst_cost_usd(planned, options)
+    if worst > options.max_usd:
+        raise ConfigError(
+            f"this run could cost up to {worst:.2f} USD at {options.chosen_model}'s list "
+            f"price, over max_usd {options.max_usd:g}: raise max_usd (--max-usd) or lower "
+            f"the workload scale (--scale) to about {scale * options.max_usd / worst:.2g}"
+        )
+    send = _sender(options, _client(options))
+    jobs = sorted(
+        (job for arms in planned for arm in arms for job in arm.jobs),
+        key=lambda job: (job.due_s, job.order),
+    )
+    tick = progress(f"{options.provider}: live requests", len(jobs)) if progress else _no_tick
+    dispatch = _Dispatch(options, send)
+    started = time.perf_counter()
+    dispatch.run(jobs, tick)
+    if dispatch.failure is not None:
+        where = _describe(dispatch.failed_job, workloads, planned)
+        if isinstance(dispatch.failure, ProviderError):
+            raise dispatch.failure
+        raise ProviderError(f"{where}: {dispatch.failure}") from dispatch.failure
+    runs = tuple(
+        _live_run(workload, arms, options)
+        for workload, arms in zip(workloads, planned, strict=True)
+    )
+    return LiveSuiteResult(
+        runs,
+        options.provider,
+        options.chosen_model,
+        run_id,
+        options.base_url,
+        options.time_scale,
+        scale,
+        dispatch.spent_usd,
+        time.perf_counter() - started,
+        options.price,
+    )
+
+
+def _no_tick() -> None:
+    return None
+
+
+def _describe(
+    job: _Job | None, workloads: Sequence[CloudWorkload], planned: Sequence[Sequence[_Arm]]
+) -> str:
+    if job is None:
+        return "a request"
+    w, r, a = job.order
+    workload = workloads[w]
+    return f"{workload.family} seed {workload.seed}, {planned[w][a].name}, request {r + 1}"
+
+
+def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOptions) -> LiveRun:
+    for arm in arms:
+        for job in arm.jobs:
+            assert job.usage is not None  # every job was answered (no failure)
+            arm.measured.add(job.usage, _marked(job.body))
+    names = ANTHROPIC_BASELINES if options.provider == "anthropic" else OPENAI_BASELINES
+
+    def run_of(tallies: Sequence[_Tally]) -> CloudRun:
+        return CloudRun(
+            workload.family,
+            workload.seed,
+            options.provider,
+            options.chosen_model,
+            workload.description,
+            tuple(tally.result() for tally in tallies),
+            names,
+        )
+
+    return LiveRun(
+        run_of([arm.measured for arm in arms]),
+        run_of([arm.predictor.tally for arm in arms]),
+        max((job.late_s for arm in arms for job in arm.jobs), default=0.0),
+    )
+
+
+def _marked(body: Mapping[str, Any]) -> int:
+    """The ``cache_control`` markers of a request body."""
+    found = 0
+    stack: list[Any] = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found += "cache_control" in node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+# -- presenting ----------------------------------------------------------------------
+
+
+def _rows(result: LiveSuiteResult) -> list[list[str]]:
+    rows = []
+    for run in result.runs:
+        label = f"{run.measured.family} seed {run.measured.seed}"
+        for measured, predicted in zip(run.measured.arms, run.predicted.arms, strict=True):
+            rows.append(
+                [
+                    label,
+                    measured.name,
+                    f"{measured.cost_usd:.4f}",
+                    f"{predicted.cost_usd:.4f}",
+                    f"{measured.cache_read_tokens:,} / {measured.cache_write_tokens:,} / "
+                    f"{measured.uncached_tokens:,}",
+                    f"{predicted.cache_read_tokens:,} / {predicted.cache_write_tokens:,} / "
+                    f"{predicted.uncached_tokens:,}",
+                ]
+            )
+    return rows
+
+
+_HEADER = [
+    "workload",
+    "arm",
+    "measured $",
+    "predicted $",
+    "measured read / written / uncached",
+    "predicted read / written / uncached",
+]
+
+
+def _summary(result: LiveSuiteResult) -> list[list[str]]:
+    return [
+        [
+            f"{run.measured.family} seed {run.measured.seed}",
+            run.measured.baseline.name,
+            f"{run.measured.ratio:.2f}x",
+            f"{run.predicted.ratio:.2f}x",
+            f"{run.late_s:.1f} s",
+        ]
+        for run in result.runs
+    ]
+
+
+_SUMMARY_HEADER = [
+    "workload",
+    "baseline (the cheaper practice, measured)",
+    "baseline / ours, measured",
+    "baseline / ours, predicted",
+    "latest request late by",
+]
+
+
+def _facts(result: LiveSuiteResult) -> str:
+    where = result.base_url or f"{result.provider}'s API"
+    return (
+        f"Measured on {where} with {result.model} (run {result.run_id}; workloads at scale "
+        f"{result.scale:g}, send times × {result.time_scale:g}); priced at the list prices "
+        f"read on {result.price.read_on} ({result.price.source}); spent {result.spent_usd:.4f} "
+        f"USD in {result.elapsed_s:.0f} s. *Predicted*: the emulator "
+        "(`contextpilot_rag.sim.provider_cache`) on the same request bodies at the same times."
+    )
+
+
+def live_tables(result: LiveSuiteResult) -> list[Any]:
+    """Rich tables: the ratio per workload, then every arm, measured and predicted."""
+    from rich.table import Table
+
+    summary = Table(title=f"input-token cost on {result.provider} (measured)")
+    for name in _SUMMARY_HEADER:
+        summary.add_column(name)
+    for row in _summary(result):
+        summary.add_row(*row)
+    detail = Table(title="every arm: measured and predicted")
+    for name in _HEADER:
+        detail.add_column(name)
+    for row in _rows(result):
+        detail.add_row(*row)
+    return [summary, detail]
+
+
+def live_markdown(result: LiveSuiteResult) -> str:
+    """The run as markdown: its facts, the ratios, every arm."""
+    lines = ["## Hosted prompt caches, measured on the provider's API", "", _facts(result), ""]
+    lines += [*markdown_table(_SUMMARY_HEADER, _summary(result)), ""]
+    lines += markdown_table(_HEADER, _rows(result))
+    return "\n".join(lines)
+
+
+def write_live_json(result: LiveSuiteResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=2) + "\n", encoding="utf-8")
+
+
+def live_plot(result: LiveSuiteResult, path: Path) -> bool:
+    """Bars of every arm's cost, measured beside predicted, per workload; False
+    without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, axes = plt.subplots(figsize=(max(6.0, 2.6 * len(result.runs)), 4.0))
+    names = [arm.name for arm in result.runs[0].measured.arms]
+    width = 0.8 / (2 * len(names))
+    for n, name in enumerate(names):
+        for k, (kind, alpha) in enumerate((("measured", 1.0), ("predicted", 0.45))):
+            values = [getattr(run, kind).arm(name).cost_usd for run in result.runs]
+            offsets = [i + (2 * n + k - len(names)) * width for i in range(len(result.runs))]
+            axes.bar(offsets, values, width, alpha=alpha, color=f"C{n}", label=f"{name}, {kind}")
+    axes.set_xticks(range(len(result.runs)))
+    axes.set_xticklabels([f"{r.measured.family}\nseed {r.measured.seed}" for r in result.runs])
+    axes.set_ylabel("input cost, USD")
+    axes.set_title(f"{result.provider} ({result.model}): measured and predicted")
+    axes.legend(fontsize=7)
+    save_figure(figure, path)
+    return True

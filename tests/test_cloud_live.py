@@ -1,0 +1,215 @@
+"""The live cloud benchmark (``bench --suite cloud --live``), driven through the official
+``anthropic`` and ``openai`` SDKs against the loopback cloud emulator
+(contextpilot_rag.testing.cloud_server) instead of the providers: what each response
+reports is read back and billed, and matches what the in-process emulator predicts for
+the same request bodies; arms and runs never read each other's cache entries; the
+budget, the key and bad options are refused before anything is sent; a failing API or
+a spend past the budget stops the run with a ProviderError. Offline: loopback only."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contextpilot_rag.bench import cloud_live
+from contextpilot_rag.bench.cloud_live import LiveOptions, live_markdown, run_live_suite
+from contextpilot_rag.bench.cloud_suite import OURS
+from contextpilot_rag.bench.cloud_workloads import CloudWorkload, cloud_workload
+from contextpilot_rag.cli import main
+from contextpilot_rag.errors import ConfigError, ProviderError
+from contextpilot_rag.testing.cloud_server import CloudCacheServer
+
+pytest.importorskip("anthropic", reason="anthropic is not installed (pip install -e '.[dev]')")
+pytest.importorskip("openai", reason="openai is not installed (pip install -e '.[dev]')")
+
+FAST = {"time_scale": 0.001, "workers": 1, "max_usd": 20.0, "api_key": "test"}
+
+
+@pytest.fixture
+def server() -> Iterator[CloudCacheServer]:
+    with CloudCacheServer() as emulator:  # real time: the run's send times are scaled down
+        yield emulator
+
+
+def _base(server: CloudCacheServer, provider: str) -> str:
+    return server.anthropic_base_url if provider == "anthropic" else server.openai_base_url
+
+
+def _workloads() -> list[CloudWorkload]:
+    return [cloud_workload("multi-turn", 1, 0.02), cloud_workload("multi-session", 2, 0.005)]
+
+
+def _system_text(body: dict[str, Any]) -> str:
+    if "system" in body:
+        return str(body["system"][0]["text"])
+    return str(body["messages"][0]["content"])
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_measured_usage_is_read_back_and_matches_the_prediction(
+    server: CloudCacheServer, provider: str
+) -> None:
+    workloads = _workloads()
+    options = LiveOptions(provider, base_url=_base(server, provider), **FAST)
+    result = run_live_suite(workloads, options)
+
+    sent = server.requests
+    arms = 3
+    assert len(sent) == arms * sum(len(w.requests) for w in workloads)
+    assert result.spent_usd > 0 and len(result.run_id) == 8
+    for run in result.runs:
+        assert [a.name for a in run.measured.arms] == [a.name for a in run.predicted.arms]
+        for measured, predicted in zip(run.measured.arms, run.predicted.arms, strict=True):
+            assert measured.requests == predicted.requests > 0
+            assert measured.cache_read_tokens == predicted.cache_read_tokens
+            assert measured.cache_write_tokens == predicted.cache_write_tokens
+            assert measured.uncached_tokens == predicted.uncached_tokens
+            assert measured.cost_usd == pytest.approx(predicted.cost_usd)
+    talk = result.runs[0]
+    assert talk.measured.ours.cache_read_tokens > 0  # the provider served the pilot's prefixes
+    assert talk.measured.ratio > 1.1  # and it cost less than the cheaper common practice
+    if provider == "anthropic":
+        ours = [r for r in sent if f", arm {arms}]" in _system_text(r.body)]
+        assert ours and max(len(r.cache_control_paths) for r in ours) >= 2
+        assert all(len(r.cache_control_paths) <= 4 for r in sent)
+    else:
+        ours = [r for r in sent if f", arm {arms}]" in _system_text(r.body)]
+        assert all(r.body.get("prompt_cache_key") for r in ours)
+        assert all(r.body["max_completion_tokens"] == 1 for r in sent)
+    assert "measured" in live_markdown(result) and OURS in live_markdown(result)
+
+
+def test_arms_and_runs_never_read_each_others_entries(server: CloudCacheServer) -> None:
+    workloads = [cloud_workload("multi-turn", 1, 0.02)]
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **FAST)
+    first = run_live_suite(workloads, options)
+    second = run_live_suite(workloads, options)  # same server, caches still warm
+
+    assert first.run_id != second.run_id
+    lines = {_system_text(r.body).split("\n", 1)[0] for r in server.requests}
+    assert len(lines) == 2 * 3  # one line per run and arm, every system prompt salted
+    # a cold emulator predicts each run: a read of another run's or arm's entries differs
+    for run in (*first.runs, *second.runs):
+        for measured, predicted in zip(run.measured.arms, run.predicted.arms, strict=True):
+            assert measured.cache_read_tokens == predicted.cache_read_tokens
+
+
+def test_a_run_that_could_cost_more_than_the_budget_sends_nothing(
+    server: CloudCacheServer,
+) -> None:
+    options = LiveOptions(
+        "anthropic", base_url=server.anthropic_base_url, **{**FAST, "max_usd": 0.01}
+    )
+    with pytest.raises(ConfigError, match=r"could cost up to .* over max_usd 0.01"):
+        run_live_suite(_workloads(), options, scale=0.02)
+    assert server.requests == []
+
+
+def test_no_key_is_refused_before_anything_is_sent(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    options = LiveOptions("openai", base_url=server.openai_base_url, **{**FAST, "api_key": None})
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        run_live_suite(_workloads(), options)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"provider": "gemini"},
+        {"time_scale": 0},
+        {"time_scale": 2.0},
+        {"workers": 0},
+        {"max_tokens": 0},
+        {"retries": -1},
+        {"max_usd": -1.0},
+        {"timeout_s": float("nan")},
+        {"model": "no-such-model"},
+        {"base_url": ""},
+    ],
+)
+def test_bad_options_are_config_errors(changes: dict[str, Any]) -> None:
+    settings: dict[str, Any] = {"provider": "anthropic", **FAST, **changes}
+    with pytest.raises(ConfigError):
+        LiveOptions(**settings)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_failing_api_stops_the_run_with_a_provider_error() -> None:
+    options = LiveOptions(
+        "anthropic",
+        base_url=f"http://127.0.0.1:{_closed_port()}",
+        **{**FAST, "timeout_s": 2.0, "retries": 0},
+    )
+    failed = r"seed [12], system breakpoint, request 1: Connection error"
+    with pytest.raises(ProviderError, match=failed):
+        run_live_suite(_workloads(), options)
+
+
+def test_a_spend_past_the_budget_stops_sending(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the estimate made too small, so the budget check passes and the spend overtakes it
+    monkeypatch.setattr(cloud_live, "TOKEN_MARGIN", 0.05)
+    workloads = [cloud_workload("multi-turn", 1, 0.02)]
+    total = 3 * len(workloads[0].requests)
+    budget = {**FAST, "max_usd": 0.03}
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **budget)
+    with pytest.raises(ProviderError, match=r"over max_usd 0\.03"):
+        run_live_suite(workloads, options)
+    assert 0 < len(server.requests) < total
+
+
+def test_the_command_measures_on_the_given_api(
+    server: CloudCacheServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+    markdown = tmp_path / "live.md"
+    common = ["bench", "--suite", "cloud", "--live", "--scale", "0.02"]
+    code = main(
+        [
+            *common,
+            "--provider",
+            "anthropic",
+            "--base-url",
+            server.anthropic_base_url,
+            "--time-scale",
+            "0.001",
+            "--workers",
+            "1",
+            "--max-usd",
+            "20",
+            "--families",
+            "multi-turn",
+            "--markdown",
+            str(markdown),
+            "--json",
+            str(tmp_path / "live.json"),
+            "--plot",
+            str(tmp_path / "live.png"),
+        ]
+    )
+    assert code == 0
+    saved = json.loads((tmp_path / "live.json").read_text(encoding="utf-8"))
+    assert saved["provider"] == "anthropic" and saved["spent_usd"] > 0
+    assert [arm["name"] for arm in saved["runs"][0]["measured"]["arms"]][-1] == OURS
+    assert (tmp_path / "live.png").stat().st_size > 0
+    text = markdown.read_text(encoding="utf-8")
+    assert "multi-turn seed 0" in text and "baseline / ours, measured" in text
+    assert len(server.requests) > 0
+    sent = len(server.requests)
+    assert main([*common, "--provider", "both"]) == 2
+    assert main([*common, "--provider", "openai", "--families", "chat"]) == 2
+    assert len(server.requests) == sent  # refused before sending anything
