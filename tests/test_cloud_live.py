@@ -167,9 +167,27 @@ def test_a_spend_past_the_budget_stops_sending(
     total = 3 * len(workloads[0].requests)
     budget = {**FAST, "max_usd": 0.03}
     options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **budget)
-    with pytest.raises(ProviderError, match=r"over max_usd 0\.03"):
+    with pytest.raises(ProviderError, match=r"passed max_usd 0\.03.*\(0\.0[3-9]\d* USD spent"):
         run_live_suite(workloads, options)
     assert 0 < len(server.requests) < total
+
+
+def test_an_interrupted_run_says_what_it_spent(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # Ctrl-C while waiting for the third send time
+        waits.append(seconds)
+        if len(waits) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cloud_live.time, "sleep", sleep)
+    workloads = [cloud_workload("multi-turn", 1, 0.02)]
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **FAST)
+    with pytest.raises(ProviderError, match=r"interrupted \(0\.\d+ USD spent before"):
+        run_live_suite(workloads, options)
+    assert 0 < len(server.requests) < 3 * len(workloads[0].requests)
 
 
 def test_the_command_measures_on_the_given_api(

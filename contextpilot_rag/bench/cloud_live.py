@@ -370,15 +370,19 @@ class _Dispatch:
         started = time.monotonic()
         with ThreadPoolExecutor(self._options.workers, thread_name_prefix="cloud-live") as pool:
             futures: list[Future[None]] = []
-            for job in jobs:
-                wait_s = started + job.due_s - time.monotonic()
-                if wait_s > 0:
-                    time.sleep(wait_s)
-                if self.failure is not None:
-                    break
-                futures.append(pool.submit(self._one, job, started, tick))
-            for future in futures:
-                future.result()
+            try:
+                for job in jobs:
+                    wait_s = started + job.due_s - time.monotonic()
+                    if wait_s > 0:
+                        time.sleep(wait_s)
+                    if self.failure is not None:
+                        break
+                    futures.append(pool.submit(self._one, job, started, tick))
+                for future in futures:
+                    future.result()
+            except KeyboardInterrupt:  # the requests in flight finish, the others are dropped
+                with self._lock:
+                    self.failure, self.failed_job = ProviderError("interrupted"), None
 
     def _one(self, job: _Job, started: float, tick: Callable[[], None]) -> None:
         if self.failure is not None:
@@ -399,8 +403,7 @@ class _Dispatch:
             self.spent_usd += input_cost(usage, price).total + output
             if self.spent_usd > self._options.max_usd and self.failure is None:
                 self.failure = ProviderError(
-                    f"the run spent {self.spent_usd:.4f} USD, over max_usd "
-                    f"{self._options.max_usd:g}; it stopped sending"
+                    f"the spend passed max_usd {self._options.max_usd:g}; it stopped sending"
                 )
                 self.failed_job = job
         tick()
@@ -442,10 +445,11 @@ def run_live_suite(
     started = time.perf_counter()
     dispatch.run(jobs, tick)
     if dispatch.failure is not None:
-        where = _describe(dispatch.failed_job, workloads, planned)
+        spent = f"{dispatch.spent_usd:.4f} USD spent before the run stopped"
         if isinstance(dispatch.failure, ProviderError):
-            raise dispatch.failure
-        raise ProviderError(f"{where}: {dispatch.failure}") from dispatch.failure
+            raise ProviderError(f"{dispatch.failure} ({spent})")
+        where = _describe(dispatch.failed_job, workloads, planned)
+        raise ProviderError(f"{where}: {dispatch.failure} ({spent})") from dispatch.failure
     runs = tuple(
         _live_run(workload, arms, options)
         for workload, arms in zip(workloads, planned, strict=True)
