@@ -64,6 +64,10 @@ policies taking turns) and compares every policy with the first, run by run
         --conversation-rates 0.06 --cache-ram 0 --seeds 0,1,2 --repeats 2 \\
         --policies combined+eviction_weight=0:slots,combined:slots \\
         --write docs/benchmarks.md --plot docs/img/llama_server_chat_seeds_slot_cache.png
+
+``--section NAME`` writes the report under another section name, so the same run at
+another rate keeps a section of its own (``llama-server-chat-seeds-slot-cache-heavy``:
+the run above at 0.2 conversations/s).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import statistics
 import threading
 import time
@@ -1156,6 +1161,12 @@ def parser() -> argparse.ArgumentParser:
         help="with --seeds: cold-fleet runs per policy and seed; a seed's ratio is the "
         "median over them (default 1)",
     )
+    parser.add_argument(
+        "--section",
+        help="the section of --write to write (default: named by the workload and "
+        "--cache-ram), e.g. for a chat --seeds run at a second rate beside the first; "
+        "llama-server-… in lower-case letters, digits and hyphens",
+    )
     parser.add_argument("--write", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--json", action="store_true")
@@ -1170,6 +1181,8 @@ def main() -> None:
         arguments.error("--repeats must be at least 1")
     if args.seeds and args.workload == "chat" and "," in args.conversation_rates.strip(", "):
         arguments.error("chat --seeds runs one rate: give --conversation-rates a single value")
+    if args.section is not None and not re.fullmatch(r"llama-server(-[a-z0-9]+)+", args.section):
+        arguments.error(f"--section {args.section!r} is not llama-server-… (a-z, 0-9, hyphens)")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for label in policies:  # a bad label stops the run before any engine starts
         labelled_policy(label)
@@ -1200,7 +1213,7 @@ def main() -> None:
         section = "llama-server-routing" + ("-slot-cache" if args.cache_ram == 0 else "")
         text = multiturn_benchmark(policies, engine, args, command)
     if args.write:
-        write_section(args.write, section, text)
+        write_section(args.write, args.section or section, text)
         Console(stderr=True).print(f"wrote {args.write}")
     elif not args.json:
         print(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import llama_server_routing as bench
 import pytest
@@ -148,6 +149,41 @@ def test_chat_seeds_need_one_rate(
     with pytest.raises(SystemExit):
         bench.main()
     assert "give --conversation-rates a single value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name", ["chat-heavy", "llama-server-", "llama-server-Heavy", "llama-server-a b"]
+)
+def test_a_bad_section_name_is_refused_before_any_engine_starts(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "--section", name])
+    monkeypatch.setattr(bench, "find_llama_server", lambda root: pytest.fail("engine looked up"))
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--section" in capsys.readouterr().err
+
+
+def test_the_report_goes_to_the_section_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = tmp_path / "benchmarks.md"
+    argv = ["x", "--workload", "chat", "--seeds", "0", "--conversation-rates", "0.2"]
+    argv += ["--section", "llama-server-chat-seeds-heavy", "--write", str(docs)]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(bench, "find_llama_server", lambda root: tmp_path / "llama-server")
+    commands: list[str] = []
+
+    def report(policies: object, engine: object, args: object, command: str) -> str:
+        commands.append(command)
+        return "the report"
+
+    monkeypatch.setattr(bench, "chat_seeds_benchmark", report)
+    bench.main()
+    text = docs.read_text(encoding="utf-8")
+    assert "<!-- BEGIN GENERATED: llama-server-chat-seeds-heavy -->" in text
+    assert "the report" in text and "llama-server-chat-seeds -->" not in text
+    assert "--section llama-server-chat-seeds-heavy" in commands[0]
 
 
 def chat_summary(policy: str, mean_s: float, cached: int) -> bench.Summary:

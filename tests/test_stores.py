@@ -590,6 +590,21 @@ def test_sqlite_serves_several_processes_and_outlives_them(tmp_path: Path) -> No
     assert played == play_turns(None, "conv", turns)
 
 
+def open_new_stores(directory: str, count: int) -> int:
+    """Open ``count`` new SQLite stores in turn, one file each, as a worker does at
+    start-up; returns how many opened."""
+    for number in range(count):
+        open_store(f"sqlite:///{directory}/fresh-{number}.db").close()
+    return count
+
+
+def test_processes_opening_a_new_sqlite_store_together_all_open_it(tmp_path: Path) -> None:
+    # the processes contend for the lock that switches a new file to WAL, which SQLite
+    # refuses at once rather than after the busy timeout: each waits its turn instead
+    opened = in_processes([(open_new_stores, (str(tmp_path), 10)) for _ in range(4)])
+    assert opened == [10] * 4
+
+
 @pytest.mark.parametrize("backend", ["redis", "sqlite"])
 def test_racing_threads_and_processes_lose_and_duplicate_no_turn(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError, StoreError, StoreFormatError, StoreUnavailableError
@@ -40,12 +41,35 @@ def open_database(
     with store_errors(store, timeout_s):
         db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         if schema_sql:
-            db.execute("PRAGMA journal_mode = WAL")
-            with transaction(db):
-                for statement in schema_sql:
-                    db.execute(statement)
+            deadline = time.monotonic() + timeout_s
+            _retried(lambda: db.execute("PRAGMA journal_mode = WAL"), deadline)
+            _retried(lambda: _create(db, schema_sql), deadline)
         db.execute("PRAGMA synchronous = NORMAL")
     return db
+
+
+def _create(db: sqlite3.Connection, schema_sql: Sequence[str]) -> None:
+    with transaction(db):
+        for statement in schema_sql:
+            db.execute(statement)
+
+
+def _retried(step: Callable[[], object], deadline: float) -> None:
+    """``step``, again while SQLite answers "locked" and ``deadline`` (monotonic
+    seconds) has not passed. Processes opening a new database together contend for
+    the lock that switches it to WAL; SQLite reports that at once, without waiting the
+    busy timeout, since waiting could deadlock."""
+    delay_s = 0.005
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            message = str(exc).lower()
+            if not ("locked" in message or "busy" in message) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(2 * delay_s, 0.1)
 
 
 @contextlib.contextmanager
