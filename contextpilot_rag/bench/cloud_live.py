@@ -200,13 +200,10 @@ class _Job:
 
 
 class _Arm:
-    """An arm of one workload: its name, how it shapes a prompt, its jobs and the
-    emulator that predicts them."""
+    """An arm of one workload: its name, its jobs and the emulator that predicts them."""
 
-    def __init__(
-        self, name: str, shape: Shape, predictor: _AnthropicArm | _OpenAIArm, price: ModelPrice
-    ) -> None:
-        self.name, self.shape, self.predictor = name, shape, predictor
+    def __init__(self, name: str, predictor: _AnthropicArm | _OpenAIArm, price: ModelPrice) -> None:
+        self.name, self.predictor = name, predictor
         self.jobs: list[_Job] = []
         self.measured = _Tally(name, price)
 
@@ -258,11 +255,11 @@ def _plan(
 ) -> list[list[_Arm]]:
     """Every workload's arms with their jobs, each job's usage predicted."""
     provider, model, price = options.provider, options.chosen_model, options.price
+    # as in the emulated suite: the unmodified prompts split into content blocks the
+    # way Anthropic's planning splits them, for both providers
+    plain = baseline_config(_pilot_config("anthropic", DEFAULT_MODELS["anthropic"]))
     planned: list[list[_Arm]] = []
     for w, workload in enumerate(workloads):
-        # as in the emulated suite: the unmodified prompts split into content blocks
-        # the way Anthropic's planning splits them, for both providers
-        plain = baseline_config(_pilot_config("anthropic", DEFAULT_MODELS["anthropic"]))
         unmodified = list(_prompts(workload, plain, tokenizer))
         ours = list(_prompts(workload, _pilot_config(provider, model), tokenizer))
         arms: list[_Arm] = []
@@ -274,7 +271,7 @@ def _plan(
                 predictor = _AnthropicArm(name, salted, model, tokens)
             else:
                 predictor = _OpenAIArm(name, salted, model, tokens)
-            arm = _Arm(name, salted, predictor, price)
+            arm = _Arm(name, predictor, price)
             for r, (prompt, timed) in enumerate(ours if pilot else unmodified):
                 tokens.learn(prompt)
                 scaled = replace(timed, at_s=timed.at_s * options.time_scale)
