@@ -229,5 +229,6 @@ def test_the_command_measures_on_the_given_api(
     assert len(server.requests) > 0
     sent = len(server.requests)
     assert main([*common, "--provider", "both"]) == 2
+    assert main(["bench", "--live", "--provider", "anthropic"]) == 2  # not the engine suite
     assert main([*common, "--provider", "openai", "--families", "chat"]) == 2
     assert len(server.requests) == sent  # refused before sending anything

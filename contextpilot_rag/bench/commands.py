@@ -259,6 +259,8 @@ def add_bench_parser(commands: Any) -> None:
 def run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.suite == "cloud":
         return run_cloud_bench(args, console)
+    if args.live:
+        raise ConfigError("--live measures the cloud suite: add --suite cloud")
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
     check_repeats(args.repeats)
     with engine_session(args, console) as engine, rich_step_progress() as progress:
