@@ -212,6 +212,15 @@ class PilotConfig:
             return None
         return self.max_block_tokens * _CHARS_PER_TOKEN_BOUND
 
+    def index_for(self, index: IndexConfig) -> IndexConfig:
+        """``index`` as the pilot builds its indexes: with hosted prompt caching on
+        (``cloud.enabled``) and no ``ttl_s`` of its own, a path idle for longer than
+        the cache lifetime (``cloud.ttl_s``) is dropped. The provider has dropped its
+        prefix by then, so it no longer steers the order of new prompts."""
+        if self.cloud.enabled and index.ttl_s is None:
+            return replace(index, ttl_s=self.cloud.ttl_s)
+        return index
+
     def structure_guard(self) -> StructureGuard:
         """The escaping of untrusted text for this layout (see :mod:`.escaping`)."""
         templates = (self.notes.order, self.notes.location, self.question_template)
@@ -334,7 +343,7 @@ class ContextPilot:
         self._request_prefix = "cp-" if store is None else f"cp-{secrets.token_hex(4)}-"
         self._jitter = random.Random()
         self._guard = self.config.structure_guard()
-        self._index = ContextIndex(self.config.index, clock=clock)
+        self._index = ContextIndex(self.config.index_for(self.config.index), clock=clock)
         self._clock = clock
         self._ledger = CacheLedger(self.config.cloud.ledger_size)
         self._key_buckets = KeyBuckets(
@@ -354,8 +363,10 @@ class ContextPilot:
         tenants = self.config.tenants
         # Per tenant: its own index; the shared index holds the shared-block prefixes
         # of unsalted tenant prompts, keyed by content (docs/tenants.md).
-        self._tenant_indexes = TenantIndexes(tenants.index, tenants.max_tenants, clock=clock)
-        self._shared_index = ContextIndex(self.config.index, clock=clock)
+        self._tenant_indexes = TenantIndexes(
+            self.config.index_for(tenants.index), tenants.max_tenants, clock=clock
+        )
+        self._shared_index = ContextIndex(self.config.index_for(self.config.index), clock=clock)
         self._salts = SaltDeriver(tenants.salt_key)
         self._warn_random_salt = store is not None and tenants.salt_key is None
         self._registry = BlockRegistry(

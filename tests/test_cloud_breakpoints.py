@@ -24,6 +24,7 @@ from contextpilot_rag.cloud import (
 )
 from contextpilot_rag.cloud.continuation import CHAIN_TURNS, chained_turns
 from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.index import IndexConfig
 from contextpilot_rag.tenants import TenantConfig
 
 
@@ -717,3 +718,32 @@ def test_a_prompt_over_the_hosted_minimum_is_still_reordered(cloud_pilot: Contex
     prompt = cloud_pilot.optimize(_docs("b", "a"), "Q2?")
     assert [block.id for block in prompt.blocks] == ["a", "b"] and prompt.order_note is not None
     assert prompt.stats.blocks_matched == 2
+
+
+def _ids(prompt: Prompt) -> list[str]:
+    return [block.id for block in prompt.blocks]
+
+
+@pytest.mark.parametrize(
+    ("cloud", "index", "idle_s", "follows"),
+    [
+        (True, IndexConfig(), 299.0, True),  # within the 5-minute lifetime
+        (True, IndexConfig(), 301.0, False),  # the provider has dropped the prefix
+        (False, IndexConfig(), 301.0, True),  # no hosted cache: no lifetime
+        (True, IndexConfig(ttl_s=3600.0), 301.0, True),  # the index's own ttl_s wins
+    ],
+)
+def test_a_path_idle_past_the_cache_lifetime_no_longer_steers_the_order(
+    tokenizer: Tokenizer, cloud: bool, index: IndexConfig, idle_s: float, follows: bool
+) -> None:
+    now = [0.0]
+    config = PilotConfig(index=index, cloud=CloudCacheConfig(enabled=cloud))
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+    docs = [ContextBlock(f"Passage {name} on prefix caching. " * 60, id=name) for name in "abcd"]
+    first = pilot.optimize(docs, "Q?")
+    now[0] += idle_s
+    again = pilot.optimize(docs[::-1], "Another question?")
+    assert (_ids(again) == _ids(first)) is follows
+    assert pilot.config.index_for(config.index).ttl_s == (
+        300.0 if cloud and index.ttl_s is None else index.ttl_s
+    )

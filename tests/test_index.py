@@ -384,6 +384,25 @@ def test_ttl_is_measured_from_the_last_use(clock: FakeClock) -> None:
     assert index.search(["a", "b"]).blocks == ("a", "b")
 
 
+def test_a_search_skips_paths_idle_past_the_ttl_before_any_insert_drops_them(
+    clock: FakeClock,
+) -> None:
+    index = ContextIndex(IndexConfig(ttl_s=10.0), clock=clock)
+    insert(index, ["a", "b", "c"], "old")
+    insert(index, ["a", "x"], "branch")  # a split: "a" above two children
+    clock.advance(4)
+    insert(index, ["a", "b", "d"], "fresh")  # touches "a" and "b", not "c"
+    clock.advance(7)  # "old" and "branch" idle 11 s, "fresh" 7 s
+    assert index.search(["c", "b", "a"]).blocks == ("a", "b")  # not through "c"
+    assert index.search(["x", "a"]).blocks == ("a",)
+    clock.advance(4)  # everything idle past the ttl
+    assert index.search(["a", "b", "d"]).blocks == ()
+    assert index.search(["a"], fixed_prefix=["a"]).blocks == ("a",)  # the fixed prefix stays
+    assert RequestId("old") in index  # searching dropped nothing; the next insert does
+    insert(index, ["z"], "trigger")
+    assert RequestId("old") not in index
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

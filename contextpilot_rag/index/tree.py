@@ -228,6 +228,10 @@ class ContextIndex:
         order = list(blocks)
         request = (*fixed_prefix, *order)
         wanted = set(order).difference(fixed_prefix)
+        ttl = self.config.ttl_s
+        since = None if ttl is None else self._clock() - ttl  # idler paths are expired
+        if since is not None and node.last_access < since:
+            return self._result(request, tuple(matched), tokens, node)
         if offset < len(node.edge):  # the fixed prefix ends inside an edge
             run = _leading_run(node.edge[offset:], wanted)
             matched.extend(node.edge[offset : offset + run])
@@ -236,7 +240,7 @@ class ContextIndex:
                 return self._result(request, tuple(matched), tokens, node)
             wanted = wanted.difference(node.edge)
         bound = None if token_counts is None else sum(map(token_counts.__getitem__, wanted))
-        tip, run, path_tokens = self._best_descent(node, wanted, tokens, bound)
+        tip, run, path_tokens = self._best_descent(node, wanted, tokens, bound, since)
         if tip is node:
             return self._result(request, tuple(matched), tokens, node)
         assert tip.parent is not None
@@ -270,14 +274,20 @@ class ContextIndex:
         return node, len(node.edge), matched, tokens
 
     def _best_descent(
-        self, start: _Node, wanted: set[str], tokens: int, wanted_tokens: int | None
+        self,
+        start: _Node,
+        wanted: set[str],
+        tokens: int,
+        wanted_tokens: int | None,
+        since: float | None,
     ) -> tuple[_Node, int, int]:
         """Depth-first, most promising child first, within ``search_budget`` node
         expansions; stops early once the best match holds every wanted token
         (``wanted_tokens``, if known). Returns the tip node, how many of its edge
         blocks matched, and the matched tokens. Below the fixed prefix a path never
-        repeats a block, so ``wanted`` needs no shrinking on the way down.
-        (Hot path: kept flat on purpose.)"""
+        repeats a block, so ``wanted`` needs no shrinking on the way down. A node last
+        used before ``since`` (``ttl_s`` ago) has expired, though the next insert has
+        not yet dropped it: it is skipped. (Hot path: kept flat on purpose.)"""
         best_node, best_run, best_tokens, best_tick = start, len(start.edge), tokens, start.tick
         everything = None if wanted_tokens is None else tokens + wanted_tokens
         stack = [(start, tokens)]
@@ -293,6 +303,8 @@ class ContextIndex:
                 candidates = [child for block, child in children.items() if block in wanted]
             else:
                 candidates = [children[block] for block in wanted if block in children]
+            if since is not None:
+                candidates = [child for child in candidates if child.last_access >= since]
             deeper: list[tuple[int, int, _Node]] = []
             for child in candidates:
                 edge = child.edge
