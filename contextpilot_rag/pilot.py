@@ -1562,13 +1562,21 @@ class ContextPilot:
         prompt starts with (a later turn's are its first visible turn's), or per system
         prompt alone where that reaches the model's minimum cacheable prefix (requests
         sharing only it then share its server rather than each taking one of its own),
-        under the first variant whose route is not busy (``docs/cloud.md``)."""
+        under the first variant whose route is not busy (``docs/cloud.md``). The
+        leading blocks: ``key_blocks`` of them, or (``None``) those up to the first
+        that reaches the minimum cacheable prefix: two requests that can read anything
+        from each other share at least those, and requests that share fewer do not
+        crowd one route (a later turn without a stored key: its first one)."""
         cloud = self.config.cloud
+        least = cloud.rules.min_tokens(cloud.model)
         count = cloud.key_blocks
-        if system_tokens and system_tokens >= cloud.rules.min_tokens(cloud.model):
+        if system_tokens and system_tokens >= least:
             count = 0  # the system prompt alone is worth one route
+        elif count is None and not visible:
+            ends = [boundary.token_end for boundary in prompt.boundaries]
+            count = next((n + 1 for n, end in enumerate(ends) if end >= least), len(ends))
         if visible:
-            leading = list(visible[0][1].block_ids[:count])
+            leading = list(visible[0][1].block_ids[: 1 if count is None else count])
         else:
             leading = [block.id for block in prompt.blocks[:count]]
         return self._key_buckets.choose(prefix_cache_key(path[0], leading, prompt.cache_salt), now)

@@ -31,7 +31,23 @@ def _docs(*names: str) -> list[ContextBlock]:
     ]
 
 
-def test_requests_sharing_their_leading_block_share_a_key(pilot: ContextPilot) -> None:
+def test_requests_sharing_a_readable_prefix_share_a_key(pilot: ContextPilot) -> None:
+    """The key names the leading blocks up to the minimum cacheable prefix (here the
+    first two): requests that could read from each other share it, a request sharing
+    only a shorter prefix (one block) gets another, so it does not crowd their route."""
+    first = pilot.optimize(_docs("a", "b", "c"), "Q1?")
+    second = pilot.optimize(_docs("d", "b", "a"), "Q2?")  # a, b reordered first
+    shorter = pilot.optimize(_docs("x", "a"), "Q3?")  # a first, then x
+    other = pilot.optimize(_docs("y", "z"), "Q4?")
+    assert [block.id for block in second.blocks[:2]] == ["a", "b"]
+    assert shorter.blocks[0].id == "a"
+    assert first.prompt_cache_key == second.prompt_cache_key
+    assert len({first.prompt_cache_key, shorter.prompt_cache_key, other.prompt_cache_key}) == 3
+
+
+def test_key_blocks_fixes_the_number_of_leading_blocks(tokenizer: Tokenizer) -> None:
+    cloud = CloudCacheConfig(enabled=True, key_blocks=1)
+    pilot = ContextPilot(PilotConfig(cloud=cloud), tokenizer=tokenizer)
     first = pilot.optimize(_docs("a", "b"), "Q1?")
     second = pilot.optimize(_docs("c", "a"), "Q2?")  # a is reordered first
     other = pilot.optimize(_docs("x", "y"), "Q3?")
@@ -62,7 +78,7 @@ def test_a_conversation_keeps_its_first_turns_key(pilot: ContextPilot) -> None:
 
 def _busy_pilot(tokenizer: Tokenizer, clock: Clock, store: str | None = None) -> ContextPilot:
     rules = replace(OPENAI_RULES, key_rate_per_minute=2)
-    cloud = CloudCacheConfig(enabled=True, rules=rules, key_rate_share=1.0)
+    cloud = CloudCacheConfig(enabled=True, rules=rules, key_rate_share=1.0, key_blocks=1)
     return ContextPilot(PilotConfig(cloud=cloud), tokenizer=tokenizer, clock=clock, store=store)
 
 
@@ -165,8 +181,19 @@ def test_key_buckets_count_a_bounded_number_of_keys() -> None:
         lambda: ProviderRules("p", key_rate_per_minute=True),
         lambda: CloudCacheConfig(key_rate_share=0),
         lambda: CloudCacheConfig(key_rate_share=1.5),
+        lambda: CloudCacheConfig(key_blocks=0),
+        lambda: CloudCacheConfig(key_blocks=True),
     ],
-    ids=["rate-0", "no-keys", "rules-rate-0", "rules-rate-bool", "share-0", "share-above-1"],
+    ids=[
+        "rate-0",
+        "no-keys",
+        "rules-rate-0",
+        "rules-rate-bool",
+        "share-0",
+        "share-above-1",
+        "key-blocks-0",
+        "key-blocks-bool",
+    ],
 )
 def test_bad_key_settings_are_refused(make: object) -> None:
     with pytest.raises(ConfigError):

@@ -21,7 +21,9 @@ class CloudCacheConfig:
     within the lifetime (``None``: the pilot learns it per turn number from the
     conversations it serves, starting from ``(t + 1) / (t + 2)`` after ``t`` earlier
     turns; :class:`~.continuation.ContinuationTracker`).
-    ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``;
+    ``key_blocks``: the leading blocks that name a request's ``prompt_cache_key``
+    (``None``: as many as reach the model's minimum cacheable prefix, since requests
+    that share less can read nothing from each other);
     ``key_rate_share``: the share of the provider's per-route rate
     (:attr:`~.rules.ProviderRules.key_rate_per_minute`) a route's load may reach
     before new requests go under another variant of the key; the load counts the
@@ -41,7 +43,7 @@ class CloudCacheConfig:
     model: str | None = None
     ttl: str = "5m"
     next_turn_probability: float | None = None
-    key_blocks: int = 1
+    key_blocks: int | None = None
     key_rate_share: float = 0.6
     max_counted: int = 8
     ledger_size: int = 65_536
@@ -60,6 +62,8 @@ class CloudCacheConfig:
             raise ConfigError(f"CloudCacheConfig.key_rate_share must be in (0, 1], got {share!r}")
         for name in ("key_blocks", "max_counted", "ledger_size"):
             value = getattr(self, name)
+            if value is None and name == "key_blocks":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"CloudCacheConfig.{name} must be a positive int")
 
