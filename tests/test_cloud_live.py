@@ -84,6 +84,20 @@ def test_measured_usage_is_read_back_and_matches_the_prediction(
     assert "measured" in live_markdown(result) and OURS in live_markdown(result)
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_the_spend_counts_the_output_tokens_each_response_reports(
+    server: CloudCacheServer, provider: str
+) -> None:
+    options = LiveOptions(provider, base_url=_base(server, provider), **{**FAST, "max_tokens": 16})
+    result = run_live_suite([cloud_workload("multi-turn", 1, 0.02)], options)
+    inputs = sum(arm.cost_usd for run in result.runs for arm in run.measured.arms)
+    field = "output_tokens" if provider == "anthropic" else "completion_tokens"
+    answered = sum(r.usage[field] for r in server.requests)
+    assert answered > 0
+    outputs = answered * (result.price.output or 0.0) / 1e6
+    assert result.spent_usd == pytest.approx(inputs + outputs) and outputs > 0
+
+
 def test_arms_and_runs_never_read_each_others_entries(server: CloudCacheServer) -> None:
     workloads = [cloud_workload("multi-turn", 1, 0.02)]
     options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **FAST)

@@ -194,8 +194,8 @@ class _Job:
     due_s: float
     order: tuple[int, int, int]  # workload, request, arm: the send order at equal times
     body: dict[str, Any]
+    breakpoints: int  # its cache_control markers (Anthropic)
     usage: InputTokens | None = None
-    output_tokens: int = 0
     late_s: float = 0.0
 
 
@@ -275,8 +275,9 @@ def _plan(
             for r, (prompt, timed) in enumerate(ours if pilot else unmodified):
                 tokens.learn(prompt)
                 scaled = replace(timed, at_s=timed.at_s * options.time_scale)
-                arm.predictor.send(prompt, scaled)
-                arm.jobs.append(_Job(scaled.at_s, (w, r, a), salted(prompt, scaled)))
+                body = salted(prompt, scaled)
+                marked = arm.predictor.send_body(body, scaled)
+                arm.jobs.append(_Job(scaled.at_s, (w, r, a), body, marked))
             arms.append(arm)
         planned.append(arms)
     return planned
@@ -343,15 +344,6 @@ def _sender(options: LiveOptions, client: Any) -> Callable[[dict[str, Any]], Any
     return send_openai
 
 
-def _output_tokens(response: Any) -> int:
-    usage = getattr(response, "usage", None)
-    for name in ("output_tokens", "completion_tokens"):
-        value = getattr(usage, name, None)
-        if isinstance(value, int):
-            return value
-    return 0
-
-
 class _Dispatch:
     """Sends jobs at their times from a thread pool; stops at the first failure or
     when the spend passes the budget."""
@@ -393,9 +385,9 @@ class _Dispatch:
                 if self.failure is None:
                     self.failure, self.failed_job = error, job
             return
-        job.usage, job.output_tokens = usage, _output_tokens(response)
+        job.usage = usage
         price = self._options.price
-        output = job.output_tokens * (price.output or 0.0) / 1e6
+        output = (usage.output_tokens or 0) * (price.output or 0.0) / 1e6
         with self._lock:
             self.spent_usd += input_cost(usage, price).total + output
             if self.spent_usd > self._options.max_usd and self.failure is None:
@@ -483,7 +475,7 @@ def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOption
     for arm in arms:
         for job in arm.jobs:
             assert job.usage is not None  # every job was answered (no failure)
-            arm.measured.add(job.usage, _marked(job.body))
+            arm.measured.add(job.usage, job.breakpoints)
     names = ANTHROPIC_BASELINES if options.provider == "anthropic" else OPENAI_BASELINES
 
     def run_of(tallies: Sequence[_Tally]) -> CloudRun:
@@ -502,20 +494,6 @@ def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOption
         run_of([arm.predictor.tally for arm in arms]),
         max((job.late_s for arm in arms for job in arm.jobs), default=0.0),
     )
-
-
-def _marked(body: Mapping[str, Any]) -> int:
-    """The ``cache_control`` markers of a request body."""
-    found = 0
-    stack: list[Any] = [body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            found += "cache_control" in node
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return found
 
 
 # -- presenting ----------------------------------------------------------------------

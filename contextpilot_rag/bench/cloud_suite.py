@@ -258,13 +258,18 @@ class _AnthropicArm:
         self._cache = AnthropicCacheModel(self.rules)
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
-    def send(self, prompt: Prompt, timed: TimedRequest) -> None:
-        blocks = _anthropic_cache_blocks(self._shape(prompt, timed), self._tokens, self.rules.ttl_s)
+    def send(self, prompt: Prompt, timed: TimedRequest) -> int:
+        return self.send_body(self._shape(prompt, timed), timed)
+
+    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> int:
+        """Replay one request's keyword arguments at ``timed.at_s``; its breakpoints."""
+        blocks = _anthropic_cache_blocks(request, self._tokens, self.rules.ttl_s)
         marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
         if marked > self.rules.max_breakpoints:
             raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
         usage = self._cache.request(blocks, now_s=timed.at_s, model=self._model)
         self.tally.add(usage, marked)
+        return marked
 
 
 class _OpenAIArm:
@@ -273,8 +278,12 @@ class _OpenAIArm:
         self._cache = OpenAICacheModel()
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
-    def send(self, prompt: Prompt, timed: TimedRequest) -> None:
-        request = self._shape(prompt, timed)
+    def send(self, prompt: Prompt, timed: TimedRequest) -> int:
+        return self.send_body(self._shape(prompt, timed), timed)
+
+    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> int:
+        """Replay one request's keyword arguments at ``timed.at_s``; its breakpoints
+        (none: OpenAI's cache is automatic)."""
         ids: array[int] = array("i")
         for message in request["messages"]:
             ids.extend(self._tokens.ids(f"<|{message['role']}|>\n"))
@@ -286,6 +295,7 @@ class _OpenAIArm:
             model=self._model,
         )
         self.tally.add(usage.input_tokens, 0)
+        return 0
 
 
 def _unmodified_anthropic(mark_last: bool, ttl: str = "5m") -> Shape:

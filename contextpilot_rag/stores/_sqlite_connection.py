@@ -65,8 +65,7 @@ def _retried(step: Callable[[], object], deadline: float) -> None:
             step()
             return
         except sqlite3.OperationalError as exc:
-            message = str(exc).lower()
-            if not ("locked" in message or "busy" in message) or time.monotonic() >= deadline:
+            if not _locked(exc) or time.monotonic() >= deadline:
                 raise
         time.sleep(delay_s)
         delay_s = min(2 * delay_s, 0.1)
@@ -91,8 +90,7 @@ def store_errors(store: str, busy_timeout_s: float) -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as exc:
-        message = str(exc).lower()
-        if "locked" in message or "busy" in message:
+        if _locked(exc):
             raise StoreUnavailableError(
                 f"{store} stayed locked by another process for "
                 f"busy_timeout_s={busy_timeout_s}: {exc}"
@@ -102,3 +100,10 @@ def store_errors(store: str, busy_timeout_s: float) -> Iterator[None]:
         raise StoreUnavailableError(f"{store}: {exc}") from exc
     except sqlite3.DatabaseError as exc:
         raise StoreFormatError(f"{store}: {exc}") from exc
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for another connection's lock ("database is locked",
+    "busy")."""
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
