@@ -124,6 +124,46 @@ def test_a_run_that_could_cost_more_than_the_budget_sends_nothing(
     assert server.requests == []
 
 
+def _at(scale: float) -> list[CloudWorkload]:
+    return [cloud_workload("multi-turn", 1, scale), cloud_workload("multi-session", 2, scale / 4)]
+
+
+def test_a_run_over_the_budget_names_a_scale_that_fits(server: CloudCacheServer) -> None:
+    # at 1 USD the proportional guess (0.1 x budget / worst case) would still be over:
+    # each workload's least size and its system prompts do not shrink with the scale
+    options = LiveOptions(
+        "anthropic", base_url=server.anthropic_base_url, **{**FAST, "max_usd": 1.0}
+    )
+    with pytest.raises(ConfigError, match=r"lower the workload scale \(--scale\) to ") as refused:
+        run_live_suite(_at(0.1), options, scale=0.1, workloads_at=_at)
+    assert server.requests == []
+    named = float(str(refused.value).rsplit(" ", 1)[1])
+    assert cloud_live.SMALLEST_SCALE <= named < 0.1
+    result = run_live_suite(_at(named), options, scale=named)  # within the budget: it runs
+    assert server.requests and result.spent_usd <= 1.0
+
+
+def test_a_budget_below_the_smallest_run_names_the_budget_it_needs(
+    server: CloudCacheServer,
+) -> None:
+    options = LiveOptions(
+        "anthropic", base_url=server.anthropic_base_url, **{**FAST, "max_usd": 0.01}
+    )
+    with pytest.raises(
+        ConfigError, match=r"even the smallest workloads could cost up to"
+    ) as refused:
+        run_live_suite(_at(0.1), options, scale=0.1, workloads_at=_at)
+    assert server.requests == []
+    needed = float(str(refused.value).split("up to ")[2].split(" USD")[0])
+    enough = LiveOptions(
+        "anthropic", base_url=server.anthropic_base_url, **{**FAST, "max_usd": needed + 0.01}
+    )
+    smallest = _at(cloud_live.SMALLEST_SCALE)
+    assert run_live_suite(smallest, enough).spent_usd <= needed + 0.01
+    with pytest.raises(ConfigError, match="could cost up to"):  # and no less will do
+        run_live_suite(smallest, options)
+
+
 def test_no_key_is_refused_before_anything_is_sent(
     server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,7 +245,10 @@ def test_an_interrupted_run_says_what_it_spent(
 
 
 def test_the_command_measures_on_the_given_api(
-    server: CloudCacheServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: CloudCacheServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
     markdown = tmp_path / "live.md"
@@ -245,4 +288,21 @@ def test_the_command_measures_on_the_given_api(
     assert main([*common, "--provider", "both"]) == 2
     assert main(["bench", "--live", "--provider", "anthropic"]) == 2  # not the engine suite
     assert main([*common, "--provider", "openai", "--families", "chat"]) == 2
+    over = ["bench", "--suite", "cloud", "--live", "--provider", "anthropic", "--max-usd", "3"]
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                *over,
+                "--scale",
+                "0.2",
+                "--families",
+                "multi-turn",
+                "--base-url",
+                server.anthropic_base_url,
+            ]
+        )
+        == 2
+    )
+    assert "lower the workload scale (--scale) to 0.0" in " ".join(capsys.readouterr().out.split())
     assert len(server.requests) == sent  # refused before sending anything

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import secrets
 import threading
@@ -79,6 +80,7 @@ from .sections import markdown_table, pyplot, save_figure
 
 __all__ = [
     "API_KEY_VARIABLES",
+    "SMALLEST_SCALE",
     "TOKEN_MARGIN",
     "LiveOptions",
     "LiveRun",
@@ -293,6 +295,47 @@ def _worst_cost_usd(planned: Sequence[Sequence[_Arm]], options: LiveOptions) -> 
     return (prompt_tokens * TOKEN_MARGIN * highest + requests * options.max_tokens * output) / 1e6
 
 
+SMALLEST_SCALE = 1e-4
+"""The budget refusal's search goes no lower: every family is at its least size here."""
+
+
+def _scale_that_fits(
+    workloads_at: Callable[[float], Sequence[CloudWorkload]],
+    scale: float,
+    options: LiveOptions,
+    run_id: str,
+    tokenizer: Tokenizer,
+) -> tuple[float | None, float]:
+    """The largest scale below ``scale`` found whose worst case fits ``max_usd`` (two
+    significant digits, rounded down; ``None``: not even the smallest fits), and the
+    smallest workloads' worst case. A geometric bisection: the cost grows with the
+    scale, though not in proportion (each family has a least size); only a scale
+    whose worst case was computed is named."""
+
+    def worst_at(candidate: float) -> float:
+        planned = _plan(workloads_at(candidate), options, run_id, tokenizer, _TokenCache(tokenizer))
+        return _worst_cost_usd(planned, options)
+
+    def fits(candidate: float) -> bool:
+        return worst_at(candidate) <= options.max_usd
+
+    least = worst_at(SMALLEST_SCALE)
+    if least > options.max_usd:
+        return None, least
+    low, high = SMALLEST_SCALE, scale
+    for _ in range(_BISECTIONS):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    step = 10.0 ** (math.floor(math.log10(low)) - 1)
+    rounded = round(math.floor(low / step) * step, 12)
+    if SMALLEST_SCALE <= rounded < low and fits(rounded):
+        return rounded, least
+    return low, least
+
+
+_BISECTIONS = 10
+
+
 def _client(options: LiveOptions) -> Any:
     """The provider's SDK client (imported here: the ``cloud`` extra)."""
     variable = API_KEY_VARIABLES[options.provider]
@@ -405,9 +448,14 @@ def run_live_suite(
     tokenizer: Tokenizer | None = None,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
     scale: float = 1.0,
+    workloads_at: Callable[[float], Sequence[CloudWorkload]] | None = None,
 ) -> LiveSuiteResult:
     """Send every arm of ``workloads`` to ``options.provider`` (module docstring).
     ``scale``: the workloads' size relative to the documented run, for the report.
+    ``workloads_at``: the same workloads at another scale; given, a run over the
+    budget is refused with the largest scale found whose worst case fits (or, when even
+    the smallest workloads do not, the budget they need), rather than a proportional
+    guess that a workload's least size can defeat.
     Raises :class:`ConfigError` (bad options, no key, no SDK, a run that could cost
     more than ``max_usd``) before anything is sent, :class:`ProviderError` when a
     request fails or the spend passes ``max_usd``."""
@@ -419,11 +467,20 @@ def run_live_suite(
     planned = _plan(workloads, options, run_id, tokenizer, tokens)
     worst = _worst_cost_usd(planned, options)
     if worst > options.max_usd:
-        raise ConfigError(
+        over = (
             f"this run could cost up to {worst:.2f} USD at {options.chosen_model}'s list "
-            f"price, over max_usd {options.max_usd:g}: raise max_usd (--max-usd) or lower "
-            f"the workload scale (--scale) to about {scale * options.max_usd / worst:.2g}"
+            f"price, over max_usd {options.max_usd:g}: raise max_usd (--max-usd)"
         )
+        if workloads_at is None:
+            guess = scale * options.max_usd / worst
+            raise ConfigError(f"{over} or lower the workload scale (--scale) to about {guess:.2g}")
+        fits, smallest = _scale_that_fits(workloads_at, scale, options, run_id, tokenizer)
+        if fits is None:
+            raise ConfigError(
+                f"{over}; even the smallest workloads could cost up to {smallest:.2f} USD, "
+                f"so max_usd must be at least that"
+            )
+        raise ConfigError(f"{over} or lower the workload scale (--scale) to {fits:g}")
     send = _sender(options, _client(options))
     jobs = sorted(
         (job for arms in planned for arm in arms for job in arm.jobs),

@@ -349,7 +349,11 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     )
     with rich_step_progress() as progress:
         result = run_live_suite(
-            workloads, options, progress=_progress_arm(progress), scale=args.scale
+            workloads,
+            options,
+            progress=_progress_arm(progress),
+            scale=args.scale,
+            workloads_at=lambda scale: [cloud_workload(f, args.seed, scale) for f in families],
         )
     _report(result, args, console, _Report(live_tables, write_live_json, live_markdown, live_plot))
     console.print(f"spent {result.spent_usd:.4f} USD (run {result.run_id})")
