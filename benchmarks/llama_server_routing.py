@@ -410,9 +410,8 @@ def summarise(policy: str, rows: Sequence[Row | StreamRow]) -> Summary:
 
 
 def markdown(summaries: Sequence[Summary], args: argparse.Namespace, command: str) -> str:
-    title = ", slot caches only" if args.cache_ram == 0 else ""
     lines = [
-        f"## RoutingClient over real llama-server replicas{title}: "
+        f"## RoutingClient over real llama-server replicas{slot_caches_only(args)}: "
         "`benchmarks/llama_server_routing.py`",
         "",
         provenance(command, 1, RUN_NOTE),
@@ -558,6 +557,12 @@ SLOT_ADDRESSING = (
     "`Endpoint(url, slot=i, max_cached_prompts=1)`, each request carrying llama-server's "
     "`id_slot`; unmarked policies route over the servers and llama-server picks the slot."
 )
+
+
+def slot_caches_only(args: argparse.Namespace) -> str:
+    """A heading's words for a run without llama-server's host-memory prompt cache, so
+    sections that differ only in it (or in the rate) do not share a heading."""
+    return ", slot caches only" if args.cache_ram == 0 else ""
 
 
 def open_loop_header(
@@ -882,7 +887,9 @@ def chat_markdown(
         return f"{rate * s.prompt_n / args.users / capacity:.2f}"
 
     lines = [
-        *open_loop_header("open-loop conversations", "chat", args, command),
+        *open_loop_header(
+            f"open-loop conversations{slot_caches_only(args)}", "chat", args, command
+        ),
         f"Workload: {args.users} conversations × {args.turns} turns of the core's multi-turn "
         f"RAG workload ({args.k} documents per turn, seed {args.seed}; "
         "what the closed-loop run sends for these sizes), but open loop: conversations start at "
@@ -975,7 +982,8 @@ def chat_seeds_markdown(
 
     lines = [
         *open_loop_header(
-            "open-loop conversations, several seeds",
+            f"open-loop conversations{slot_caches_only(args)}, {rate:g} conversations/s, "
+            "several seeds",
             "chat --seeds",
             args,
             command,
