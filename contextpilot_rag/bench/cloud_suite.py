@@ -57,6 +57,8 @@ __all__ = [
     "ArmCost",
     "CloudRun",
     "CloudSuiteResult",
+    "SentRequest",
+    "replay_ours_anthropic",
     "run_cloud_suite",
     "run_cloud_workload",
 ]
@@ -465,6 +467,43 @@ def _run(
         chat,
         own,
     )
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """One of the pilot's requests as the Anthropic emulator saw it: the workload's
+    request, its content blocks in order (the emulator's key, which names the role and
+    the text, and its tokens; the system prompt first), its usage and input cost."""
+
+    timed: TimedRequest
+    blocks: tuple[tuple[str, int], ...]
+    usage: InputTokens
+    cost_usd: float
+
+
+def replay_ours_anthropic(
+    workload: CloudWorkload,
+    model: str = DEFAULT_MODELS["anthropic"],
+    *,
+    tokenizer: Tokenizer | None = None,
+    ttl: str = "5m",
+) -> list[SentRequest]:
+    """The ``contextpilot`` arm of :func:`run_cloud_workload` on Anthropic's rules,
+    request by request (the same prompts, emulator and prices), for analyses of where
+    its cost goes."""
+    tokenizer = tokenizer or default_tokenizer()
+    tokens = _TokenCache(tokenizer)
+    rules = rules_for("anthropic")
+    cache = AnthropicCacheModel(rules)
+    price = DEFAULT_PRICES.price(model)
+    sent: list[SentRequest] = []
+    for prompt, timed in _prompts(workload, _pilot_config("anthropic", model, ttl), tokenizer):
+        tokens.learn(prompt)
+        blocks = _anthropic_cache_blocks(prompt.to_anthropic(), tokens, rules.ttl_s)
+        usage = cache.request(blocks, now_s=timed.at_s, model=model)
+        keyed = tuple((block.key, block.tokens) for block in blocks)
+        sent.append(SentRequest(timed, keyed, usage, input_cost(usage, price).total))
+    return sent
 
 
 def _ticker(progress: Progress | None, label: str, workload: CloudWorkload) -> Callable[[], None]:
