@@ -1548,6 +1548,12 @@ class ContextPilot:
             fixed_depth=len(fixed_tokens),
             earlier_turns=len(visible),
             conversation=prompt.conversation_id is not None,
+            opening_message_index=1 if first["role"] == "system" else 0,
+            # the first visible turn's blocks follow the system prompt's key in the path
+            opening_blocks=tuple(
+                (depth, through[depth - 1])
+                for depth in range(2, 2 + (len(visible[0][1].block_ids) if visible else 0))
+            ),
         )
 
     def _cache_key(

@@ -25,6 +25,7 @@ from contextpilot_rag.cloud import (
 from contextpilot_rag.cloud.continuation import CHAIN_TURNS, chained_turns
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.index import IndexConfig
+from contextpilot_rag.sim.provider_cache import TTL_5M_S, AnthropicCacheModel, CacheBlock
 from contextpilot_rag.tenants import TenantConfig
 
 
@@ -747,3 +748,62 @@ def test_a_path_idle_past_the_cache_lifetime_no_longer_steers_the_order(
     assert pilot.config.index_for(config.index).ttl_s == (
         300.0 if cloud and index.ttl_s is None else index.ttl_s
     )
+
+
+def _cache_blocks(prompt: Prompt, tokenizer: Tokenizer) -> list[CacheBlock]:
+    """``prompt.to_anthropic()`` as Anthropic caches it: one entry key per content
+    block (role and text), a breakpoint where ``cache_control`` is."""
+    request = prompt.to_anthropic()
+    messages = [("system", request.get("system", ()))]
+    messages += [(message["role"], message["content"]) for message in request["messages"]]
+    blocks = []
+    for role, content in messages:
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for part in parts:
+            marked = part.get("cache_control") is not None
+            blocks.append(
+                CacheBlock(
+                    f"{role}\n{part['text']}",
+                    len(tokenizer.encode(part["text"])),
+                    TTL_5M_S if marked else None,
+                )
+            )
+    return blocks
+
+
+def test_a_later_turn_keeps_its_first_turns_shared_entries_alive(tokenizer: Tokenizer) -> None:
+    """A first turn caches the end of the blocks other users share; its conversation's
+    later turn puts a breakpoint there too (it costs nothing: the turn reads its history
+    past it), so a user who comes a lifetime after the first turn but within one of the
+    later turn still reads the shared blocks. Without it the entry expired with the
+    first turn's lifetime, while the conversation went on."""
+    now = [0.0]
+    config = PilotConfig(system_prompt="Rules.", cloud=CloudCacheConfig(enabled=True))
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+    provider = AnthropicCacheModel()
+
+    def send(prompt: Prompt) -> int:
+        return provider.request(_cache_blocks(prompt, tokenizer), now_s=now[0]).cache_read_tokens
+
+    for number in range(3):  # the blocks p and q are popular
+        send(pilot.optimize(_docs("p", "q", f"x{number}"), f"Q{number}?"))
+        now[0] += 1.0
+    first = pilot.optimize(_docs("p", "q", "c0"), "Q?", conversation_id="c")
+    send(first)
+    pilot.record_answer(first, "A")
+    assert first.cache_plan is not None
+    shared = {
+        kept.position for kept in first.cache_plan.breakpoints if kept.kind == "shared_blocks"
+    }
+    assert shared and all(message == 1 for message, _ in shared)
+    now[0] = 200.0
+    second = pilot.optimize(_docs("c1"), "Q2?", conversation_id="c")
+    send(second)
+    assert second.cache_plan is not None
+    kept = {k.position: k for k in second.cache_plan.breakpoints if k.kind == "shared_blocks"}
+    assert kept and set(kept) <= shared  # the first turn's entries, in its message
+    assert all("first turn cached" in k.candidate.basis for k in kept.values())
+    now[0] = 450.0  # past the first turn's lifetime, within the second's
+    other = pilot.optimize(_docs("p", "q", "d0"), "Q3?", conversation_id="d")
+    assert [block.id for block in other.blocks[:2]] == ["p", "q"]
+    assert send(other) >= other.boundaries[1].token_end  # read the shared blocks

@@ -65,6 +65,10 @@ class PromptShape:
     fixed_depth: int  # index depth before this turn's blocks
     earlier_turns: int
     conversation: bool
+    # the first history turn's blocks: their user message, and per block its index
+    # depth and the tokens through it (a later turn's prompt starts with them)
+    opening_message_index: int = 0
+    opening_blocks: tuple[tuple[int, int], ...] = ()
 
 
 class ReuseSignals(Protocol):
@@ -117,6 +121,8 @@ def reuse_candidates(
         )
     if shape.earlier_turns == 0:
         candidates += _shared_blocks(shape, signals, system_reads)
+    else:
+        candidates += _opening_blocks(shape, signals)
     p_next = _next_turn(shape, next_turn_probability)
     reads = p_next if later_turns is None or not shape.conversation else later_turns
     if shape.earlier_turns:
@@ -190,6 +196,37 @@ def _shared_blocks(
                 reads,
                 cached,
                 basis,
+                depth,
+            )
+        )
+    return candidates
+
+
+def _opening_blocks(shape: PromptShape, signals: ReuseSignals) -> list[ReuseCandidate]:
+    """A later turn's prompt starts with its conversation's first turn, whose ends of
+    shared blocks other conversations' first turns read. A breakpoint there costs a
+    later turn nothing (it reads or writes a deeper prefix anyway) and keeps the entry
+    alive: without it the entry expires a lifetime after the first turn, however long
+    the conversation goes on. Candidates where an entry is believed cached, read by
+    the recent requests that share the prefix. Those count the conversation's own
+    turns, and a later user may come after a quiet spell: as the breakpoint is free,
+    no share of readers is required of it."""
+    candidates = []
+    for count, (depth, end_tokens) in enumerate(shape.opening_blocks, start=1):
+        if not signals.cached(depth):
+            continue
+        seen = signals.recent_sharing(depth)
+        candidates.append(
+            ReuseCandidate(
+                "shared_blocks",
+                shape.opening_message_index,
+                count - 1,
+                end_tokens,
+                float(seen),
+                end_tokens,
+                f"the conversation's first turn cached these blocks (free here: this turn "
+                f"reads or writes past them); {seen} recent requests share them, this "
+                "conversation's turns included",
                 depth,
             )
         )
