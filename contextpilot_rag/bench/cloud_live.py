@@ -298,6 +298,8 @@ def _worst_cost_usd(planned: Sequence[Sequence[_Arm]], options: LiveOptions) -> 
 SMALLEST_SCALE = 1e-4
 """The budget refusal's search goes no lower: every family is at its least size here."""
 
+_BISECTIONS = 10  # halvings of the scale's logarithm between SMALLEST_SCALE and the run's
+
 
 def _scale_that_fits(
     workloads_at: Callable[[float], Sequence[CloudWorkload]],
@@ -331,9 +333,6 @@ def _scale_that_fits(
     if SMALLEST_SCALE <= rounded < low and fits(rounded):
         return rounded, least
     return low, least
-
-
-_BISECTIONS = 10
 
 
 def _client(options: LiveOptions) -> Any:
