@@ -300,6 +300,11 @@ _RETURN_QUANTILE = 0.95
 between turns is no longer expected on its route (:class:`~.cloud.keys.KeyBuckets`)."""
 
 
+_BLOCK_REUSE_EVIDENCE = 32
+"""Blocks seen anew whose return (or not) must be known before a block no earlier
+request carried is expected back: until then it is expected never to be."""
+
+
 class ContextPilot:
     """Reorders, de-duplicates and annotates context blocks for prefix-cache reuse.
 
@@ -353,6 +358,10 @@ class ContextPilot:
         # whether a system prompt seen anew is sent again within the lifetime (its
         # "turn" 0 followed by a 1)
         self._system_reuse = ContinuationTracker(
+            self.config.cloud.ttl_s, capacity=self.config.cloud.ledger_size
+        )
+        # whether a block seen anew is carried again within the lifetime
+        self._block_reuse = ContinuationTracker(
             self.config.cloud.ttl_s, capacity=self.config.cloud.ledger_size
         )
         notes = self.config.notes
@@ -1512,9 +1521,12 @@ class ContextPilot:
         """Each block's share of the requests counted so far (its popularity)."""
         counted = max(1, self._registry.requests_counted)
         popularity = self._registry.popularity
-        if keys is None:
-            return [popularity(block.id) / counted for block in blocks]
-        return [popularity(keys.get(block.id, block.id)) / counted for block in blocks]
+        now = self._clock()
+        unseen = 0.0  # until blocks seen anew have been seen to come back (or not)
+        if self._block_reuse.resolved(0, now) >= _BLOCK_REUSE_EVIDENCE:
+            unseen = self._block_reuse.probability(0, now) / self.config.cloud.max_counted
+        ids = [block.id if keys is None else keys.get(block.id, block.id) for block in blocks]
+        return [popularity(i) / counted if popularity(i) else unseen for i in ids]
 
     def _prompt_shape(
         self,
@@ -1715,6 +1727,11 @@ class ContextPilot:
                 self._ledger.record(prefix, now)
             if plan.prompt.messages[0]["role"] == "system":
                 self._saw_system((plan.prompt.cache_salt or "", plan.index_path[0]), now)
+            salt = plan.prompt.cache_salt or ""
+            for block in plan.prompt.blocks:
+                seen = (salt, block.id)
+                anew = not self._block_reuse.pending(seen, now)
+                self._block_reuse.observe(seen, 0 if anew else 1, now)
             key = plan.prompt.prompt_cache_key
             if plan.conversation is None:
                 if key is not None:

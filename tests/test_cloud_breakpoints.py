@@ -807,3 +807,44 @@ def test_a_later_turn_keeps_its_first_turns_shared_entries_alive(tokenizer: Toke
     other = pilot.optimize(_docs("p", "q", "d0"), "Q3?", conversation_id="d")
     assert [block.id for block in other.blocks[:2]] == ["p", "q"]
     assert send(other) >= other.boundaries[1].token_end  # read the shared blocks
+
+
+def _unseen_lead_reads(pilot: ContextPilot, now: list[float], name: str) -> float | None:
+    """The expected reads of the end of a prompt's first block, one no request carried
+    before (None: not a candidate)."""
+    now[0] += 1.0
+    prompt = pilot.optimize(_docs(name), "Q?", conversation_id=name)
+    assert prompt.cache_plan is not None and prompt.blocks[0].id == name
+    ends = [
+        c.expected_reads
+        for c in _candidates(prompt.cache_plan)
+        if c.kind == "shared_blocks" and c.part == 0
+    ]
+    return ends[0] if ends else None
+
+
+@pytest.mark.parametrize("come_back", [True, False])
+def test_a_block_seen_anew_is_expected_back_as_often_as_such_blocks_came_back(
+    tokenizer: Tokenizer, come_back: bool
+) -> None:
+    """A first turn's leading block that no request carried before got no breakpoint
+    candidate at all (its popularity is zero), though other users may well retrieve it
+    next. The pilot learns how often a block seen anew is carried again within the
+    lifetime and expects that; until enough blocks seen anew have resolved it expects
+    nothing (a stream whose blocks never come back must not start writing)."""
+    now = [0.0]
+    config = PilotConfig(system_prompt="Rules. " * 1200, cloud=CloudCacheConfig(enabled=True))
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+    assert _unseen_lead_reads(pilot, now, "first-probe") is None  # no evidence yet
+    for number in range(40):
+        pilot.optimize(_docs(f"n{number}"), f"Q{number}?")
+        now[0] += 5.0
+        if come_back:
+            pilot.optimize(_docs(f"n{number}"), f"Q{number} again?")
+            now[0] += 5.0
+    now[0] += 400.0  # past the lifetime: the blocks that did not come back are resolved
+    reads = _unseen_lead_reads(pilot, now, "second-probe")
+    if come_back:
+        assert reads is not None and reads > 0.04
+    else:
+        assert reads is None or reads < 0.01

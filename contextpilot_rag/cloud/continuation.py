@@ -98,6 +98,12 @@ class ContinuationTracker:
         weight = self._prior_weight
         return (self._followed[turn] + weight * prior) / (self._resolved[turn] + weight)
 
+    def resolved(self, turn: int, now: float) -> int:
+        """How many turns numbered ``turn`` are known followed or not (the evidence
+        behind :meth:`probability`; before any, it is the prior alone)."""
+        self._expire(now)
+        return self._resolved[turn]
+
     def later_turns(self, turn: int, now: float) -> float:
         """The turns expected after turn number ``turn``, each within ``ttl_s`` of the
         previous one (:func:`chained_turns` of :meth:`probability` for ``turn``,
