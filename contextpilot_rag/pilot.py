@@ -1518,15 +1518,19 @@ class ContextPilot:
     def _block_shares(
         self, blocks: Sequence[ContextBlock], keys: Mapping[str, str] | None
     ) -> list[float]:
-        """Each block's share of the requests counted so far (its popularity)."""
+        """Each block's share of the requests counted so far (its popularity). A block
+        no request carried yet counts with the chance that a block seen anew comes back
+        within the lifetime, spread over the requests a prefix's readers are counted
+        among (``max_counted``); none before :data:`_BLOCK_REUSE_EVIDENCE` such blocks
+        have come back or not."""
         counted = max(1, self._registry.requests_counted)
-        popularity = self._registry.popularity
         now = self._clock()
-        unseen = 0.0  # until blocks seen anew have been seen to come back (or not)
+        unseen = 0.0
         if self._block_reuse.resolved(0, now) >= _BLOCK_REUSE_EVIDENCE:
             unseen = self._block_reuse.probability(0, now) / self.config.cloud.max_counted
         ids = [block.id if keys is None else keys.get(block.id, block.id) for block in blocks]
-        return [popularity(i) / counted if popularity(i) else unseen for i in ids]
+        carried = [self._registry.popularity(i) for i in ids]
+        return [count / counted if count else unseen for count in carried]
 
     def _prompt_shape(
         self,
@@ -1728,10 +1732,9 @@ class ContextPilot:
             if plan.prompt.messages[0]["role"] == "system":
                 self._saw_system((plan.prompt.cache_salt or "", plan.index_path[0]), now)
             salt = plan.prompt.cache_salt or ""
-            for block in plan.prompt.blocks:
-                seen = (salt, block.id)
-                anew = not self._block_reuse.pending(seen, now)
-                self._block_reuse.observe(seen, 0 if anew else 1, now)
+            for block_key in plan.keys or [block.id for block in plan.blocks]:  # as popularity
+                anew = not self._block_reuse.pending((salt, block_key), now)
+                self._block_reuse.observe((salt, block_key), 0 if anew else 1, now)
             key = plan.prompt.prompt_cache_key
             if plan.conversation is None:
                 if key is not None:
