@@ -5,7 +5,7 @@ written into docs.
 
 The ``cloud`` section puts the pilot's multi-session cost on Anthropic's rules beside
 the chat-append bound, which says the target is reachable. This splits the cost, on the
-same seeds, prompts, emulator and prices (``replay_ours_anthropic``), into what each
+same seeds, prompts, emulator and prices (``replay_ours``), into what each
 turn pays, and measures the two things that separate ours from the bound:
 
 - **First turns reading across conversations.** A first turn can read from another
@@ -24,6 +24,12 @@ turn pays, and measures the two things that separate ours from the bound:
   comes, a write is the write premium paid for nothing. The pilot cannot know a turn is
   the last (it writes when the turns it has seen make another one likely enough); the
   bound knows.
+
+On OpenAI's rules (no breakpoints, no write premium) the question is the route: a
+first turn reads only what an earlier prompt left on the machine its own prompt and
+``prompt_cache_key`` lead to. Beside what ours' first turns read, the same prompts
+replayed through the emulator with a single machine (``OpenAICacheRules(machines=1)``):
+what any keys and routing could let them read.
 
 Deterministic (seeded workloads, simulated time): one run. Emulated, not measured on
 the provider. Writes the ``cloud-headroom`` generated section of ``--write``.
@@ -45,12 +51,14 @@ from contextpilot_rag.batch import plan_batch
 from contextpilot_rag.batch.plan import sequences_of
 from contextpilot_rag.bench.cloud_suite import (
     DEFAULT_MODELS,
+    CloudRun,
     SentRequest,
-    replay_ours_anthropic,
+    replay_ours,
     run_cloud_workload,
 )
 from contextpilot_rag.bench.cloud_workloads import cloud_workload
 from contextpilot_rag.cloud import DEFAULT_PRICES, rules_for
+from contextpilot_rag.sim import OpenAICacheModel, OpenAICacheRules
 
 SECTION = "cloud-headroom"
 FAMILY = "multi-session"
@@ -75,6 +83,19 @@ class Headroom:
     @property
     def total_usd(self) -> float:
         return self.first_usd + self.later_usd
+
+
+@dataclass(frozen=True)
+class OpenAIHeadroom:
+    """One seed on OpenAI's rules: costs (USD), and the tokens first turns read from
+    cache as routed and on a single machine."""
+
+    seed: int
+    baseline_usd: float
+    ours_usd: float
+    chat_bound_usd: float
+    read: int
+    one_machine: int
 
 
 def _common(a: Sequence[tuple[str, int]], b: Sequence[tuple[str, int]]) -> int:
@@ -132,15 +153,21 @@ def _credit(first: Sequence[SentRequest], minimum: int) -> int:
     return total
 
 
-def headroom(seed: int, model: str) -> Headroom:
-    workload = cloud_workload(FAMILY, seed)
-    sent = replay_ours_anthropic(workload, model)
-    (run,) = run_cloud_workload(workload, ("anthropic",), {"anthropic": model})
+def _checked(seed: int, sent: Sequence[SentRequest], run: CloudRun) -> None:
+    """The replay is the suite's arm: the same cost to the last digit."""
     ours = sum(s.cost_usd for s in sent)
     if abs(ours - run.ours.cost_usd) > 1e-9 * max(1.0, ours):
         raise AssertionError(
-            f"seed {seed}: the replay costs {ours}, the suite's arm {run.ours.cost_usd}"
+            f"seed {seed}, {run.provider}: the replay costs {ours}, the suite's arm "
+            f"{run.ours.cost_usd}"
         )
+
+
+def headroom(seed: int, model: str) -> Headroom:
+    workload = cloud_workload(FAMILY, seed)
+    sent = replay_ours(workload, "anthropic", model)
+    (run,) = run_cloud_workload(workload, ("anthropic",), {"anthropic": model})
+    _checked(seed, sent, run)
     minimum = rules_for("anthropic").min_tokens(model)
     first = [s for s in sent if s.timed.request.turn == 0]
     last_turn: dict[str, int] = {}
@@ -163,6 +190,62 @@ def headroom(seed: int, model: str) -> Headroom:
         _hindsight(first, minimum),
         _credit(first, minimum),
         sum(s.usage.cache_write_tokens for s in final_later),
+    )
+
+
+def openai_headroom(seed: int) -> OpenAIHeadroom:
+    workload = cloud_workload(FAMILY, seed)
+    model = DEFAULT_MODELS["openai"]
+    sent = replay_ours(workload, "openai", model)
+    (run,) = run_cloud_workload(workload, ("openai",))
+    _checked(seed, sent, run)
+    one = OpenAICacheModel(OpenAICacheRules(machines=1))
+    read = alone = 0
+    for s in sent:  # every request, in send order, so the one machine holds what it would
+        usage = one.request(
+            s.ids, now_s=s.timed.at_s, prompt_cache_key=s.prompt_cache_key, model=model
+        ).input_tokens
+        if s.timed.request.turn == 0:
+            read += s.usage.cache_read_tokens
+            alone += usage.cache_read_tokens
+    return OpenAIHeadroom(
+        seed, run.baseline.cost_usd, run.ours.cost_usd, run.least_chat_cost_usd, read, alone
+    )
+
+
+def openai_report(rows: Sequence[OpenAIHeadroom]) -> list[str]:
+    model = DEFAULT_MODELS["openai"]
+    lines = [
+        "",
+        f"### OpenAI's rules (`{model}`): first turns' reads as routed and on one machine",
+        "",
+        "*Read*: tokens ours' first turns read from cache (every one of them, from any "
+        "earlier prompt on its machine); *one machine*: the same requests replayed in the "
+        "same order through the emulator with a single machine, which every prompt reaches "
+        "(no route can do better for these prompts).",
+        "",
+    ]
+    table = [
+        [
+            str(row.seed),
+            f"{row.baseline_usd / row.ours_usd:.2f}x",
+            f"{row.read:,}",
+            f"{row.one_machine:,}",
+            f"{100 * row.read / row.one_machine:.0f}%" if row.one_machine else "-",
+            f"{row.baseline_usd / row.chat_bound_usd:.2f}x",
+        ]
+        for row in rows
+    ]
+    return lines + markdown_table(
+        [
+            "seed",
+            "baseline / ours",
+            "read",
+            "one machine",
+            "read of one machine",
+            "bound: chat-append",
+        ],
+        table,
     )
 
 
@@ -252,16 +335,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     started = time.perf_counter()
-    rows = []
+    rows, openai_rows = [], []
     with progress_bars() as progress:
-        tick = progress("multi-session seeds", len(seeds))
+        tick = progress("multi-session seeds", 2 * len(seeds))
         for seed in seeds:
             rows.append(headroom(seed, args.model))
+            tick()
+            openai_rows.append(openai_headroom(seed))
             tick()
     command = "python benchmarks/cloud_headroom.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     text = report(rows, args.model, command.strip(), time.perf_counter() - started)
+    text += "\n" + "\n".join(openai_report(openai_rows))
     write_or_print(text, SECTION, args.write)
     return 0
 

@@ -13,7 +13,7 @@ from contextpilot_rag.bench.cloud_suite import (
     OPENAI_BASELINES,
     OURS,
     CloudRun,
-    replay_ours_anthropic,
+    replay_ours,
     run_cloud_suite,
     run_cloud_workload,
 )
@@ -51,20 +51,30 @@ def test_every_arm_is_billed_and_carries_at_most_four_breakpoints(
         assert run.ours.cache_read_tokens > 0  # later turns read what earlier ones cached
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
 def test_ours_request_by_request_adds_up_to_the_suites_arm(
-    multiturn_runs: list[CloudRun],
+    multiturn_runs: list[CloudRun], provider: str
 ) -> None:
-    sent = replay_ours_anthropic(cloud_workload("multi-turn", 0, scale=0.04))
-    ours = multiturn_runs[0].ours
+    sent = replay_ours(cloud_workload("multi-turn", 0, scale=0.04), provider)
+    ours = next(run for run in multiturn_runs if run.provider == provider).ours
     assert len(sent) == ours.requests
     assert sum(s.cost_usd for s in sent) == pytest.approx(ours.cost_usd, rel=1e-12)
     assert sum(s.usage.cache_read_tokens for s in sent) == ours.cache_read_tokens
-    system = {s.blocks[0] for s in sent}
-    assert len(system) == 1 and next(iter(system))[0].startswith("system")
-    for s in sent:  # every block is counted, and the usage covers the whole prompt
-        assert s.usage.prompt_tokens == sum(tokens for _, tokens in s.blocks)
+    for s in sent:  # what was sent is the whole prompt the usage covers
+        sent_tokens = sum(t for _, t in s.blocks) if provider == "anthropic" else len(s.ids)
+        assert s.usage.prompt_tokens == sent_tokens
+    if provider == "anthropic":
+        system = {s.blocks[0] for s in sent}
+        assert len(system) == 1 and next(iter(system))[0].startswith("system")
+    else:
+        assert all(s.prompt_cache_key for s in sent) and not any(s.blocks for s in sent)
     later = [s for s in sent if s.timed.request.turn]
     assert later and all(s.usage.cache_read_tokens > 0 for s in later)  # history read back
+
+
+def test_a_replay_of_an_unknown_provider_is_refused() -> None:
+    with pytest.raises(ConfigError, match="provider"):
+        replay_ours(cloud_workload("multi-turn", 0, scale=0.04), "gemini")
 
 
 def test_the_baseline_is_the_cheaper_unmodified_practice(multiturn_runs: list[CloudRun]) -> None:

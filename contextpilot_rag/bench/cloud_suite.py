@@ -58,7 +58,7 @@ __all__ = [
     "CloudRun",
     "CloudSuiteResult",
     "SentRequest",
-    "replay_ours_anthropic",
+    "replay_ours",
     "run_cloud_suite",
     "run_cloud_workload",
 ]
@@ -286,18 +286,23 @@ class _OpenAIArm:
     def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> int:
         """Replay one request's keyword arguments at ``timed.at_s``; its breakpoints
         (none: OpenAI's cache is automatic)."""
-        ids: array[int] = array("i")
-        for message in request["messages"]:
-            ids.extend(self._tokens.ids(f"<|{message['role']}|>\n"))
-            ids.extend(self._tokens.ids(message["content"]))
         usage = self._cache.request(
-            ids,
+            _openai_ids(request, self._tokens),
             now_s=timed.at_s,
             prompt_cache_key=request.get("prompt_cache_key"),
             model=self._model,
         )
         self.tally.add(usage.input_tokens, 0)
         return 0
+
+
+def _openai_ids(request: Mapping[str, Any], tokens: _TokenCache) -> array[int]:
+    """The token ids of an OpenAI request's messages, each after a role marker."""
+    ids: array[int] = array("i")
+    for message in request["messages"]:
+        ids.extend(tokens.ids(f"<|{message['role']}|>\n"))
+        ids.extend(tokens.ids(message["content"]))
+    return ids
 
 
 def _unmodified_anthropic(mark_last: bool, ttl: str = "5m") -> Shape:
@@ -471,38 +476,56 @@ def _run(
 
 @dataclass(frozen=True)
 class SentRequest:
-    """One of the pilot's requests as the Anthropic emulator saw it: the workload's
-    request, its content blocks in order (the emulator's key, which names the role and
-    the text, and its tokens; the system prompt first), its usage and input cost."""
+    """One of the pilot's requests as a provider emulator saw it: the workload's
+    request, its usage and input cost, and what was sent. Anthropic: ``blocks``, its
+    content blocks in order (the emulator's key, which names the role and the text, and
+    its tokens; the system prompt first). OpenAI: ``ids``, the prompt's token ids (role
+    markers included), and ``prompt_cache_key``."""
 
     timed: TimedRequest
-    blocks: tuple[tuple[str, int], ...]
     usage: InputTokens
     cost_usd: float
+    blocks: tuple[tuple[str, int], ...] = ()
+    ids: tuple[int, ...] = ()
+    prompt_cache_key: str | None = None
 
 
-def replay_ours_anthropic(
+def replay_ours(
     workload: CloudWorkload,
-    model: str = DEFAULT_MODELS["anthropic"],
+    provider: str = "anthropic",
+    model: str | None = None,
     *,
     tokenizer: Tokenizer | None = None,
     ttl: str = "5m",
 ) -> list[SentRequest]:
-    """The ``contextpilot`` arm of :func:`run_cloud_workload` on Anthropic's rules,
-    request by request (the same prompts, emulator and prices), for analyses of where
-    its cost goes."""
+    """The ``contextpilot`` arm of :func:`run_cloud_workload` on ``provider``'s rules
+    (``model``: its default model), request by request (the same prompts, emulator and
+    prices), for analyses of where its cost goes."""
+    if provider not in PROVIDERS:
+        raise ConfigError(f"provider must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+    model = model or DEFAULT_MODELS[provider]
     tokenizer = tokenizer or default_tokenizer()
     tokens = _TokenCache(tokenizer)
-    rules = rules_for("anthropic")
-    cache = AnthropicCacheModel(rules)
     price = DEFAULT_PRICES.price(model)
+    anthropic = AnthropicCacheModel(rules_for("anthropic"))
+    openai = OpenAICacheModel()
     sent: list[SentRequest] = []
-    for prompt, timed in _prompts(workload, _pilot_config("anthropic", model, ttl), tokenizer):
+    for prompt, timed in _prompts(workload, _pilot_config(provider, model, ttl), tokenizer):
         tokens.learn(prompt)
-        blocks = _anthropic_cache_blocks(prompt.to_anthropic(), tokens, rules.ttl_s)
-        usage = cache.request(blocks, now_s=timed.at_s, model=model)
-        keyed = tuple((block.key, block.tokens) for block in blocks)
-        sent.append(SentRequest(timed, keyed, usage, input_cost(usage, price).total))
+        if provider == "anthropic":
+            blocks = _anthropic_cache_blocks(prompt.to_anthropic(), tokens, anthropic.rules.ttl_s)
+            usage = anthropic.request(blocks, now_s=timed.at_s, model=model)
+            keyed = tuple((block.key, block.tokens) for block in blocks)
+            sent.append(SentRequest(timed, usage, input_cost(usage, price).total, blocks=keyed))
+            continue
+        request = prompt.to_openai_request()
+        ids = _openai_ids(request, tokens)
+        key = request.get("prompt_cache_key")
+        usage = openai.request(
+            ids, now_s=timed.at_s, prompt_cache_key=key, model=model
+        ).input_tokens
+        cost = input_cost(usage, price).total
+        sent.append(SentRequest(timed, usage, cost, ids=tuple(ids), prompt_cache_key=key))
     return sent
 
 
