@@ -1,7 +1,8 @@
 """Where the multi-session cost goes on Anthropic's rules, and what is left to gain,
 written into docs.
 
-    python benchmarks/cloud_headroom.py --write docs/benchmarks.md
+    python benchmarks/cloud_headroom.py --write docs/benchmarks.md \
+        --plot docs/img/cloud_headroom.png
 
 The ``cloud`` section puts the pilot's multi-session cost on Anthropic's rules beside
 the chat-append bound, which says the target is reachable. This splits the cost, on the
@@ -38,6 +39,7 @@ the provider. Writes the ``cloud-headroom`` generated section of ``--write``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.report import progress_bars
-from lib.sections import markdown_table, provenance, write_or_print
+from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
 
 from contextpilot_rag.batch import plan_batch
 from contextpilot_rag.batch.plan import sequences_of
@@ -69,6 +71,7 @@ class Headroom:
     """One seed's split (USD and tokens; see the module docstring)."""
 
     seed: int
+    model: str
     baseline_usd: float
     chat_bound_usd: float
     first_usd: float
@@ -180,6 +183,7 @@ def headroom(seed: int, model: str) -> Headroom:
     ]
     return Headroom(
         seed,
+        model,
         run.baseline.cost_usd,
         run.least_chat_cost_usd,
         sum(s.cost_usd for s in first),
@@ -249,6 +253,19 @@ def openai_report(rows: Sequence[OpenAIHeadroom]) -> list[str]:
     )
 
 
+TARGET = 1.4  # issue 25: multi-session, baseline / ours, on every seed
+
+
+def _gained(row: Headroom) -> float:
+    """Ours less the three losses, each priced alone (an estimate): the reads every
+    boundary and hindsight orders add, at a write's price less a read's, and the
+    last-turn writes' premium."""
+    price = DEFAULT_PRICES.price(row.model)
+    write = price.cache_write_5m or price.input
+    reads = (row.hindsight - row.read) * (write - price.cache_read)
+    return row.total_usd - (reads + row.last_turn_writes * (write - price.input)) / 1e6
+
+
 def report(rows: Sequence[Headroom], model: str, command: str, seconds: float) -> str:
     price = DEFAULT_PRICES.price(model)
     write = price.cache_write_5m or price.input
@@ -278,11 +295,6 @@ def report(rows: Sequence[Headroom], model: str, command: str, seconds: float) -
         "",
     ]
 
-    def gained(row: Headroom) -> float:
-        """Ours less the three losses, each priced alone (an estimate)."""
-        reads = (row.hindsight - row.read) * saving
-        return row.total_usd - (reads + row.last_turn_writes * (write - price.input)) / 1e6
-
     table = [
         [
             str(row.seed),
@@ -294,7 +306,7 @@ def report(rows: Sequence[Headroom], model: str, command: str, seconds: float) -
             f"{row.hindsight:,}",
             f"{row.credit:,}",
             f"{row.last_turn_writes:,}",
-            f"{row.baseline_usd / gained(row):.2f}x",
+            f"{row.baseline_usd / _gained(row):.2f}x",
             f"{row.baseline_usd / row.chat_bound_usd:.2f}x",
         ]
         for row in rows
@@ -327,11 +339,51 @@ def report(rows: Sequence[Headroom], model: str, command: str, seconds: float) -
     return "\n".join(lines)
 
 
+def plot(rows: Sequence[Headroom], openai_rows: Sequence[OpenAIHeadroom], path: Path) -> bool:
+    """Per seed on Anthropic's rules: ours, ours with the three losses gained, and the
+    chat-append bound (baseline / cost), the target dashed; on OpenAI's, ours' first-turn
+    reads as a share of one machine's. ``False`` when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=(3, 2))
+    seeds = [row.seed for row in rows]
+    width = 0.27
+    series = (
+        ("ours", [row.baseline_usd / row.total_usd for row in rows], "tab:orange"),
+        (
+            "ours with all three (estimate)",
+            [row.baseline_usd / _gained(row) for row in rows],
+            "tab:blue",
+        ),
+        ("bound: chat-append", [row.baseline_usd / row.chat_bound_usd for row in rows], "grey"),
+    )
+    for offset, (label, values, color) in enumerate(series):
+        left.bar([s + (offset - 1) * width for s in seeds], values, width, label=label, color=color)
+    left.axhline(TARGET, color="red", linestyle="dashed", linewidth=1, label="target")
+    left.axhline(1.0, color="black", linewidth=0.6)
+    left.set_xticks(seeds, [f"seed {seed}" for seed in seeds], fontsize=8)
+    left.set_ylabel("input cost, baseline / ours")
+    left.set_title("multi-session, Anthropic's rules", fontsize=9)
+    left.legend(fontsize=7, loc="lower right")
+    shares = [100 * row.read / row.one_machine if row.one_machine else 0.0 for row in openai_rows]
+    right.bar([row.seed for row in openai_rows], shares, color="tab:green")
+    right.set_ylim(0, 100)
+    right.set_xticks(
+        [row.seed for row in openai_rows], [f"seed {row.seed}" for row in openai_rows], fontsize=8
+    )
+    right.set_ylabel("first turns' reads, % of one machine's")
+    right.set_title("multi-session, OpenAI's rules", fontsize=9)
+    figure.suptitle("Hosted prompt caches: what is left to gain (emulated)", fontsize=10)
+    return save_figure(figure, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4,5", help="multi-session seeds (0–5)")
     parser.add_argument("--model", default=DEFAULT_MODELS["anthropic"])
     parser.add_argument("--write", type=Path, help="docs file to write the section into")
+    parser.add_argument("--plot", type=Path, help="PNG of the ratios and the OpenAI reads")
     args = parser.parse_args(argv)
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     started = time.perf_counter()
@@ -348,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = report(rows, args.model, command.strip(), time.perf_counter() - started)
     text += "\n" + "\n".join(openai_report(openai_rows))
+    if args.plot and plot(rows, openai_rows, args.plot) and args.write:
+        image = os.path.relpath(args.plot.resolve(), args.write.resolve().parent)
+        text += f"\n\n![what is left to gain]({image})"
     write_or_print(text, SECTION, args.write)
     return 0
 
