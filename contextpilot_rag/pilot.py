@@ -1714,13 +1714,6 @@ class ContextPilot:
             limit = min(_BACK_OFF_MAX_S, _BACK_OFF_S * 2 ** (attempt - 1))
             time.sleep(self._jitter.uniform(0, limit))
 
-    def _saw_system(self, system: tuple[str, str], now: float) -> None:
-        """Count a request with ``system`` (salt, system prompt key): a system prompt
-        not sent within the lifetime is seen anew, and whether one is sent again in
-        time is what a new system prompt's breakpoint expects."""
-        anew = not self._system_reuse.pending(system, now)
-        self._system_reuse.observe(system, 0 if anew else 1, now)
-
     def _record(self, plan: _Plan) -> None:
         """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
@@ -1729,12 +1722,13 @@ class ContextPilot:
             now = self._clock()
             for prefix in plan.cached_prefixes:
                 self._ledger.record(prefix, now)
-            if plan.prompt.messages[0]["role"] == "system":
-                self._saw_system((plan.prompt.cache_salt or "", plan.index_path[0]), now)
+            # what a new system prompt's breakpoint and a new block's expect: whether one
+            # seen anew is sent again within the lifetime
             salt = plan.prompt.cache_salt or ""
+            if plan.prompt.messages[0]["role"] == "system":
+                self._system_reuse.sighted((salt, plan.index_path[0]), now)
             for block_key in plan.keys or [block.id for block in plan.blocks]:  # as popularity
-                anew = not self._block_reuse.pending((salt, block_key), now)
-                self._block_reuse.observe((salt, block_key), 0 if anew else 1, now)
+                self._block_reuse.sighted((salt, block_key), now)
             key = plan.prompt.prompt_cache_key
             if plan.conversation is None:
                 if key is not None:

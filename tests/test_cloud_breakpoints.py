@@ -848,3 +848,17 @@ def test_a_block_seen_anew_is_expected_back_as_often_as_such_blocks_came_back(
         assert reads is not None and reads > 0.04
     else:
         assert reads is None or reads < 0.01
+
+
+def test_a_sighting_counts_as_new_or_as_a_return_within_the_lifetime() -> None:
+    from contextpilot_rag.cloud.continuation import ContinuationTracker
+
+    tracker = ContinuationTracker(300.0)
+    tracker.sighted("back", 0.0)
+    tracker.sighted("back", 10.0)  # within the lifetime: turn 0 followed
+    tracker.sighted("gone", 20.0)
+    assert tracker.resolved(0, 30.0) == 1
+    assert tracker.resolved(0, 1000.0) == 2  # "gone" never came back
+    assert tracker.probability(0, 1000.0) == pytest.approx((1 + 2 * 0.5) / (2 + 2))
+    tracker.sighted("gone", 1000.0)  # a lifetime later: seen anew, not a return
+    assert tracker.resolved(0, 1001.0) == 2

@@ -165,6 +165,13 @@ class ContinuationTracker:
             _, (oldest, _) = self._pending.popitem(last=False)
             self._resolve(oldest, followed=False)
 
+    def sighted(self, thing: Hashable, now: float) -> None:
+        """``thing`` (a system prompt, a block) is sent now: as turn 0 when it was not
+        sent within ``ttl_s`` (seen anew), else as turn 1, its return. Turn 0's
+        :meth:`probability` is then the chance that something seen anew is sent again
+        within the lifetime."""
+        self.observe(thing, 1 if self.pending(thing, now) else 0, now)
+
     def _add_gap(self, gap: float) -> None:
         if len(self._gaps) == self._gaps.maxlen:
             oldest = self._gaps[0]
