@@ -60,6 +60,7 @@ from contextpilot_rag.bench.cloud_suite import (
     run_cloud_workload,
 )
 from contextpilot_rag.bench.cloud_workloads import cloud_workload
+from contextpilot_rag.bench.optimum import best_partner_shares, plan_hits
 from contextpilot_rag.cloud import DEFAULT_PRICES, rules_for
 from contextpilot_rag.sim import OpenAICacheModel, OpenAICacheRules
 
@@ -102,59 +103,47 @@ class OpenAIHeadroom:
     one_machine: int
 
 
-def _common(a: Sequence[tuple[str, int]], b: Sequence[tuple[str, int]]) -> int:
-    """Tokens of the longest common block prefix of two prompts."""
-    shared = 0
-    for (key_a, tokens), (key_b, _) in zip(a, b, strict=False):
-        if key_a != key_b:
-            break
-        shared += tokens
-    return shared
+def _coded(
+    prompts: Sequence[Sequence[tuple[str, int]]], codes: dict[str, int], sizes: dict[int, float]
+) -> list[list[int]]:
+    """``prompts`` (blocks as key and tokens) as block codes, ``codes`` and ``sizes``
+    (tokens per code) filled in as they go."""
+    coded = []
+    for prompt in prompts:
+        coded.append([codes.setdefault(key, len(codes)) for key, _ in prompt])
+        sizes.update((codes[key], float(tokens)) for key, tokens in prompt)
+    return coded
 
 
-def _best_earlier(prompts: Sequence[Sequence[tuple[str, int]]], minimum: int) -> int:
-    """Each prompt's longest common block prefix with an earlier one, summed over the
-    prompts where it reaches ``minimum`` tokens."""
-    total = 0
-    for index, prompt in enumerate(prompts):
-        best = max((_common(prompt, earlier) for earlier in prompts[:index]), default=0)
-        total += best if best >= minimum else 0
-    return total
+def _every_boundary(first: Sequence[SentRequest], minimum: int) -> int:
+    """Each first turn's longest common block prefix with an earlier one, summed over
+    those where it reaches ``minimum`` tokens."""
+    sizes: dict[int, float] = {}
+    coded = _coded([sent.blocks for sent in first], {}, sizes)
+    return round(plan_hits(coded, sizes, min_hit=minimum))
 
 
 def _hindsight(first: Sequence[SentRequest], minimum: int) -> int:
-    """:func:`_best_earlier` with the documents of every first turn ordered by one
+    """:func:`_every_boundary` with the documents of every first turn ordered by one
     ``plan_batch`` over all of them (system prompt first, question left out)."""
     codes: dict[str, int] = {}
     sizes: dict[int, float] = {}
-    requests = []
-    for sent in first:
-        documents = sent.blocks[1:-1]
-        request = [codes.setdefault(key, len(codes)) for key, _ in documents]
-        sizes.update((codes[key], float(tokens)) for key, tokens in documents)
-        requests.append(request)
+    (system,) = _coded([first[0].blocks[:1]], codes, sizes)
+    requests = _coded([sent.blocks[1:-1] for sent in first], codes, sizes)
     plan = plan_batch(requests, weights=[sizes[code] for code in range(len(codes))])
-    system = first[0].blocks[0]
-    planned = [
-        [system, *((str(code), round(sizes[code])) for code in sequence)]
-        for sequence in sequences_of(requests, plan.orders)
-    ]
-    return _best_earlier(planned, minimum)
+    planned = [[*system, *sequence] for sequence in sequences_of(requests, plan.orders)]
+    return round(plan_hits(planned, sizes, min_hit=minimum))
 
 
 def _credit(first: Sequence[SentRequest], minimum: int) -> int:
     """Each first turn's documents in common with its best earlier first turn (the
     system prompt added), summed where that reaches ``minimum`` tokens."""
-    documents = [dict(sent.blocks[1:-1]) for sent in first]
+    sizes: dict[int, float] = {}
+    documents = _coded([sent.blocks[1:-1] for sent in first], {}, sizes)
     system = first[0].blocks[0][1]
-    total = 0
-    for index, mine in enumerate(documents):
-        best = max(
-            (sum(mine[key] for key in mine.keys() & other.keys()) for other in documents[:index]),
-            default=0,
-        )
-        total += system + best if best and system + best >= minimum else 0
-    return total
+    shared = best_partner_shares(documents, sizes, earlier_only=True)
+    credited = (system + float(best) for best in shared if best)
+    return round(sum(tokens for tokens in credited if tokens >= minimum))
 
 
 def _checked(seed: int, sent: Sequence[SentRequest], run: CloudRun) -> None:
@@ -191,7 +180,7 @@ def headroom(seed: int, model: str) -> Headroom:
         sum(s.cost_usd for s in sent if s.timed.request.turn),
         len(first),
         sum(s.usage.cache_read_tokens for s in first),
-        _best_earlier([s.blocks for s in first], minimum),
+        _every_boundary(first, minimum),
         _hindsight(first, minimum),
         _credit(first, minimum),
         sum(s.usage.cache_write_tokens for s in final_later),

@@ -44,6 +44,8 @@ TINY = [
 
 def test_plan_hits_counts_the_longest_prefix_shared_with_any_earlier_request() -> None:
     assert plan_hits([(1, 2, 3), (1, 2, 4), (1, 5), (1, 2, 4)]) == 2 + 1 + 3
+    # a hit under the provider's minimum is no hit: the third request's one block
+    assert plan_hits([(1, 2, 3), (1, 2, 4), (1, 5), (1, 2, 4)], min_hit=2) == 2 + 3
 
 
 @pytest.mark.parametrize("requests", TINY)

@@ -55,18 +55,23 @@ class OptimalPlan:
 def plan_hits(
     sequences_in_execution_order: Sequence[Sequence[int]],
     weights: Mapping[int, float] | None = None,
+    *,
+    min_hit: float = 0.0,
 ) -> float:
     """Weight of the blocks hit: each sequence's longest common prefix with any
-    earlier sequence (unbounded cache, block granularity)."""
+    earlier sequence (unbounded cache, block granularity), counted only where it weighs
+    at least ``min_hit`` (a provider that caches no shorter prefix)."""
     seen: set[tuple[int, ...]] = set()
     hits = 0.0
     for sequence in sequences_in_execution_order:
         prefix: tuple[int, ...] = ()
+        hit = 0.0
         for block in sequence:
             prefix += (block,)
             if prefix not in seen:
                 break
-            hits += _weight(weights, block)
+            hit += _weight(weights, block)
+        hits += hit if hit >= min_hit else 0.0
         seen.update(tuple(sequence[:end]) for end in range(1, len(sequence) + 1))
     return hits
 
