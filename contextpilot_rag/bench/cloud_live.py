@@ -57,23 +57,19 @@ from ..prompt import Prompt
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens, parse_input_tokens
 from .cloud_suite import (
-    ANTHROPIC_BASELINES,
     DEFAULT_MODELS,
-    OPENAI_BASELINES,
-    OURS,
     PROVIDERS,
     CloudRun,
     Shape,
     _AnthropicArm,
+    _arm,
+    _arm_shapes,
     _OpenAIArm,
     _pilot_config,
+    _practices,
     _prompts,
     _Tally,
-    _to_anthropic,
-    _to_openai,
     _TokenCache,
-    _unmodified_anthropic,
-    _unmodified_openai,
 )
 from .cloud_workloads import CloudWorkload, TimedRequest
 from .sections import markdown_table, pyplot, save_figure
@@ -233,21 +229,6 @@ def _salted(shape: Shape, line: str, provider: str) -> Shape:
     return salted
 
 
-def _arm_specs(provider: str) -> list[tuple[str, Shape, bool]]:
-    """(name, shape, sends the pilot's prompts) of every arm on ``provider``."""
-    if provider == "anthropic":
-        baselines = [
-            (name, _unmodified_anthropic(mark_last), False)
-            for name, mark_last in zip(ANTHROPIC_BASELINES, (False, True), strict=True)
-        ]
-        return [*baselines, (OURS, _to_anthropic, True)]
-    baselines = [
-        (name, _unmodified_openai(per_user), False)
-        for name, per_user in zip(OPENAI_BASELINES, (False, True), strict=True)
-    ]
-    return [*baselines, (OURS, _to_openai, True)]
-
-
 def _plan(
     workloads: Sequence[CloudWorkload],
     options: LiveOptions,
@@ -265,20 +246,15 @@ def _plan(
         unmodified = list(_prompts(workload, plain, tokenizer))
         ours = list(_prompts(workload, _pilot_config(provider, model), tokenizer))
         arms: list[_Arm] = []
-        for a, (name, shape, pilot) in enumerate(_arm_specs(provider)):
+        for a, (name, shape, pilot) in enumerate(_arm_shapes(provider)):
             line = f"[run {run_id}, {workload.family} seed {workload.seed}, arm {a + 1}]\n"
             salted = _salted(shape, line, provider)
-            predictor: _AnthropicArm | _OpenAIArm
-            if provider == "anthropic":
-                predictor = _AnthropicArm(name, salted, model, tokens)
-            else:
-                predictor = _OpenAIArm(name, salted, model, tokens)
-            arm = _Arm(name, predictor, price)
+            arm = _Arm(name, _arm(provider, name, salted, model, tokens), price)
             for r, (prompt, timed) in enumerate(ours if pilot else unmodified):
                 tokens.learn(prompt)
                 scaled = replace(timed, at_s=timed.at_s * options.time_scale)
                 body = salted(prompt, scaled)
-                marked = arm.predictor.send_body(body, scaled)
+                marked = arm.predictor.send_body(body, scaled).breakpoints
                 arm.jobs.append(_Job(scaled.at_s, (w, r, a), body, marked))
             arms.append(arm)
         planned.append(arms)
@@ -532,7 +508,7 @@ def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOption
         for job in arm.jobs:
             assert job.usage is not None  # every job was answered (no failure)
             arm.measured.add(job.usage, job.breakpoints)
-    names = ANTHROPIC_BASELINES if options.provider == "anthropic" else OPENAI_BASELINES
+    names = _practices(options.provider)
 
     def run_of(tallies: Sequence[_Tally]) -> CloudRun:
         return CloudRun(

@@ -253,6 +253,17 @@ def _anthropic_cache_blocks(
     return blocks
 
 
+@dataclass(frozen=True)
+class _Replayed:
+    """One request an arm replayed: its breakpoints, its usage and what the emulator
+    saw (Anthropic: the cache blocks; OpenAI: the token ids)."""
+
+    breakpoints: int
+    usage: InputTokens
+    blocks: Sequence[CacheBlock] = ()
+    ids: Sequence[int] = ()
+
+
 class _AnthropicArm:
     def __init__(self, name: str, shape: Shape, model: str, tokens: _TokenCache) -> None:
         self.rules = rules_for("anthropic")
@@ -260,18 +271,18 @@ class _AnthropicArm:
         self._cache = AnthropicCacheModel(self.rules)
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
-    def send(self, prompt: Prompt, timed: TimedRequest) -> int:
+    def send(self, prompt: Prompt, timed: TimedRequest) -> _Replayed:
         return self.send_body(self._shape(prompt, timed), timed)
 
-    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> int:
-        """Replay one request's keyword arguments at ``timed.at_s``; its breakpoints."""
+    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
+        """Replay one request's keyword arguments at ``timed.at_s``."""
         blocks = _anthropic_cache_blocks(request, self._tokens, self.rules.ttl_s)
         marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
         if marked > self.rules.max_breakpoints:
             raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
         usage = self._cache.request(blocks, now_s=timed.at_s, model=self._model)
         self.tally.add(usage, marked)
-        return marked
+        return _Replayed(marked, usage, blocks=blocks)
 
 
 class _OpenAIArm:
@@ -280,20 +291,30 @@ class _OpenAIArm:
         self._cache = OpenAICacheModel()
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
-    def send(self, prompt: Prompt, timed: TimedRequest) -> int:
+    def send(self, prompt: Prompt, timed: TimedRequest) -> _Replayed:
         return self.send_body(self._shape(prompt, timed), timed)
 
-    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> int:
-        """Replay one request's keyword arguments at ``timed.at_s``; its breakpoints
-        (none: OpenAI's cache is automatic)."""
+    def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
+        """Replay one request's keyword arguments at ``timed.at_s`` (no breakpoints:
+        OpenAI's cache is automatic)."""
+        ids = _openai_ids(request, self._tokens)
         usage = self._cache.request(
-            _openai_ids(request, self._tokens),
+            ids,
             now_s=timed.at_s,
             prompt_cache_key=request.get("prompt_cache_key"),
             model=self._model,
-        )
-        self.tally.add(usage.input_tokens, 0)
-        return 0
+        ).input_tokens
+        self.tally.add(usage, 0)
+        return _Replayed(0, usage, ids=ids)
+
+
+def _arm(
+    provider: str, name: str, shape: Shape, model: str, tokens: _TokenCache
+) -> _AnthropicArm | _OpenAIArm:
+    """An arm replaying ``shape``'s requests on ``provider``'s emulator."""
+    if provider == "anthropic":
+        return _AnthropicArm(name, shape, model, tokens)
+    return _OpenAIArm(name, shape, model, tokens)
 
 
 def _openai_ids(request: Mapping[str, Any], tokens: _TokenCache) -> array[int]:
@@ -346,6 +367,29 @@ def _to_openai(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
     return prompt.to_openai_request()
 
 
+_OURS_SHAPES: Mapping[str, Shape] = {"anthropic": _to_anthropic, "openai": _to_openai}
+"""How the pilot's prompt is sent, per provider."""
+
+
+def _practices(provider: str) -> tuple[str, ...]:
+    """The names of ``provider``'s two common practices, the baseline's candidates."""
+    return ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
+
+
+def _arm_shapes(provider: str, ttl: str = "5m") -> list[tuple[str, Shape, bool]]:
+    """(name, shape, sends the pilot's prompts) of every arm on ``provider``: the two
+    common practices on the unmodified prompts, then ours."""
+    if provider == "anthropic":
+        shapes = [_unmodified_anthropic(mark_last, ttl) for mark_last in (False, True)]
+    else:
+        shapes = [_unmodified_openai(per_user) for per_user in (False, True)]
+    practices = zip(_practices(provider), shapes, strict=True)
+    return [
+        *((name, shape, False) for name, shape in practices),
+        (OURS, _OURS_SHAPES[provider], True),
+    ]
+
+
 def _prompts(
     workload: CloudWorkload, config: PilotConfig, tokenizer: Tokenizer
 ) -> Iterator[tuple[Prompt, TimedRequest]]:
@@ -390,17 +434,13 @@ def _pilot_config(provider: str, model: str, ttl: str = "5m") -> PilotConfig:
 def _baseline_arms(
     providers: Sequence[str], models: Mapping[str, str], tokens: _TokenCache, ttl: str = "5m"
 ) -> list[_AnthropicArm | _OpenAIArm]:
-    arms: list[_AnthropicArm | _OpenAIArm] = []
-    if "anthropic" in providers:
-        model = models["anthropic"]
-        for name, mark_last in zip(ANTHROPIC_BASELINES, (False, True), strict=True):
-            shape = _unmodified_anthropic(mark_last, ttl)
-            arms.append(_AnthropicArm(name, shape, model, tokens))
-    if "openai" in providers:
-        model = models["openai"]
-        for name, per_user in zip(OPENAI_BASELINES, (False, True), strict=True):
-            arms.append(_OpenAIArm(name, _unmodified_openai(per_user), model, tokens))
-    return arms
+    return [
+        _arm(provider, name, shape, models[provider], tokens)
+        for provider in PROVIDERS
+        if provider in providers
+        for name, shape, ours in _arm_shapes(provider, ttl)
+        if not ours
+    ]
 
 
 def run_cloud_workload(
@@ -429,11 +469,7 @@ def run_cloud_workload(
     ours: dict[str, _AnthropicArm | _OpenAIArm] = {}
     for provider in providers:
         model = models[provider]
-        arm: _AnthropicArm | _OpenAIArm
-        if provider == "anthropic":
-            arm = _AnthropicArm(OURS, _to_anthropic, model, tokens)
-        else:
-            arm = _OpenAIArm(OURS, _to_openai, model, tokens)
+        arm = _arm(provider, OURS, _OURS_SHAPES[provider], model, tokens)
         prompts = _prompts(workload, _pilot_config(provider, model, ttl), tokenizer)
         _replay(prompts, [arm], tokens, _ticker(progress, f"{label}: ours, {provider}", workload))
         ours[provider] = arm
@@ -451,7 +487,7 @@ def _run(
     ours: _AnthropicArm | _OpenAIArm,
     tokens: _TokenCache,
 ) -> CloudRun:
-    names = ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
+    names = _practices(provider)
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
     chat, own = least_chat_append_costs(
@@ -506,26 +542,23 @@ def replay_ours(
     model = model or DEFAULT_MODELS[provider]
     tokenizer = tokenizer or default_tokenizer()
     tokens = _TokenCache(tokenizer)
-    price = DEFAULT_PRICES.price(model)
-    anthropic = AnthropicCacheModel(rules_for("anthropic"))
-    openai = OpenAICacheModel()
+    shape = _OURS_SHAPES[provider]
+    arm = _arm(provider, OURS, shape, model, tokens)
     sent: list[SentRequest] = []
     for prompt, timed in _prompts(workload, _pilot_config(provider, model, ttl), tokenizer):
         tokens.learn(prompt)
-        if provider == "anthropic":
-            blocks = _anthropic_cache_blocks(prompt.to_anthropic(), tokens, anthropic.rules.ttl_s)
-            usage = anthropic.request(blocks, now_s=timed.at_s, model=model)
-            keyed = tuple((block.key, block.tokens) for block in blocks)
-            sent.append(SentRequest(timed, usage, input_cost(usage, price).total, blocks=keyed))
-            continue
-        request = prompt.to_openai_request()
-        ids = _openai_ids(request, tokens)
-        key = request.get("prompt_cache_key")
-        usage = openai.request(
-            ids, now_s=timed.at_s, prompt_cache_key=key, model=model
-        ).input_tokens
-        cost = input_cost(usage, price).total
-        sent.append(SentRequest(timed, usage, cost, ids=tuple(ids), prompt_cache_key=key))
+        body = shape(prompt, timed)
+        replayed = arm.send_body(body, timed)
+        sent.append(
+            SentRequest(
+                timed,
+                replayed.usage,
+                input_cost(replayed.usage, arm.tally.price).total,
+                blocks=tuple((block.key, block.tokens) for block in replayed.blocks),
+                ids=tuple(replayed.ids),
+                prompt_cache_key=body.get("prompt_cache_key"),
+            )
+        )
     return sent
 
 
