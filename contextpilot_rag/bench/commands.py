@@ -325,7 +325,7 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
         run_live_suite,
         write_live_json,
     )
-    from .cloud_workloads import FAMILIES, cloud_workload
+    from .cloud_workloads import FAMILIES, CloudWorkload, cloud_workload
 
     if args.provider == "both":
         raise ConfigError("--live measures one provider: --provider anthropic or openai")
@@ -342,7 +342,11 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
         workers=args.workers,
         max_tokens=args.max_tokens,
     )
-    workloads = [cloud_workload(family, args.seed, args.scale) for family in families]
+
+    def workloads_at(scale: float) -> list[CloudWorkload]:
+        return [cloud_workload(family, args.seed, scale) for family in families]
+
+    workloads = workloads_at(args.scale)
     console.print(
         f"Live: {options.provider} ({options.chosen_model}) at "
         f"{args.base_url or 'the provider API'}; at most {options.max_usd:g} USD."
@@ -353,7 +357,7 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
             options,
             progress=_progress_arm(progress),
             scale=args.scale,
-            workloads_at=lambda scale: [cloud_workload(f, args.seed, scale) for f in families],
+            workloads_at=workloads_at,
         )
     _report(result, args, console, _Report(live_tables, write_live_json, live_markdown, live_plot))
     console.print(f"spent {result.spent_usd:.4f} USD (run {result.run_id})")
