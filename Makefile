@@ -7,17 +7,25 @@ PROXY_VENV := .venv-litellm-proxy
 PROXY_STAMP := $(PROXY_VENV)/.installed
 WHEELS_VENV := .venv-wheels
 NEWEST_VENV := .venv-newest
+LOWEST_CORE_VENV := .venv-lowest-core
+LOWEST_INTEGRATIONS_VENV := .venv-lowest-integrations
+# the core's extras a user may install (dev, test and integration-tests are ours); the
+# integration tests use them too, but for cloud: its anthropic>=2 would lift the frameworks'
+# own Anthropic packages above their lower bounds
+LOCAL_EXTRAS := hf,bench,bm25,faiss,metrics,kv-events,serve,redis,eval
+CORE_EXTRAS := $(LOCAL_EXTRAS),cloud
+INTEGRATIONS := -e integrations/langchain -e integrations/llama-index \
+	-e integrations/llama-index-llms -e integrations/mem0
 # what the examples import besides our wheels (their engines are loopback test servers)
 EXAMPLE_DEPS := "langchain-openai>=1.0,<2" "llama-index-llms-openai-like>=0.8,<0.9"
 
-.PHONY: demo test test-engine test-wheels test-newest lint dist bench bench-families bench-sim bench-soak bench-engine bench-litellm-proxy bench-cloud clean
+.PHONY: demo test test-engine test-wheels test-newest test-lowest lint dist bench bench-families bench-sim bench-soak bench-engine bench-litellm-proxy bench-cloud clean
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
-	$(BIN)/pip install --quiet --no-deps -e integrations/langchain -e integrations/llama-index \
-		-e integrations/llama-index-llms -e integrations/mem0 -e integrations/litellm
+	$(BIN)/pip install --quiet --no-deps $(INTEGRATIONS) -e integrations/litellm
 # a real redis-server for the Redis store tests (they skip, saying why, where apt cannot install it)
 	command -v redis-server >/dev/null || (apt-get install -y -qq redis-server >/dev/null 2>&1 \
 		|| sudo -n apt-get install -y -qq redis-server >/dev/null 2>&1) \
@@ -43,8 +51,30 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check contextpilot_rag integrations tests examples benchmarks scripts
 	$(BIN)/mypy
 
-test: lint test-wheels $(PROXY_STAMP)
+test: lint test-wheels test-lowest $(PROXY_STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q
+
+# Every declared lower bound, tested: uv resolves each package's direct dependencies to
+# the lowest versions their bounds allow that install together (--resolution
+# lowest-direct; what they pull in resolves as usual) in a throwaway venv, and the tests of that package run there. The
+# core with every user extra runs the suite but tests/integrations (the few tests of
+# tests/ that drive a framework skip, saying so); the integration packages, with the
+# frameworks their tests drive, run tests/integrations (LiteLLM's proxy has its own venv;
+# tests of a framework feature newer than its lower bound skip there, saying so).
+# A few minutes; part of `make test`, so CI checks the bounds on every change.
+test-lowest: $(STAMP)
+	rm -rf $(LOWEST_CORE_VENV) $(LOWEST_INTEGRATIONS_VENV)
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(LOWEST_CORE_VENV)
+	VIRTUAL_ENV=$(LOWEST_CORE_VENV) $(BIN)/uv pip install --quiet --resolution lowest-direct \
+		-e ".[$(CORE_EXTRAS),test]"
+	MEM0_TELEMETRY=False $(LOWEST_CORE_VENV)/bin/pytest -q -p no:cacheprovider \
+		--ignore=tests/integrations
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(LOWEST_INTEGRATIONS_VENV)
+	VIRTUAL_ENV=$(LOWEST_INTEGRATIONS_VENV) $(BIN)/uv pip install --quiet \
+		--resolution lowest-direct -e ".[$(LOCAL_EXTRAS),integration-tests,test]" $(INTEGRATIONS) \
+		-e "integrations/litellm[litellm]"
+	MEM0_TELEMETRY=False $(LOWEST_INTEGRATIONS_VENV)/bin/pytest -q -p no:cacheprovider \
+		tests/integrations --ignore=tests/integrations/test_litellm_proxy.py
 
 # Wheels and sdists of the core and of every integration, in dist/ (see README: install).
 dist: $(STAMP)
@@ -131,4 +161,5 @@ test-engine: $(STAMP)
 	MEM0_TELEMETRY=False $(BIN)/pytest -q -m engine
 
 clean:
-	rm -rf $(VENV) $(PROXY_VENV) $(WHEELS_VENV) $(NEWEST_VENV) dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PROXY_VENV) $(WHEELS_VENV) $(NEWEST_VENV) $(LOWEST_CORE_VENV) \
+		$(LOWEST_INTEGRATIONS_VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -38,12 +38,20 @@ def test_demo_rejects_a_workload_too_small_to_measure(capsys: pytest.CaptureFixt
     assert "at least 10" in capsys.readouterr().out
 
 
+def _needs_the_langchain_path() -> None:
+    """The real-engine demo and the suite's ``langchain`` workload run a LangChain chain;
+    skip where it is not installed (the core's own lower-bounds run, ``make test-lowest``)."""
+    pytest.importorskip("langchain_openai")
+    pytest.importorskip("langchain_contextpilot")
+
+
 def test_real_engine_demo_runs_against_any_openai_compatible_endpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``demo --endpoint``: the LangChain chain (several users at once) and the
     multi-turn conversation, each unmodified and through the pilot, against a real
     loopback HTTP engine that reports cached tokens."""
+    _needs_the_langchain_path()
     png = tmp_path / "demo.png"
     monkeypatch.setenv("COLUMNS", "200")  # the table as a wide terminal shows it
     with OpenAICompatibleServer(block_size=16) as server:
@@ -62,6 +70,7 @@ def test_real_engine_demo_runs_against_any_openai_compatible_endpoint(
 
 
 def test_bench_engine_suite_against_an_endpoint_writes_json_and_markdown(tmp_path: Path) -> None:
+    _needs_the_langchain_path()
     report, table = tmp_path / "suite.json", tmp_path / "suite.md"
     with OpenAICompatibleServer(block_size=16) as server:
         args = ["bench", "--suite", "engine", "--endpoint", server.base_url]

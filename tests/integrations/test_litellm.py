@@ -65,6 +65,14 @@ def run() -> Iterator[Run]:
     ran on, as in an application, which has one."""
     loop = asyncio.new_event_loop()
     yield loop.run_until_complete
+    # closed as asyncio.run closes its loop: the logging worker still waits on its queue,
+    # and a task left pending on a closed loop is collected at interpreter exit, where some
+    # LiteLLM releases (1.84 among them) crash the process
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
 
 

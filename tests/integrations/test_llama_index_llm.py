@@ -372,7 +372,9 @@ def test_the_api_key_is_serialized_as_openailike_does_and_can_be_left_out(
 ) -> None:
     llm = ContextPilotLLM(endpoints=[server.base_url], model="m", api_key="sk-secret")
     assert llm.to_dict()["api_key"] == "sk-secret"  # as OpenAILike.to_dict() writes it
-    assert "sk-secret" not in repr(llm) and "sk-secret" not in json.dumps(llm.to_payload())
+    assert "sk-secret" not in repr(llm)
+    if hasattr(llm, "to_payload"):  # LlamaIndex's observability payload (newer cores only)
+        assert "sk-secret" not in json.dumps(llm.to_payload())
     data = llm.to_dict(exclude={"api_key"})
     assert "api_key" not in data
     assert ContextPilotLLM.from_dict(data, api_key="sk-secret").to_dict() == llm.to_dict()
