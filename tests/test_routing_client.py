@@ -103,7 +103,11 @@ def test_an_endpoint_killed_mid_stream_fails_over_and_no_request_is_lost() -> No
 def test_a_keep_alive_connection_the_server_closed_is_retried_on_the_same_endpoint(
     fleet: list[OpenAICompatibleServer],
 ) -> None:
-    with RoutingClient([s.base_url for s in fleet], model="m", metrics=True) as client:
+    # prefix affinity alone sends the second question (same documents) where the first
+    # went; the default policy also weighs observed latencies, which a loaded machine
+    # can tip towards another replica
+    urls = [s.base_url for s in fleet]
+    with RoutingClient(urls, model="m", metrics=True, policy="prefix") as client:
         first = client.chat(messages("Question one?"))
         server = next(s for s in fleet if s.base_url == first.endpoint)
         server.disconnect_next()  # closes the connection without answering
