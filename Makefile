@@ -13,10 +13,11 @@ LOWEST_INTEGRATIONS_VENV := .venv-lowest-integrations
 # integration tests use them too, but for cloud: its anthropic>=2 would lift the frameworks'
 # own Anthropic packages above their lower bounds
 LOCAL_EXTRAS := hf,bench,bm25,faiss,metrics,kv-events,serve,redis,eval
-# the oldest Python the core supports (requires-python), for its lowest-bounds run:
+# the oldest Python our packages support (requires-python), for the lowest-bounds runs:
 # python3.10 on PATH or pyenv's, else $(PYTHON) (test-lowest says which it ran)
 OLDEST_PYTHON := $(shell for p in python3.10 $$(pyenv root 2>/dev/null)/versions/3.10*/bin/python3.10; \
 	do "$$p" -c "" 2>/dev/null && { command -v "$$p"; break; }; done)
+LOWEST_PYTHON := $(or $(OLDEST_PYTHON),$(PYTHON))
 CORE_EXTRAS := $(LOCAL_EXTRAS),cloud
 INTEGRATIONS := -e integrations/langchain -e integrations/llama-index \
 	-e integrations/llama-index-llms -e integrations/mem0
@@ -29,7 +30,9 @@ $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
-	$(BIN)/pip install --quiet --no-deps $(INTEGRATIONS) -e integrations/litellm
+	$(BIN)/pip install --quiet --no-deps $(INTEGRATIONS)
+# LiteLLM only through its plug-in's extra (its bounds: litellm-contextpilot's pyproject)
+	$(BIN)/pip install --quiet -e "integrations/litellm[litellm]"
 # a real redis-server for the Redis store tests (they skip, saying why, where apt cannot install it)
 	command -v redis-server >/dev/null || (apt-get install -y -qq redis-server >/dev/null 2>&1 \
 		|| sudo -n apt-get install -y -qq redis-server >/dev/null 2>&1) \
@@ -60,23 +63,23 @@ test: lint test-wheels test-lowest $(PROXY_STAMP)
 
 # Every declared lower bound, tested: uv resolves each package's direct dependencies to
 # the lowest versions their bounds allow that install together (--resolution
-# lowest-direct; what they pull in resolves as usual) in a throwaway venv, and that
-# package's tests run there. The core with every user extra, on the oldest Python it
-# supports, runs the suite but tests/integrations (the few tests of tests/ that drive a
+# lowest-direct; what they pull in resolves as usual) in a throwaway venv on the oldest
+# Python we support, and that package's tests run there. The core with every user extra
+# runs the suite but tests/integrations (the few tests of tests/ that drive a
 # framework skip, saying so); the integration packages, with the frameworks their tests
 # drive, run tests/integrations (LiteLLM's proxy has its own venv; tests of a framework
 # feature newer than its lower bound skip there, saying so). A few minutes; part of
 # `make test`, so CI checks the bounds on every change.
 test-lowest: $(STAMP)
 	rm -rf $(LOWEST_CORE_VENV) $(LOWEST_INTEGRATIONS_VENV)
-	@echo "test-lowest: the core on $(or $(OLDEST_PYTHON),$(PYTHON) (no Python 3.10 found))"
-	$(BIN)/uv venv --quiet --no-python-downloads --python $(or $(OLDEST_PYTHON),$(PYTHON)) \
-		$(LOWEST_CORE_VENV)
+	@echo "test-lowest: on $(LOWEST_PYTHON)$(if $(OLDEST_PYTHON),, (no Python 3.10 found))"
+	$(BIN)/uv venv --quiet --no-python-downloads --python $(LOWEST_PYTHON) $(LOWEST_CORE_VENV)
 	VIRTUAL_ENV=$(LOWEST_CORE_VENV) $(BIN)/uv pip install --quiet --resolution lowest-direct \
 		-e ".[$(CORE_EXTRAS),test]"
 	MEM0_TELEMETRY=False $(LOWEST_CORE_VENV)/bin/pytest -q -p no:cacheprovider \
 		--ignore=tests/integrations
-	$(BIN)/uv venv --quiet --no-python-downloads --python $(PYTHON) $(LOWEST_INTEGRATIONS_VENV)
+	$(BIN)/uv venv --quiet --no-python-downloads --python $(LOWEST_PYTHON) \
+		$(LOWEST_INTEGRATIONS_VENV)
 	VIRTUAL_ENV=$(LOWEST_INTEGRATIONS_VENV) $(BIN)/uv pip install --quiet \
 		--resolution lowest-direct -e ".[$(LOCAL_EXTRAS),integration-tests,test]" $(INTEGRATIONS) \
 		-e "integrations/litellm[litellm]"
@@ -110,7 +113,7 @@ test-newest:
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade --upgrade-strategy eager -e ".[dev]" \
 		-e integrations/langchain -e integrations/llama-index -e integrations/llama-index-llms \
-		-e integrations/mem0 -e integrations/litellm
+		-e integrations/mem0 -e "integrations/litellm[litellm]"
 	$(NEWEST_VENV)/bin/pip list --format=freeze | grep -i -E '^(langchain|llama-index|mem0ai|litellm)'
 	MEM0_TELEMETRY=False $(NEWEST_VENV)/bin/pytest -q tests/integrations
 
