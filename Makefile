@@ -116,8 +116,7 @@ test-newest:
 	$(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade --upgrade-strategy eager -e ".[dev]" \
-		-e integrations/langchain -e integrations/llama-index -e integrations/llama-index-llms \
-		-e integrations/mem0 -e "integrations/litellm[litellm]"
+		$(INTEGRATIONS) -e "integrations/litellm[litellm]"
 	$(NEWEST_VENV)/bin/pip list --format=freeze | grep -i -E '^(langchain|llama-index|mem0ai|litellm)'
 	MEM0_TELEMETRY=False $(NEWEST_VENV)/bin/pytest -q
 
