@@ -9,6 +9,7 @@ from pathlib import Path
 
 import conversation_knobs
 import conversation_routing
+import conversation_tails
 import pytest
 from lib.sections import begin_marker, end_marker
 
@@ -249,3 +250,34 @@ def test_second_stage_adds_each_other_knob_to_the_first_choice() -> None:
     assert len(stage) == len(labels) - sum("queue externality" in label for label in labels) - 1
     merged = conversation_knobs.options_of(f"{pick} + E2E tail weighting 0.85 / 0.2")
     assert merged == {"queue_externality_weight": 4.0, "tail_quantile": 0.85, "tail_discount": 0.2}
+
+
+def test_prefill_floor_counts_blocks_no_earlier_request_carried_and_every_last_block() -> None:
+    def request(name: str, hashes: tuple[int, ...], tokens: int) -> RouteRequest:
+        return RouteRequest(name, tokens, hashes, block_tokens=10)
+
+    first = request("a", (1, 2, 3), 30)  # nothing seen: 30
+    turn = request("b", (1, 2, 3, 4), 45)  # 3 blocks seen: 45 - 30 = 15
+    again = request("c", (1, 2), 20)  # every block seen: the last one computed, 10
+    fork = request("d", (1, 9, 3), 30)  # a block seen after a new one does not count: 20
+    empty = request("e", (), 7)  # no full block: all 7
+    assert conversation_tails.prefill_floor([first]) == 30
+    every = [first, turn, again, fork, empty]
+    assert conversation_tails.prefill_floor(every) == 30 + 15 + 10 + 20 + 7
+
+
+def test_small_tails_run_writes_its_section_within_the_floor(tmp_path: Path) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--count", "4", "--requests", "600", "--jobs", "1", "--write", str(report)]
+    assert conversation_tails.main(argv) == 0
+    text = report.read_text(encoding="utf-8")
+    section = conversation_tails.SECTION
+    assert begin_marker(section) in text and text.rstrip().endswith(end_marker(section))
+    rows = [line for line in text.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
+    assert len(rows) == 2 * len(conversation_tails.POLICIES)  # the held-out draws 1 and 3
+    for row in rows:
+        cells = row.split(" | ")
+        assert float(cells[4].rstrip("×")) >= 1.0  # no router prefills less than the floor
+        assert 0 < float(cells[5].rstrip("%")) <= 100  # prefill duty
+    assert "| prefix | 1." in text  # the summary's prefill work over floor
