@@ -12,8 +12,8 @@ defaults and ``combined`` with the tuning half's choice. Per trace and policy:
   any router could prefill with caches that never evict, taking requests in arrival
   order (a request reads at most the longest prefix of blocks some earlier request of
   the half carried, and never its last block, as the simulator's engines);
-- the fleet's *prefill duty*: prefill seconds over the replicas' time, the share of
-  decode steps that carry a prefill chunk;
+- the fleet's *prefill duty*: the prefilled tokens' seconds at the prefill rate over the
+  replicas' time, about the share of decode steps that carry a prefill chunk;
 - the requests at or above the run's p95 E2E (*the tail*), their mean TTFT, their mean
   *bare decode* (their answer decoded alone: one step of ``1/decode_tokens_per_s`` plus
   the reads of their own context per token) and their mean *decode contention* (the
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ from lib.sections import markdown_table, provenance, write_or_print
 
 from contextpilot_rag.routing import CombinedPolicy, Policy, make_policy
 from contextpilot_rag.routing.types import RouteRequest
-from contextpilot_rag.sim import default_fleet, simulate
+from contextpilot_rag.sim import Replica, SimResult, default_fleet, simulate
 from contextpilot_rag.sim.fleet import latency_floor
 from contextpilot_rag.sim.traces import conversation_trace
 
@@ -70,8 +71,7 @@ class Tail:
 @dataclass(frozen=True)
 class TraceTails:
     draw: Draw
-    requests: int
-    floor_tokens: int
+    floor_tokens: int  # prefill_floor of the held-out half
     tails: tuple[Tail, ...]
 
 
@@ -103,54 +103,56 @@ def run_trace(job: tuple[Draw, int]) -> TraceTails:
     draw, n_requests = job
     _, held = split_trace(conversation_trace(**draw.trace_arguments(n_requests)), 0.5)
     fleet = default_fleet(REGIONS, 1, block_tokens=held[0].block_tokens)
-    replica = fleet[0]  # identical replicas but for their RTT
-    by_id = {request.request_id: request for request in held}
     floor_ttft = {
         request.request_id: ttft
         for request, (ttft, _) in zip(held, latency_floor(held, fleet), strict=True)
     }
     floor_tokens = prefill_floor(held)
-    tails = []
-    for name in POLICIES:
-        result = simulate(held, _policy(name), fleet)
-        records = result.records
-        e2e = np.array([r.e2e_s for r in records])
-        ttft = np.array([r.ttft_s for r in records])
-        bare = np.array(
-            [
-                by_id[r.request_id].expected_output_tokens
-                * (
-                    1 / replica.decode_tokens_per_s
-                    + replica.decode_s_per_context_token * r.prompt_tokens
-                )
-                for r in records
-            ]
-        )
-        decode = e2e - ttft
-        cut = float(np.percentile(e2e, 95))
-        tail = e2e >= cut
-        prefilled = sum(r.prompt_tokens - r.cached_tokens for r in records)
-        span = max(r.e2e_s + r.arrival_s for r in records) - min(r.arrival_s for r in records)
-        prefill_s = prefilled / replica.prefill_tokens_per_s
-        counts: dict[str, int] = {}
-        for r in records:
-            counts[r.replica_id] = counts.get(r.replica_id, 0) + 1
-        floor = np.array([floor_ttft[r.request_id] for r in records])
-        tails.append(
-            Tail(
-                policy=name,
-                e2e_p95_s=cut,
-                work_over_floor=prefilled / floor_tokens,
-                duty=prefill_s / (len(fleet) * span),
-                tail_ttft_s=float(ttft[tail].mean()),
-                tail_bare_s=float(bare[tail].mean()),
-                tail_contention_s=float((decode[tail] - bare[tail]).mean()),
-                no_contention_p95_s=float(np.percentile(ttft + bare, 95)),
-                floor_ttft_p95_s=float(np.percentile(floor + decode, 95)),
-                busiest=max(counts.values()) / len(records),
-            )
-        )
-    return TraceTails(draw, len(held), floor_tokens, tuple(tails))
+    tails = tuple(
+        measure(name, simulate(held, _policy(name), fleet), held, fleet, floor_ttft, floor_tokens)
+        for name in POLICIES
+    )
+    return TraceTails(draw, floor_tokens, tails)
+
+
+def measure(
+    name: str,
+    result: SimResult,
+    requests: Sequence[RouteRequest],
+    fleet: Sequence[Replica],
+    floor_ttft: dict[str, float],
+    floor_tokens: int,
+) -> Tail:
+    """One policy's run taken apart (module docstring)."""
+    replica = fleet[0]  # identical replicas but for their RTT
+    outputs = {request.request_id: request.expected_output_tokens for request in requests}
+    records = result.records
+    e2e = np.array([r.e2e_s for r in records])
+    ttft = np.array([r.ttft_s for r in records])
+    step_s = 1 / replica.decode_tokens_per_s
+    per_context = replica.decode_s_per_context_token
+    bare = np.array(
+        [outputs[r.request_id] * (step_s + per_context * r.prompt_tokens) for r in records]
+    )
+    decode = e2e - ttft
+    cut = float(np.percentile(e2e, 95))
+    tail = e2e >= cut
+    prefilled = sum(r.prompt_tokens - r.cached_tokens for r in records)
+    span = max(r.arrival_s + r.e2e_s for r in records) - min(r.arrival_s for r in records)
+    busiest = Counter(r.replica_id for r in records).most_common(1)[0][1]
+    floor = np.array([floor_ttft[r.request_id] for r in records])
+    return Tail(
+        policy=name,
+        e2e_p95_s=cut,
+        work_over_floor=prefilled / floor_tokens,
+        duty=prefilled / replica.prefill_tokens_per_s / (len(fleet) * span),
+        tail_ttft_s=float(ttft[tail].mean()),
+        tail_bare_s=float(bare[tail].mean()),
+        tail_contention_s=float((decode[tail] - bare[tail]).mean()),
+        no_contention_p95_s=float(np.percentile(ttft + bare, 95)),
+        floor_ttft_p95_s=float(np.percentile(floor + decode, 95)),
+        busiest=busiest / len(records),
+    )
 
 
 def trace_rows(results: Sequence[TraceTails]) -> list[list[str]]:
