@@ -228,19 +228,19 @@ def report(command: str, results: Sequence[TraceTails], seconds: float) -> str:
         f"- fleet: {REGIONS} regions × 1 replica (`default_fleet`); whole run: {seconds:.0f} s",
         "",
         "*Prefill work over floor*: tokens prefilled over the fewest any router prefills with "
-        "caches that never evict. *Duty*: prefill seconds over the replicas' time. *Tail*: the "
-        "requests at or above the p95 E2E; *bare decode*: the answer decoded alone; *contention*: "
-        "the rest of its decode (other requests' context reads and prefill chunks). "
-        "*Without contention* and *TTFT at floor*: the p95 with every decode bare, and with every "
-        "TTFT at its latency floor (decodes as routed).",
+        "caches that never evict. *Duty*: the prefilled tokens' time at the prefill rate over "
+        "the replicas' time. *Tail*: the requests at or above the p95 E2E; *bare decode*: the "
+        "answer decoded alone; *contention*: the rest of its decode (other requests' context "
+        "reads and prefill chunks). *Without contention* and *TTFT at floor*: the p95 with "
+        "every decode bare, and with every TTFT at its latency floor (decodes as routed).",
         "",
         "How to read it: where the prefill work is close to its floor, placing prefixes "
         "better has little left to give, and the fleet's prefill duty is set by the trace; "
-        "where the p95 with TTFT at floor is close to the p95, so is waiting for a prefill "
-        "unit. What is left is the tail's decode contention: each decode step on a replica "
-        "that is prefilling also carries a prefill chunk, so a long answer decodes at the "
-        "pace its replica's prefill duty allows while it decodes, and a router changes that "
-        "only by choosing which decoders the prefills interrupt.",
+        "where the p95 with TTFT at floor is close to the p95, shortening the wait for a "
+        "prefill unit has little to give too. What is left is the tail's decode contention: "
+        "each decode step on a replica that is prefilling also carries a prefill chunk, so a "
+        "long answer decodes at the pace its replica's prefill duty allows while it decodes, "
+        "and a router changes that only by choosing which decoders the prefills interrupt.",
         "",
         "### Per policy: median / largest over the traces",
         "",
