@@ -140,7 +140,7 @@ bench-families: $(STAMP)
 bench-sim: $(STAMP)
 	$(BIN)/python benchmarks/routing.py --write docs/benchmarks.md --plot docs/img/route_sim.png
 	$(BIN)/python benchmarks/conversation_routing.py --write docs/benchmarks.md --plot docs/img/conversation_routing.png
-	$(BIN)/python benchmarks/conversation_knobs.py --write docs/benchmarks.md --plot docs/img/conversation_knobs.png --also-trace ../shared/data/mooncake/synthetic_trace.jsonl
+	$(BIN)/python benchmarks/conversation_knobs.py --write docs/benchmarks.md --plot docs/img/conversation_knobs.png --random 40 --also-trace ../shared/data/mooncake/synthetic_trace.jsonl
 	$(BIN)/python benchmarks/conversation_tails.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/routing_tails.py --write docs/benchmarks.md
 	$(BIN)/python benchmarks/ttca_warmup.py --write docs/benchmarks.md

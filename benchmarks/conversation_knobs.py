@@ -3,7 +3,7 @@ which configuration comes closest to issue 22's routing targets on traces it may
 tuned on.
 
     python benchmarks/conversation_knobs.py --write docs/benchmarks.md \
-        --plot docs/img/conversation_knobs.png \
+        --plot docs/img/conversation_knobs.png --random 40 \
         --also-trace ../shared/data/mooncake/synthetic_trace.jsonl
 
 The traces are the even-numbered (tuning) draws of ``benchmarks/conversation_routing.py``
@@ -14,10 +14,12 @@ configuration's *shortfall* is how far its worst traces miss the two latency tar
 the larger of (worst p95 TTFT change + 10 points) and (worst p95 E2E change + 15
 points); 0 or less meets both. The rule picks the smallest shortfall (the
 default first on ties); then, as coordinate descent's second step, that choice runs with
-each other knob set too (:func:`second_stage`), and the rule picks again over both
-stages. ``--also-trace`` runs every configuration on a Mooncake-format trace as well,
-reported apart (a default must hold there too), not used by the rule. Writes the
-``conversation-routing-knobs`` generated section.
+each other knob set too (:func:`second_stage`); with ``--random N``, a third stage runs
+N configurations whose knobs are all drawn at once (``lib.combined_knobs.random_options``:
+a coordinate descent misses optima that need several knobs changed together), and the
+rule picks again over every stage. ``--also-trace`` runs every configuration on a
+Mooncake-format trace as well, reported apart (a default must hold there too), not used
+by the rule. Writes the ``conversation-routing-knobs`` generated section.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from conversation_routing import (
     draw_traces,
     family_parser,
 )
-from lib.combined_knobs import CONFIGS, JOIN, options_of
+from lib.combined_knobs import CONFIGS, JOIN, RANDOM, options_of, random_labels
 from lib.report import ordered_map, progress_bars
 from lib.route_sim import BASELINES, split_trace
 from lib.sections import markdown_table, provenance, pyplot, save_figure, write_or_print
@@ -153,6 +155,7 @@ def report(
     """The section; ``also``: a trace from a file (its name, and every configuration on
     it), shown in its own column and not used by the rule."""
     family = sorted({d.index for d in draws})
+    randoms = [label for label in by_label if label.startswith(RANDOM)]
     per_draw = len(draws) // len(family)
     pick = chosen(by_label)
     if pick == TUNED_LABEL:
@@ -175,7 +178,14 @@ def report(
         "route each trace's second half; changes are against each trace's best baseline",
         "- stages (coordinate descent): first, one knob at a time around the default; second, "
         "the first stage's choice with each other knob set too (the rows `choice + knob`, "
-        "when the first stage chose other than the default); the rule picks over both",
+        "when the first stage chose other than the default)"
+        + (
+            f"; third, {len(randoms)} configurations with every knob drawn at once (the rows "
+            "`random N`, their settings in the last table)"
+            if randoms
+            else ""
+        )
+        + "; the rule picks over every stage",
         f"- whole run: {seconds:.0f} s",
         "",
         "*Shortfall* (points): the larger of the worst trace's p95 TTFT change minus the "
@@ -206,17 +216,48 @@ def report(
             rows(by_label, pick, None if also is None else also[1]),
         ),
     ]
+    if randoms:
+        best = min(randoms, key=lambda label: shortfall(by_label[label]))
+        lines += [
+            "",
+            "### The joint draws",
+            "",
+            f"The best of the {len(randoms)} joint draws, `{best}`, falls short by "
+            f"{shortfall(by_label[best]) * 100:+.1f} points; the rule's choice by "
+            f"{shortfall(by_label[pick]) * 100:+.1f}.",
+            "",
+            *random_table(randoms),
+        ]
     if image is not None:
         lines += ["", f"![worst p95 change per configuration]({image.as_posix()})"]
     return "\n".join(lines)
 
 
+def random_table(labels: Sequence[str]) -> list[str]:
+    """Each joint draw's settings (those it leaves out keep their defaults)."""
+    rows = []
+    for label in labels:
+        options = options_of(label)
+        rows.append([label, ", ".join(f"`{name}={value}`" for name, value in options.items())])
+    return markdown_table(("configuration", "settings"), rows)
+
+
+PLOTTED_DRAWS = 5
+"""Joint draws in the chart: those of the smallest shortfall (the table has them all)."""
+
+
 def plot(by_label: dict[str, list[Outcome]], path: Path) -> bool:
-    """Worst p95 TTFT and E2E change per configuration, with the targets."""
+    """Worst p95 TTFT and E2E change per configuration, with the targets (of the joint
+    draws, the :data:`PLOTTED_DRAWS` best)."""
     plt = pyplot()
     if plt is None:
         return False
-    labels = list(by_label)
+    draws = sorted(
+        (label for label in by_label if label.startswith(RANDOM)),
+        key=lambda label: shortfall(by_label[label]),
+    )
+    labels = [label for label in by_label if not label.startswith(RANDOM)]
+    labels += draws[:PLOTTED_DRAWS]
     y = np.arange(len(labels))
     figure, axis = plt.subplots(figsize=(9, 0.35 * len(labels) + 1.5))
     ttft = [max(o.ttft for o in by_label[label]) * 100 for label in labels]
@@ -254,6 +295,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", nargs="+", metavar="LABEL", help="run these configurations (default always)"
     )
     parser.add_argument(
+        "--random",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a third stage: N configurations with every knob drawn at once (0: none)",
+    )
+    parser.add_argument(
         "--also-trace",
         type=Path,
         help="also run every configuration on this Mooncake-format trace (not used by the rule)",
@@ -263,9 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = {"default", *(args.only or known)}
     labels = tuple(label for label in known if label in wanted)
     unknown = sorted(set(args.only or ()) - set(known))
-    if args.count < 1 or args.requests < 10 or args.replicates < 0 or unknown:
+    if args.count < 1 or args.requests < 10 or args.replicates < 0 or args.random < 0 or unknown:
         parser.error(
-            "--count must be >= 1, --requests >= 10, --replicates >= 0"
+            "--count must be >= 1, --requests >= 10, --replicates >= 0, --random >= 0"
             + (f"; unknown configurations {unknown} (known: {known})" if unknown else "")
         )
     started = time.perf_counter()
@@ -277,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage_two = second_stage(chosen(by_label), labels)
     if stage_two:
         by_label |= sweep(draws, args.requests, stage_two, args.jobs, "second stage")
+    if args.random:
+        randoms = random_labels(args.random)
+        by_label |= sweep(draws, args.requests, randoms, args.jobs, "joint draws")
     labels = tuple(by_label)
     also = None if other is None else (args.also_trace.name, outcomes_on(other, labels))
     image = None

@@ -14,6 +14,7 @@ import pytest
 from lib.sections import begin_marker, end_marker
 
 from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.routing import CombinedPolicy
 from contextpilot_rag.routing.types import RouteRequest
 from contextpilot_rag.sim.traces import conversation_trace
 
@@ -225,6 +226,44 @@ def test_small_knob_run_writes_one_row_per_configuration_on_the_tuning_half(
     assert sum(row.startswith("| **") for row in rows) == 1  # the rule's one choice
     assert "| other.jsonl: p95 TTFT / E2E |" in text
     assert all(row.rstrip(" |*").endswith("%") and row.count(" / ") == 1 for row in rows)
+
+
+def test_joint_draws_are_deterministic_and_within_their_ranges() -> None:
+    labels = conversation_knobs.random_labels(30)
+    assert labels[:2] == ("random 1", "random 2") and len(set(labels)) == 30
+    draws = [conversation_knobs.options_of(label) for label in labels]
+    assert draws == [conversation_knobs.options_of(label) for label in labels]
+    assert len({tuple(sorted(d.items(), key=str)) for d in draws}) == 30
+    for options in draws:
+        assert 4 <= options["queue_externality_weight"] <= 64
+        assert 0.5 <= options["externality_weight"] <= 2
+        assert 10 <= options["duty_tau_s"] <= 60
+        assert options["hold_wait_s"] in (None, 0.5, 1.0, 2.0, 3.0, 5.0)
+        assert ("tail_quantile" in options) == ("tail_discount" in options)
+        CombinedPolicy(**options)  # every draw is a valid configuration
+    assert any("tail_quantile" in d for d in draws) and not all("tail_quantile" in d for d in draws)
+    with pytest.raises(ValueError):
+        conversation_knobs.options_of("random 0")
+
+
+def test_small_knob_run_with_joint_draws_lists_them_and_picks_over_every_stage(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    argv = ["--count", "2", "--requests", "600", "--jobs", "1", "--replicates", "0"]
+    argv += ["--only", "hold wait 3 s", "--random", "2", "--write", str(report)]
+    image = tmp_path / "img" / "knobs.png"
+    assert conversation_knobs.main([*argv, "--plot", str(image)]) == 0
+    assert image.stat().st_size > 0  # the chart takes the best joint draws too
+    text = report.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    labels = [row.split("|")[1].strip().strip("*") for row in rows]
+    assert labels == ["default", "hold wait 3 s", "random 1", "random 2"]
+    assert sum(row.startswith("| **") for row in rows) == 1  # one choice over all stages
+    assert "third, 2 configurations with every knob drawn at once" in text
+    assert "### The joint draws" in text and "The best of the 2 joint draws, `random " in text
+    assert "| random 1 | `queue_externality_weight=" in text
 
 
 def test_knob_run_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture[str]) -> None:
