@@ -235,11 +235,11 @@ def report(
 
 def random_table(labels: Sequence[str]) -> list[str]:
     """Each joint draw's settings (those it leaves out keep their defaults)."""
-    rows = []
-    for label in labels:
-        options = options_of(label)
-        rows.append([label, ", ".join(f"`{name}={value}`" for name, value in options.items())])
-    return markdown_table(("configuration", "settings"), rows)
+    settings = [
+        [label, ", ".join(f"`{name}={value}`" for name, value in options_of(label).items())]
+        for label in labels
+    ]
+    return markdown_table(("configuration", "settings"), settings)
 
 
 PLOTTED_DRAWS = 5
