@@ -44,7 +44,7 @@ from lib.sections import markdown_table, provenance, write_or_print
 
 from contextpilot_rag.routing import CombinedPolicy, Policy, make_policy
 from contextpilot_rag.routing.types import RouteRequest
-from contextpilot_rag.sim import Replica, SimResult, default_fleet, simulate
+from contextpilot_rag.sim import PrefixCacheModel, Replica, SimResult, default_fleet, simulate
 from contextpilot_rag.sim.fleet import latency_floor
 from contextpilot_rag.sim.traces import conversation_trace
 
@@ -77,19 +77,14 @@ class TraceTails:
 
 def prefill_floor(requests: Sequence[RouteRequest]) -> int:
     """The fewest prompt tokens any router prefills for ``requests`` in arrival order
-    with caches that never evict (module docstring)."""
-    seen: set[int] = set()
+    with caches that never evict (module docstring): one unbounded cache of the
+    simulator's engines (:class:`PrefixCacheModel` over block hashes, as
+    ``contextpilot_rag.sim.fleet`` keeps per replica) that every request reaches."""
+    cache = PrefixCacheModel(block_size=1)  # capacity None: never evicts
     total = 0
     for request in requests:
-        hashes = request.block_hashes
-        matched = 0
-        for block in hashes:
-            if block not in seen:
-                break
-            matched += 1
-        matched = max(0, min(matched, len(hashes) - 1))  # the last block is always computed
-        total += request.prompt_tokens - min(matched * request.block_tokens, request.prompt_tokens)
-        seen.update(hashes)
+        cached = cache.admit(request.block_hashes).cached_tokens * request.block_tokens
+        total += request.prompt_tokens - min(cached, request.prompt_tokens)
     return total
 
 
@@ -107,9 +102,12 @@ def run_trace(job: tuple[Draw, int]) -> TraceTails:
         request.request_id: ttft
         for request, (ttft, _) in zip(held, latency_floor(held, fleet), strict=True)
     }
+    outputs = {request.request_id: request.expected_output_tokens for request in held}
     floor_tokens = prefill_floor(held)
     tails = tuple(
-        measure(name, simulate(held, _policy(name), fleet), held, fleet, floor_ttft, floor_tokens)
+        measure(
+            name, simulate(held, _policy(name), fleet), fleet, outputs, floor_ttft, floor_tokens
+        )
         for name in POLICIES
     )
     return TraceTails(draw, floor_tokens, tails)
@@ -118,14 +116,14 @@ def run_trace(job: tuple[Draw, int]) -> TraceTails:
 def measure(
     name: str,
     result: SimResult,
-    requests: Sequence[RouteRequest],
     fleet: Sequence[Replica],
+    outputs: dict[str, int],
     floor_ttft: dict[str, float],
     floor_tokens: int,
 ) -> Tail:
-    """One policy's run taken apart (module docstring)."""
+    """One policy's run taken apart (module docstring); ``outputs`` and ``floor_ttft``:
+    each request's answer tokens and latency-floor TTFT, by request id."""
     replica = fleet[0]  # identical replicas but for their RTT
-    outputs = {request.request_id: request.expected_output_tokens for request in requests}
     records = result.records
     e2e = np.array([r.e2e_s for r in records])
     ttft = np.array([r.ttft_s for r in records])
@@ -182,35 +180,28 @@ def trace_rows(results: Sequence[TraceTails]) -> list[list[str]]:
     return rows
 
 
+def _median_and_largest(values: list[float], form: str) -> str:
+    return f"{form.format(float(np.median(values)))} / {form.format(max(values))}"
+
+
 def summary_rows(results: Sequence[TraceTails]) -> list[list[str]]:
     """Per policy, the median and the largest over the traces."""
     rows = []
     for i, name in enumerate(POLICIES):
         tails = [result.tails[i] for result in results]
-
-        def both(values: list[float], form: str) -> str:
-            return f"{form.format(float(np.median(values)))} / {form.format(max(values))}"
-
-        e2e = [t.e2e_p95_s for t in tails]
         rows.append(
             [
                 name,
-                both([t.work_over_floor for t in tails], "{:.2f}×"),
-                both([100 * t.duty for t in tails], "{:.0f}%"),
-                both(
-                    [100 * t.tail_contention_s / (t.e2e_p95_s) for t in tails],
-                    "{:.0f}%",
+                _median_and_largest([t.work_over_floor for t in tails], "{:.2f}×"),
+                _median_and_largest([100 * t.duty for t in tails], "{:.0f}%"),
+                _median_and_largest(
+                    [100 * t.tail_contention_s / t.e2e_p95_s for t in tails], "{:.0f}%"
                 ),
-                both(
-                    [
-                        100 * (t.no_contention_p95_s / e - 1)
-                        for t, e in zip(tails, e2e, strict=True)
-                    ],
-                    "{:+.0f}%",
+                _median_and_largest(
+                    [100 * (t.no_contention_p95_s / t.e2e_p95_s - 1) for t in tails], "{:+.0f}%"
                 ),
-                both(
-                    [100 * (t.floor_ttft_p95_s / e - 1) for t, e in zip(tails, e2e, strict=True)],
-                    "{:+.0f}%",
+                _median_and_largest(
+                    [100 * (t.floor_ttft_p95_s / t.e2e_p95_s - 1) for t in tails], "{:+.0f}%"
                 ),
             ]
         )
