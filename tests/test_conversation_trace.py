@@ -266,6 +266,27 @@ def test_small_knob_run_with_joint_draws_lists_them_and_picks_over_every_stage(
     assert "| random 1 | `queue_externality_weight=" in text
 
 
+@pytest.mark.parametrize(
+    ("main", "argv", "said"),
+    [
+        ("knobs", ["--random", "-1"], "--random >= 0"),
+        ("tails", ["--count", "1"], "--count must be >= 2"),
+        ("tails", ["--requests", "5"], "--requests >= 10"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_simulation(
+    main: str, argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "bench.md"
+    report.write_text("# Benchmarks\n", encoding="utf-8")
+    module = {"knobs": conversation_knobs, "tails": conversation_tails}[main]
+    with pytest.raises(SystemExit) as stopped:
+        module.main([*argv, "--write", str(report)])
+    assert stopped.value.code == 2
+    assert said in capsys.readouterr().err
+    assert report.read_text(encoding="utf-8") == "# Benchmarks\n"  # nothing written
+
+
 def test_knob_run_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         conversation_knobs.main(["--only", "no such knob"])
