@@ -177,13 +177,14 @@ class Prompt:
         return anthropic_kwargs(self)
 
     def to_openai_request(
-        self, *, cache_control: bool = False, cache_key: bool = True
+        self, *, cache_control: bool = False, cache_key: bool | None = None
     ) -> dict[str, Any]:
         """Keyword arguments for an OpenAI-compatible ``chat.completions.create``:
         ``messages`` and ``prompt_cache_key``. ``cache_control=True`` sends the messages
         as content parts with the breakpoints of :attr:`cache_plan` marked, for LiteLLM
-        (which forwards them to Anthropic, Bedrock, Vertex); ``cache_key=False`` leaves
-        out ``prompt_cache_key`` (for servers that refuse it)."""
+        (which forwards them to Anthropic, Bedrock, Vertex). ``cache_key`` (default:
+        ``not cache_control``, since those providers refuse it) says whether to add
+        ``prompt_cache_key``; ``False`` for servers that refuse it."""
         from .cloud.requests import openai_kwargs
 
         return openai_kwargs(self, cache_control=cache_control, cache_key=cache_key)

@@ -7,6 +7,7 @@ duck-typed (a mapping or an object with attributes), into one :class:`CacheUsage
 - OpenAI Chat Completions ``usage`` (OpenAI, vLLM with
   ``--enable-prompt-tokens-details``, SGLang): ``prompt_tokens`` and
   ``prompt_tokens_details.cached_tokens``;
+- OpenAI Responses ``usage``: ``input_tokens`` and ``input_tokens_details.cached_tokens``;
 - llama-server ``timings``: ``cache_n`` cached plus ``prompt_n`` computed;
 - LangChain ``usage_metadata``: ``input_tokens`` and ``input_token_details.cache_read``;
 - Anthropic ``usage``: ``input_tokens`` (uncached) + ``cache_read_input_tokens`` +
@@ -168,6 +169,10 @@ def _openai(node: object) -> CacheUsage | None:
     return _cached_of_total(node, "prompt_tokens_details.cached_tokens", "prompt_tokens")
 
 
+def _openai_responses(node: object) -> CacheUsage | None:
+    return _cached_of_total(node, "input_tokens_details.cached_tokens", "input_tokens")
+
+
 def _llama_server(node: object) -> CacheUsage | None:
     cache_n = _field(node, "cache_n")
     if cache_n is None:
@@ -213,6 +218,7 @@ def _flat(node: object) -> CacheUsage | None:
 
 _READERS: tuple[Callable[[object], CacheUsage | None], ...] = (
     _openai,
+    _openai_responses,
     _llama_server,
     _langchain,
     _anthropic,
@@ -338,7 +344,8 @@ def _langchain_input(node: object) -> InputTokens | None:
 
 def _openai_input(node: object) -> InputTokens | None:
     """OpenAI's fields; LiteLLM adds Anthropic's ``cache_creation_input_tokens``, counted
-    in its ``prompt_tokens``."""
+    in its ``prompt_tokens``, and their 5-minute / 1-hour split under
+    ``prompt_tokens_details.cache_creation_token_details``."""
     usage = _openai(node)
     if usage is None:
         return None
@@ -346,9 +353,12 @@ def _openai_input(node: object) -> InputTokens | None:
         _count_or_zero(node, "cache_creation_input_tokens"),
         usage.prompt_tokens - usage.cached_tokens,
     )
+    details = _field(node, "prompt_tokens_details")
+    _, hour = _write_split(details, written, "cache_creation_token_details")
+    hour = min(hour, written)
     uncached = usage.prompt_tokens - usage.cached_tokens - written
     return InputTokens(
-        uncached, usage.cached_tokens, written, 0, _output(node, "completion_tokens")
+        uncached, usage.cached_tokens, written - hour, hour, _output(node, "completion_tokens")
     )
 
 

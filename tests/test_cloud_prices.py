@@ -63,6 +63,20 @@ def test_anthropic_usage_costs_writes_and_reads_apart() -> None:
             },
             InputTokens(200, 1000, 800, 0, 7),
         ),
+        (  # the same with 1-hour writes: LiteLLM's split of them
+            {
+                "prompt_tokens": 2000,
+                "prompt_tokens_details": {
+                    "cached_tokens": 1000,
+                    "cache_creation_token_details": {
+                        "ephemeral_5m_input_tokens": 300,
+                        "ephemeral_1h_input_tokens": 500,
+                    },
+                },
+                "cache_creation_input_tokens": 800,
+            },
+            InputTokens(200, 1000, 300, 500),
+        ),
         (
             {"prompt_token_count": 3000, "cached_content_token_count": 2048},
             InputTokens(952, 2048),
@@ -103,7 +117,7 @@ def test_prices_are_user_overridable() -> None:
         ModelPrice("acme", "acme-1", input=1.0, cache_read=0.2, source="contract"),
         **{SONNET[:17]: {"input": 2.0}},
     )
-    assert table.price("acme-1-large").cache_read == 0.2
+    assert table.price("acme-1-20260101").cache_read == 0.2
     assert table.price(SONNET).input == 2.0 and table.price(SONNET).source == "user override"
     assert DEFAULT_PRICES.price(SONNET).input == 3.0  # the default is unchanged
     with pytest.raises(ConfigError):
@@ -112,6 +126,28 @@ def test_prices_are_user_overridable() -> None:
         ModelPrice("p", "m", input=-1.0, cache_read=0.1)
     with pytest.raises(ConfigError):
         PriceTable(["not a row"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("model", "row"),
+    [
+        ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5"),
+        ("claude-sonnet-4-5@20250929", "claude-sonnet-4-5"),
+        ("claude-opus-4-20250514", "claude-opus-4"),
+        ("claude-opus-4-7", "claude-opus-4-7"),
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
+    ],
+)
+def test_a_row_prices_its_model_and_its_dated_releases(model: str, row: str) -> None:
+    assert DEFAULT_PRICES.price(model).model == row
+
+
+@pytest.mark.parametrize("model", ["claude-opus-4-9", "gpt-5.4-pro", "claude-sonnet-4-6-fast"])
+def test_a_newer_model_is_not_priced_as_the_one_its_name_starts_with(model: str) -> None:
+    assert model not in DEFAULT_PRICES
+    with pytest.raises(InvalidInputError, match="with_overrides"):
+        DEFAULT_PRICES.price(model)
 
 
 def test_an_unknown_model_or_report_is_refused() -> None:

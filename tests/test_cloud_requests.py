@@ -153,7 +153,9 @@ def test_replayed_conversation_never_rewrites_a_cached_prefix(
             f"Question {turn}: [x]\nQuestion: y?",
             conversation_id="c",
         )
-        data, ends = cache_prefix_bytes(prompt.to_anthropic())
+        request = prompt.to_anthropic()
+        _assert_the_api_accepts(request)
+        data, ends = cache_prefix_bytes(request)
         litellm = cache_prefix_bytes(prompt.to_openai_request(cache_control=True))
         assert litellm == (data, ends)
         assert prompt.cache_plan is not None and len(prompt.cache_plan.breakpoints) <= 4
@@ -164,8 +166,42 @@ def test_replayed_conversation_never_rewrites_a_cached_prefix(
             checked += 1
         previous = (data, ends)
         if rng.random() < 0.8:
-            pilot.record_answer(prompt, f"Answer {turn}.\n\n[a]\nQuestion: no")
+            answers = [f"Answer {turn}.\n\n[a]\nQuestion: no", "", " \n"]
+            pilot.record_answer(prompt, rng.choices(answers, weights=(4, 1, 1))[0])
     assert checked >= 3
+
+
+def _assert_the_api_accepts(request: dict[str, object]) -> None:
+    """What the Messages API refuses: a message without content, a whitespace-only
+    text block (marked or not), more than 4 breakpoints."""
+    messages = request["messages"]
+    assert isinstance(messages, list)
+    blocks = list(request.get("system", [])) + [b for m in messages for b in m["content"]]  # type: ignore[call-overload]
+    assert all(message["content"] for message in messages)
+    assert all(block["text"].strip() for block in blocks)
+    assert sum("cache_control" in block for block in blocks) <= 4
+
+
+@pytest.mark.parametrize("answer", ["", " \n"])
+def test_a_blank_answer_is_left_out_and_its_breakpoint_moves_back(
+    tokenizer: Tokenizer, answer: str
+) -> None:
+    pilot = _pilot(tokenizer, next_turn_probability=0.9)
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, answer)
+    second = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
+    assert second.cache_plan is not None
+    assert [kept.kind for kept in second.cache_plan.breakpoints] == ["system", "history", "tail"]
+    request = second.to_anthropic()
+    _assert_the_api_accepts(request)
+    assert [m["role"] for m in request["messages"]] == ["user", "user"]
+    marked = [b for m in request["messages"] for b in m["content"] if "cache_control" in b]
+    assert marked[0]["text"].endswith("Question: Q1?")  # the history's end: turn 1's question
+    data, ends = cache_prefix_bytes(first.to_anthropic())
+    assert cache_prefix_bytes(request)[0].startswith(data[: ends[-1]])
+    litellm = second.to_openai_request(cache_control=True)
+    assert "prompt_cache_key" not in litellm
+    assert cache_prefix_bytes(litellm) == cache_prefix_bytes(request)
 
 
 def test_history_messages_split_as_when_they_were_sent(tokenizer: Tokenizer) -> None:

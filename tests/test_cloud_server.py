@@ -9,17 +9,19 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.sim import OpenAICacheRules
 from contextpilot_rag.testing.cloud_server import CloudCacheServer, cache_control_paths
 
 if TYPE_CHECKING:
     from conftest import FakeClock
 
 LONG = "Retrieved passage about prefix caching and context reuse. " * 200
+USER_HI = {"role": "user", "content": "Hi"}
 HEADERS = {"x-api-key": "test", "anthropic-version": "2023-06-01"}
 
 
@@ -62,6 +64,16 @@ def marked_system(cache_control: dict[str, Any]) -> list[dict[str, Any]]:
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
+        ({"messages": [USER_HI, {"role": "assistant", "content": []}, USER_HI]}, "non-empty"),
+        ({"messages": [{"role": "user", "content": ""}]}, "non-empty content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": " \n"}]}]},
+            "non-whitespace text",
+        ),
+        (
+            {"system": [{"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]},
+            "cache_control cannot be set for empty text blocks",
+        ),
         (
             {
                 "system": [
@@ -85,6 +97,12 @@ def test_a_bad_messages_request_is_an_anthropic_invalid_request_error(
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert says in body["error"]["message"]
     assert server.requests == [] and server.anthropic_cache.cached_prefixes == 0
+
+
+def test_a_final_assistant_message_may_be_empty(server: CloudCacheServer) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": []}]
+    status, _ = message(server, messages=messages)
+    assert status == 200
 
 
 def test_a_messages_request_without_a_key_is_an_authentication_error(
@@ -138,6 +156,25 @@ def test_24h_retention_outlives_the_in_memory_lifetime(
     clock.advance(7200)
     _, answer = post(url, body, {"authorization": "Bearer t"})
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1024
+
+
+@pytest.mark.parametrize(("default", "cached"), [("in_memory", False), ("24h", True)])
+def test_a_request_naming_no_retention_takes_the_rules_default(
+    clock: FakeClock, default: Literal["in_memory", "24h"], cached: bool
+) -> None:
+    rules = OpenAICacheRules(default_retention=default)
+    with CloudCacheServer(clock=clock, openai_rules=rules) as emulator:
+        url = f"{emulator.openai_base_url}/chat/completions"
+        body = {"model": "gpt-test", "messages": [{"role": "user", "content": LONG}]}
+        post(url, body, {"authorization": "Bearer t"})
+        clock.advance(600)
+        _, answer = post(url, body, {"authorization": "Bearer t"})
+    assert (answer["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1024) is cached
+
+
+def test_an_unknown_default_retention_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        OpenAICacheRules(default_retention="1h")  # type: ignore[arg-type]
 
 
 def test_cache_control_paths_cover_tools_system_messages_and_top_level() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, InvalidInputError
-from contextpilot_rag.usage import CacheUsage, parse_cache_usage
+from contextpilot_rag.usage import CacheUsage, InputTokens, parse_cache_usage, parse_input_tokens
 
 OPENAI_USAGE = {
     "prompt_tokens": 1000,
@@ -85,6 +85,24 @@ def test_the_openai_sdk_usage_and_response_objects_are_read() -> None:
         | {"usage": OPENAI_USAGE}
     )
     assert parse_cache_usage(response) == CacheUsage(640, 1000)
+
+
+def test_the_openai_responses_api_usage_and_response_are_read() -> None:
+    pytest.importorskip("openai")
+    from openai.types.responses import Response, ResponseUsage
+
+    fields = {
+        "input_tokens": 1000,
+        "input_tokens_details": {"cached_tokens": 640, "cache_write_tokens": 0},
+        "output_tokens": 20,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 1020,
+    }
+    usage = ResponseUsage.model_validate(fields)
+    assert parse_cache_usage(usage) == CacheUsage(640, 1000)
+    response = Response.model_construct(id="r", output=[], usage=usage)
+    assert parse_cache_usage(response) == CacheUsage(640, 1000)
+    assert parse_input_tokens(response) == InputTokens(360, 640)
 
 
 @pytest.mark.parametrize(

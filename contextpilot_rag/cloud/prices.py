@@ -4,9 +4,11 @@ input cost.
 :data:`DEFAULT_PRICES` is a dated snapshot of published list prices (USD per million
 tokens), each row with the page it was read from and the date it was read. Prices
 change: pass your own rows (:meth:`PriceTable.with_overrides`, or a new
-:class:`PriceTable`) for current, negotiated or regional prices. Models are matched by
-the longest listed name that starts the model's name (``"claude-sonnet-4-5"``
-matches ``"claude-sonnet-4-5-20250929"``).
+:class:`PriceTable`) for current, negotiated or regional prices. A row prices its model
+and the model's dated releases (``"claude-sonnet-4-5"`` prices
+``"claude-sonnet-4-5-20250929"``), never another model whose name it starts
+(``"claude-opus-4"`` does not price ``"claude-opus-4-7"``: an unlisted model is refused,
+not priced as an older one; :func:`~.model_names.match_model_name`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ConfigError, InvalidInputError
 from ..usage import InputTokens, parse_input_tokens
+from .model_names import match_model_name
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -108,8 +111,8 @@ class PriceTable:
         return isinstance(model, str) and self._match(model) is not None
 
     def price(self, model: str) -> ModelPrice:
-        """The row of ``model`` (longest listed prefix); :class:`InvalidInputError` when
-        none matches."""
+        """The row of ``model`` or of the model it is a dated release of;
+        :class:`InvalidInputError` when none is listed."""
         if not isinstance(model, str):
             raise InvalidInputError(f"model must be a str, got {type(model).__name__}")
         row = self._match(model)
@@ -139,8 +142,8 @@ class PriceTable:
         row = self._by_model.get(model)
         if row is not None:
             return row
-        names = [name for name in self._by_model if model.startswith(name)]
-        return self._by_model[max(names, key=len)] if names else None
+        name = match_model_name(model, self._by_model)
+        return None if name is None else self._by_model[name]
 
 
 def input_cost(
@@ -174,7 +177,9 @@ _OPENAI_54 = "https://benchlm.ai/blog/posts/openai-api-pricing"  # quotes OpenAI
 _OPENAI_4O = "https://chatgptpricing-akr.pages.dev/api-pricing"  # quotes OpenAI's pricing page
 
 
-def _anthropic(model: str, base: float, output: float, source: str) -> ModelPrice:
+def _anthropic(
+    model: str, base: float, output: float, source: str, read_on: str = PRICES_READ_ON
+) -> ModelPrice:
     """Anthropic's rows follow its multipliers: writes 1.25× / 2×, reads 0.1×."""
     return ModelPrice(
         "anthropic",
@@ -185,11 +190,15 @@ def _anthropic(model: str, base: float, output: float, source: str) -> ModelPric
         cache_write_1h=round(base * 2.0, 6),
         output=output,
         source=source,
+        read_on=read_on,
     )
 
 
 DEFAULT_PRICES = PriceTable(
     [
+        _anthropic("claude-opus-5", 5.0, 25.0, _ANTHROPIC_PRICING, "2026-11-30"),
+        _anthropic("claude-opus-4-8", 5.0, 25.0, _ANTHROPIC_PRICING, "2026-11-30"),
+        _anthropic("claude-opus-4-7", 5.0, 25.0, _ANTHROPIC_PRICING, "2026-11-30"),
         _anthropic("claude-opus-4-6", 5.0, 25.0, _ANTHROPIC_PRICING),
         _anthropic("claude-sonnet-4-6", 3.0, 15.0, _ANTHROPIC_PRICING),
         _anthropic("claude-opus-4-5", 5.0, 25.0, _ANTHROPIC_PRICING),
@@ -209,7 +218,8 @@ DEFAULT_PRICES = PriceTable(
         ModelPrice("openai", "gpt-4o-mini", 0.15, 0.075, output=0.60, source=_OPENAI_4O),
     ]
 )
-"""List prices read on :data:`PRICES_READ_ON` (USD per million tokens). Anthropic's
+"""List prices (USD per million tokens), each row read on its ``read_on``
+(:data:`PRICES_READ_ON` unless it says a later date). Anthropic's
 from its own pricing page; OpenAI's from pages that reproduce OpenAI's table (the
 ``source`` of each row): check those against OpenAI's pricing page before relying on
 them, and override any row with :meth:`PriceTable.with_overrides`."""

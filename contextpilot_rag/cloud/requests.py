@@ -46,22 +46,34 @@ def _marked_parts(prompt: Prompt) -> dict[int, set[int]]:
     if plan is None:
         return marked
     for message_index, part in plan.positions:
-        count = len(prompt.content_parts(message_index))
+        count = max(1, len(prompt.content_parts(message_index)))  # "" is one blank part
         index = part if part >= 0 else count + part
         if 0 <= index < count:
             marked.setdefault(message_index, set()).add(index)
     return marked
 
 
-def _text_blocks(prompt: Prompt, message_index: int, marked: set[int]) -> list[dict[str, Any]]:
-    ttl = prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m"
-    blocks: list[dict[str, Any]] = []
-    for number, text in enumerate(prompt.content_parts(message_index)):
-        block: dict[str, Any] = {"type": "text", "text": text}
-        if number in marked:
-            block["cache_control"] = cache_control_of(ttl)
-        blocks.append(block)
-    return blocks
+def _content_messages(prompt: Prompt, marked: dict[int, set[int]]) -> list[tuple[str, list[Any]]]:
+    """Every message as (role, text content blocks), ``cache_control`` on the marked
+    ones. Blank parts (an empty or whitespace-only answer, system prompt or note) are
+    left out, since the Messages API refuses a whitespace-only text block and a
+    message without content; a marker on one moves to the last block kept before it
+    (the same bytes end there), and a message left without blocks is left out (the
+    API joins the consecutive same-role turns around it)."""
+    control = cache_control_of(prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m")
+    out: list[tuple[str, list[Any]]] = []
+    for index, message in enumerate(prompt.messages):
+        blocks: list[Any] = []
+        for number, text in enumerate(prompt.content_parts(index) or ("",)):
+            is_marked = number in marked.get(index, ())
+            if text.strip():
+                blocks.append({"type": "text", "text": text})
+            kept = blocks or (out[-1][1] if out else [])
+            if is_marked and kept:
+                kept[-1]["cache_control"] = dict(control)
+        if blocks:
+            out.append((message["role"], blocks))
+    return out
 
 
 def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
@@ -69,15 +81,13 @@ def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
     API; the caller adds ``model`` and ``max_tokens``. A prompt from a pilot without
     ``CloudCacheConfig(enabled=True)`` has no plan: one text block per message, no
     ``cache_control``."""
-    marked = _marked_parts(prompt)
-    system: list[dict[str, Any]] = []
+    system: list[Any] = []
     messages: list[dict[str, Any]] = []
-    for index, message in enumerate(prompt.messages):
-        blocks = _text_blocks(prompt, index, marked.get(index, set()))
-        if message["role"] == "system":
+    for role, blocks in _content_messages(prompt, _marked_parts(prompt)):
+        if role == "system":
             system.extend(blocks)
         else:
-            messages.append({"role": message["role"], "content": blocks})
+            messages.append({"role": role, "content": blocks})
     kwargs: dict[str, Any] = {"messages": messages}
     if system:
         kwargs["system"] = system
@@ -85,22 +95,24 @@ def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
 
 
 def openai_kwargs(
-    prompt: Prompt, *, cache_control: bool = False, cache_key: bool = True
+    prompt: Prompt, *, cache_control: bool = False, cache_key: bool | None = None
 ) -> dict[str, Any]:
     """``messages`` for an OpenAI-compatible client, plus ``prompt_cache_key`` (when
     ``cache_key`` and the prompt has one). ``cache_control``: every message as content
     parts with the prompt's breakpoints marked (for LiteLLM and other gateways that
-    forward them); otherwise plain string contents. Without a plan
-    (``CloudCacheConfig(enabled=False)``, the default) there are no markers and no key."""
-    messages: list[dict[str, Any]] = []
-    marked = _marked_parts(prompt) if cache_control else {}
-    for index, message in enumerate(prompt.messages):
-        if cache_control:
-            content: Any = _text_blocks(prompt, index, marked.get(index, set()))
-        else:
-            content = message["content"]
-        messages.append({"role": message["role"], "content": content})
+    forward them; blank parts and messages left out as for Anthropic); otherwise plain
+    string contents. ``cache_key`` defaults to ``not cache_control``: the gateways that
+    take the markers forward to providers that refuse ``prompt_cache_key``. Without a
+    plan (``CloudCacheConfig(enabled=False)``, the default) there are no markers and no
+    key."""
+    if cache_control:
+        parts = _content_messages(prompt, _marked_parts(prompt))
+        messages = [{"role": role, "content": blocks} for role, blocks in parts]
+    else:
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt.messages]
     kwargs: dict[str, Any] = {"messages": messages}
+    if cache_key is None:
+        cache_key = not cache_control
     if cache_key and prompt.prompt_cache_key is not None:
         kwargs["prompt_cache_key"] = prompt.prompt_cache_key
     return kwargs

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigError
+from .model_names import match_model_name
 
 __all__ = ["ANTHROPIC_RULES", "OPENAI_RULES", "CacheTtl", "ProviderRules", "rules_for"]
 
@@ -27,8 +28,9 @@ class ProviderRules:
 
     ``max_breakpoints``: explicit cache breakpoints a request may carry (0: the cache
     is automatic, as OpenAI's). ``min_cacheable_tokens``: the shortest prefix cached;
-    ``model_min_tokens`` overrides it per model, matched by the longest model-name
-    prefix (``"claude-haiku-4-5"`` matches ``"claude-haiku-4-5-20251001"``).
+    ``model_min_tokens`` overrides it per model and its dated releases
+    (``"claude-haiku-4-5"`` matches ``"claude-haiku-4-5-20251001"``, not another model
+    whose name it starts: :func:`~.model_names.match_model_name`).
     ``lookback_blocks``: content blocks before a breakpoint searched for an earlier
     cached prefix. ``ttl_s``: the lifetimes on offer, by name. ``write_multiplier``
     (by lifetime) and ``read_multiplier``: a cache write and read as multiples of the
@@ -81,11 +83,8 @@ class ProviderRules:
     def min_tokens(self, model: str | None) -> int:
         """The shortest cacheable prefix for ``model`` (the default for ``None`` or an
         unlisted model)."""
-        if model:
-            matches = [name for name in self.model_min_tokens if model.startswith(name)]
-            if matches:
-                return self.model_min_tokens[max(matches, key=len)]
-        return self.min_cacheable_tokens
+        name = match_model_name(model, self.model_min_tokens) if model else None
+        return self.min_cacheable_tokens if name is None else self.model_min_tokens[name]
 
     def check_ttl(self, ttl: str) -> float:
         """The lifetime ``ttl`` in seconds; :class:`ConfigError` if not offered."""

@@ -328,7 +328,13 @@ class OpenAICacheRules:
     the ``"24h"`` lifetime. ``machines`` caches are reached by the routing hash of the
     first ``routing_prefix_tokens`` tokens and the key; ``overflow_requests_per_minute``
     requests a minute per route stay on its machine, each further batch of that many
-    moves one machine on (None: never overflow)."""
+    moves one machine on (None: never overflow). ``default_retention``: the lifetime of
+    a request that names none. OpenAI's API reference (``prompt_cache_retention``,
+    openai-python 2.x) says organizations without Zero Data Retention default to
+    ``"24h"`` on models that offer both, ZDR organizations to ``"in_memory"``, and
+    ``gpt-5.5`` and later offer only ``"24h"``; the default here is ``"in_memory"``, the
+    shorter lifetime (a ZDR organization's, and the rule the emulated figures in
+    docs/benchmarks.md were measured under)."""
 
     min_cached_tokens: int = 1024
     step_tokens: int = 128
@@ -338,8 +344,13 @@ class OpenAICacheRules:
     in_memory_retention_s: float = 300.0
     in_memory_max_age_s: float = 3600.0
     extended_retention_s: float = 86400.0
+    default_retention: Retention = "in_memory"
 
     def __post_init__(self) -> None:
+        if self.default_retention not in ("in_memory", "24h"):
+            raise ConfigError(
+                f"default_retention must be 'in_memory' or '24h', got {self.default_retention!r}"
+            )
         for name in ("min_cached_tokens", "step_tokens", "routing_prefix_tokens", "machines"):
             _positive_int(name, getattr(self, name))
         if self.overflow_requests_per_minute is not None:
@@ -416,13 +427,14 @@ class OpenAICacheModel:
         *,
         now_s: float,
         prompt_cache_key: str | None = None,
-        retention: Retention = "in_memory",
+        retention: Retention | None = None,
         model: str = "",
     ) -> OpenAIUsage:
         """Serve one request at ``now_s``: route it, read the longest cached step prefix
-        on that machine, then store (or refresh) every step prefix of the prompt there."""
+        on that machine, then store (or refresh) every step prefix of the prompt there.
+        ``retention``: ``None`` takes the rules' ``default_retention``."""
         _check_time(now_s)
-        ttl_s, max_age_s = self._lifetime(retention)
+        ttl_s, max_age_s = self._lifetime(retention or self.rules.default_retention)
         index = self._overflowed(
             self.route(tokens, prompt_cache_key), tokens, prompt_cache_key, now_s
         )

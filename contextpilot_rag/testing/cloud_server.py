@@ -20,7 +20,9 @@ https://platform.claude.com/docs/en/build-with-claude/streaming: ``message_start
 ``message_delta`` with the cumulative usage, ``message_stop``) and Chat Completions
 (https://platform.openai.com/docs/api-reference/chat, the usage chunk of
 ``stream_options.include_usage``). Errors are the providers' JSON error objects: a request
-with five breakpoints is an HTTP 400 ``invalid_request_error``, as the API answers it.
+with five breakpoints, a message without content (but a final assistant one) or a
+whitespace-only text block is an HTTP 400 ``invalid_request_error``, as the API answers
+it.
 
 Tokens are counted with the project's default tokenizer (offline), the same for both
 APIs: a text block counts its text, any other block (a tool, an image, a tool result)
@@ -149,13 +151,21 @@ class _BlockReader:
         for m, message in enumerate(messages):
             if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
                 raise _RequestError(f"messages.{m}.role: Input should be 'user' or 'assistant'")
-            blocks += self._content(message.get("content"), message["role"], f"messages.{m}")
+            content = self._content(message.get("content"), message["role"], f"messages.{m}")
+            if not content and (m < len(messages) - 1 or message["role"] != "assistant"):
+                raise _RequestError(
+                    f"messages.{m}: all messages must have non-empty content except for "
+                    "the optional final assistant message"
+                )
+            blocks += content
         return self._with_automatic_breakpoint(blocks, body)
 
     def _content(self, content: object, role: str, where: str) -> list[CacheBlock]:
         if content is None and role == "system":
             return []
         if isinstance(content, str):
+            if not content.strip():
+                return []
             return [self._block({"type": "text", "text": content}, role, where, opens=True)]
         parts = _list(content, f"{where}.content")
         return [
@@ -168,6 +178,10 @@ class _BlockReader:
             raise _RequestError(f"{where}: Input should be an object")
         content = {key: value for key, value in part.items() if key != "cache_control"}
         text = content.get("text") if content.get("type") == "text" else None
+        if content.get("type") == "text" and not (isinstance(text, str) and text.strip()):
+            if "cache_control" in part:
+                raise _RequestError(f"{where}: cache_control cannot be set for empty text blocks")
+            raise _RequestError(f"{where}: text content blocks must contain non-whitespace text")
         counted = text if isinstance(text, str) else json.dumps(content, sort_keys=True)
         key = json.dumps({"role": role, "opens": opens, "block": content}, sort_keys=True)
         ttl_s = self._ttl(part["cache_control"], where) if "cache_control" in part else None
@@ -224,7 +238,7 @@ def _anthropic_options(body: _JSON) -> _AnthropicOptions:
 @dataclass(frozen=True)
 class _OpenAICacheOptions:
     key: str | None
-    retention: Literal["in_memory", "24h"]
+    retention: Literal["in_memory", "24h"] | None  # None: the rules' default_retention
 
 
 def _openai_cache_options(body: _JSON) -> _OpenAICacheOptions:
@@ -234,9 +248,11 @@ def _openai_cache_options(body: _JSON) -> _OpenAICacheOptions:
     retention = body.get("prompt_cache_retention")
     if retention == "24h":
         return _OpenAICacheOptions(key, "24h")
-    if retention not in (None, "in_memory"):
+    if retention == "in_memory":
+        return _OpenAICacheOptions(key, "in_memory")
+    if retention is not None:
         raise _RequestError("'prompt_cache_retention' must be 'in_memory' or '24h'")
-    return _OpenAICacheOptions(key, "in_memory")
+    return _OpenAICacheOptions(key, None)
 
 
 class _CloudEngine:
