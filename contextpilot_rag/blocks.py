@@ -33,6 +33,7 @@ from .errors import (
 from .escaping import CONTROL_TOKEN, StructureGuard
 
 __all__ = [
+    "RESERVED_ID_PREFIX",
     "BlockId",
     "BlockRegistry",
     "ContextBlock",
@@ -53,6 +54,8 @@ LabelStyle = Literal["short", "id"]
 """How a block id becomes its label (see :func:`block_label`)."""
 
 _LABEL_STYLES: tuple[LabelStyle, ...] = ("short", "id")
+RESERVED_ID_PREFIX = "\x00"
+"""Block ids may not start with this: the pilot's own index and registry keys do."""
 _ID_HEX_CHARS = 16
 _LABEL_HEX_CHARS = 8
 _SHORT_ID_CHARS = 12  # an id up to this long is its own label in the "short" style
@@ -90,7 +93,9 @@ class ContextBlock:
     relevance score (informational). ``metadata`` is copied into a read-only mapping.
     Equality and hashing use ``(id, text)``; metadata and score do not change identity.
     ``digest`` is :func:`content_id` of the text whatever the id: conversations keep it
-    to tell a block they showed from a changed text under the same id.
+    to tell a block they showed from a changed text under the same id. An ``id``
+    starting with a NUL character (:data:`RESERVED_ID_PREFIX`) is refused: the pilot's
+    own keys start so.
 
     ``shared`` marks a public block (a public corpus, a manual every tenant reads): in
     a prompt with a ``tenant`` it may share a cached prefix with other tenants' prompts
@@ -123,6 +128,13 @@ class ContextBlock:
             object.__setattr__(self, "id", digest)
         elif not isinstance(self.id, str) or not self.id:
             raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {self.id!r}")
+        elif self.id.startswith(RESERVED_ID_PREFIX):
+            # the pilot's own keys (a tenant's blocks, the system prompt, a request's
+            # tail) start so: an id of that form could reach another tenant's state
+            raise InvalidBlockError(
+                f"ContextBlock.id must not start with {RESERVED_ID_PREFIX!r} (reserved), "
+                f"got {self.id!r}"
+            )
         else:
             check_encodable("ContextBlock.id", self.id, InvalidBlockError)
         if self.score is not None and (

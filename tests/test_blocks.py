@@ -78,6 +78,15 @@ def test_id_must_be_a_non_empty_str(block_id: object) -> None:
         ContextBlock("text", id=block_id)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("block_id", ["\x00t4:acme:doc-1", "\x00sys:x", "\x00tail:cp-1"])
+def test_an_id_in_the_pilots_own_key_space_is_refused(block_id: str) -> None:
+    """A tenant's registry keys and the pilot's index keys start with NUL: an id of that
+    form would reach another tenant's blocks (docs/tenants.md)."""
+    with pytest.raises(InvalidBlockError, match="reserved"):
+        ContextBlock("text", id=block_id)
+    assert ContextBlock("text", id="doc\x00x").id == "doc\x00x"  # only a leading NUL
+
+
 @pytest.mark.parametrize("score", [True, "0.5", [0.5]])
 def test_score_must_be_a_number(score: object) -> None:
     with pytest.raises(InvalidBlockError):

@@ -417,3 +417,25 @@ def test_a_search_skips_paths_idle_past_the_ttl_before_any_insert_drops_them(
 def test_index_config_rejects_out_of_range_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         IndexConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_lru_queue_stays_bounded_when_the_engine_evicts_everything() -> None:
+    """Memory stays bounded by the live tree, not by the requests ever seen, also when
+    no configured bound ever forces an LRU eviction (engine feedback, no capacity)."""
+    index = unbounded()
+    for n in range(6000):
+        insert(index, [f"a{n}", f"b{n}"], f"r{n}")
+        index.search(["a0"])  # touches re-queue a leaf too
+        index.evict([RequestId(f"r{n}")])
+    assert index.stats().nodes == 0
+    assert len(index._leaf_heap) <= 1024 + 4  # the amortised compaction's slack
+
+
+def test_the_lru_queue_stays_bounded_under_repeated_hits() -> None:
+    index = unbounded()
+    insert(index, ["a", "b"], "kept")
+    for n in range(6000):
+        insert(index, ["a", "b"], f"again{n}")
+        index.evict([RequestId(f"again{n}")])
+    assert index.stats().requests == 1
+    assert len(index._leaf_heap) <= 4 * index.stats().nodes + 1024 + 1

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
 from contextpilot_rag.errors import (
+    BlockConflictError,
     ConfigError,
     InvalidBlockError,
     InvalidInputError,
@@ -186,6 +187,24 @@ def test_a_block_id_reused_by_another_tenant_is_no_conflict_and_no_popularity() 
     prompt = pilot.optimize([doc("globex", 2), doc("globex", 1)], "q", tenant="globex")
     assert [b.id for b in prompt.blocks] == ["doc2", "doc1"]
     assert prompt.order_note is None
+
+
+def test_a_batch_takes_one_id_with_other_texts_from_other_tenants_as_online() -> None:
+    pilot = pilot_of()
+    batch = [
+        ([doc("acme", 1)], "q", None, "acme"),
+        ([doc("globex", 1)], "q", None, "globex"),
+        ([doc("nobody", 1)], "q"),
+    ]
+    prompts = sorted(pilot.optimize_batch(batch), key=lambda prompt: prompt.index)
+    assert [prompt.blocks[0].text for prompt in prompts] == [
+        doc("acme", 1).text,
+        doc("globex", 1).text,
+        doc("nobody", 1).text,
+    ]
+    with pytest.raises(BlockConflictError):  # within one tenant it is still a conflict
+        pilot.optimize_batch([([doc("acme", 1)], "q", None, "acme"),
+                              ([doc("globex", 1)], "r", None, "acme")])  # fmt: skip
 
 
 def test_requests_without_a_tenant_and_with_one_do_not_meet() -> None:

@@ -12,7 +12,7 @@ from ..errors import (
     EmptyContextError,
     InvalidInputError,
 )
-from ..tenants import check_tenant
+from ..tenants import check_tenant, registry_key
 
 __all__ = ["BatchRequest", "validate_batch"]
 
@@ -32,7 +32,8 @@ def validate_batch(requests: object) -> list[BatchRequest]:
     Raises :class:`EmptyContextError` (empty batch, a request without blocks),
     :class:`InvalidInputError` (wrong shapes or types, a bad tenant, a tenant's
     conversation twice),
-    :class:`BlockConflictError` (one id, two texts anywhere in the batch) or
+    :class:`BlockConflictError` (one id, two texts anywhere in the batch, within a
+    tenant's requests or the requests without one: tenants' ids never meet) or
     :class:`DuplicateRequestError` (the same request twice)."""
     if not is_list_like(requests):
         raise InvalidInputError(
@@ -46,7 +47,9 @@ def validate_batch(requests: object) -> list[BatchRequest]:
     conversations: dict[tuple[str | None, str], int] = {}
     for position, request in enumerate(batch):
         for block in request.blocks:
-            known = texts.setdefault(block.id, (block.text, position))
+            # a tenant's ids are its own (as online): keyed as the block registry keys them
+            key_of = block.id if request.tenant is None else registry_key(request.tenant, block)
+            known = texts.setdefault(key_of, (block.text, position))
             if known[0] != block.text:
                 raise BlockConflictError(
                     f"block id {block.id!r} has different texts in requests {known[1]} "

@@ -408,7 +408,7 @@ class ContextIndex:
     def _touch(self, node: _Node, now: float, tick: int) -> None:
         node.tick, node.last_access = tick, now
         if not node.children and node is not self._root:
-            heapq.heappush(self._leaf_heap, (tick, next(self._heap_seq), node))
+            self._push_leaf(node)
 
     def evict(self, request_ids: Iterable[RequestId]) -> int:
         """Forget these requests (the engine evicted them); prune nodes left without
@@ -434,7 +434,15 @@ class ContextIndex:
             self._remove_leaf(node)
             node = parent
         if node is not self._root and not node.children:
-            heapq.heappush(self._leaf_heap, (node.tick, next(self._heap_seq), node))
+            self._push_leaf(node)
+
+    def _push_leaf(self, node: _Node) -> None:
+        """Queue ``node`` for LRU eviction at its current tick. Entries it had queued
+        before are stale (skipped when popped); compacting here, not only when the
+        bounds evict, keeps the heap within a constant factor of the live nodes even
+        when nothing ever exceeds a bound (engine evictions, no capacity set)."""
+        heapq.heappush(self._leaf_heap, (node.tick, next(self._heap_seq), node))
+        self._compact_heap()
 
     def _remove_leaf(self, node: _Node) -> None:
         parent = node.parent
@@ -506,7 +514,7 @@ class ContextIndex:
 
     def _prune_upward_after_lru(self, node: _Node) -> None:
         if node is not self._root and not node.children:
-            heapq.heappush(self._leaf_heap, (node.tick, next(self._heap_seq), node))
+            self._push_leaf(node)
 
 
 def _leading_run(edge: tuple[str, ...], wanted: set[str]) -> int:
