@@ -72,15 +72,31 @@ class Turn:
 class Conversation:
     """A conversation's record: its system prompt and its turns, in order, and the
     ``prompt_cache_key`` its first turn got (``None``: none planned), which its later
-    turns keep (``docs/cloud.md``)."""
+    turns keep (``docs/cloud.md``). ``dropped_turns`` earlier turns are no longer
+    stored (a history window renders none of them): turn numbers count them, so
+    ``turns[i]`` is turn ``dropped_turns + i``."""
 
     conversation_id: str
     system: str | None
     turns: tuple[Turn, ...] = ()
     cache_key: str | None = None
+    dropped_turns: int = 0
 
-    def with_turn(self, turn: Turn) -> Conversation:
-        return replace(self, turns=(*self.turns, turn))
+    @property
+    def turn_count(self) -> int:
+        """Every turn the conversation has had, stored or dropped."""
+        return self.dropped_turns + len(self.turns)
+
+    def with_turn(self, turn: Turn, keep: int | None = None) -> Conversation:
+        """The record with ``turn`` appended. ``keep``: store at most that many turns
+        (what a history window of ``keep`` turns renders), dropping the oldest answered
+        ones; a turn still awaiting its answer, and every turn after it, stays."""
+        turns = (*self.turns, turn)
+        drop = 0
+        excess = 0 if keep is None else len(turns) - keep
+        while drop < excess and turns[drop].answer is not None:
+            drop += 1
+        return replace(self, turns=turns[drop:], dropped_turns=self.dropped_turns + drop)
 
     def awaiting_answer(self) -> tuple[Turn, ...]:
         """The turns whose answer is not recorded yet, earliest first."""
@@ -124,9 +140,12 @@ class Conversation:
         return waiting[0]
 
     def visible_turns(self, max_turns: int | None) -> tuple[tuple[int, Turn], ...]:
-        """The turns rendered into the next prompt, with their 0-based numbers."""
+        """The turns rendered into the next prompt, with their 0-based turn numbers."""
         first = 0 if max_turns is None else max(0, len(self.turns) - max_turns)
-        return tuple((number, self.turns[number]) for number in range(first, len(self.turns)))
+        return tuple(
+            (self.dropped_turns + index, self.turns[index])
+            for index in range(first, len(self.turns))
+        )
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,10 @@ class PilotConfig:
 
     ``reorder``/``dedup``/``annotate`` switch the three optimizations. ``remainder``
     orders the blocks that match no cached prefix. ``max_history_turns`` limits the
-    turns rendered into a conversation's prompt (``None``: all); de-duplication only
-    points at rendered turns. ``system_prompt`` is used when ``optimize`` gets none.
+    turns rendered into a conversation's prompt (``None``: all) and the turns its store
+    keeps (older answered ones are dropped, so a long conversation's record stays
+    bounded); de-duplication only points at rendered turns. ``system_prompt`` is used
+    when ``optimize`` gets none.
 
     ``max_block_chars`` rejects a longer block before it is tokenized (``None``:
     ``16 × max_block_tokens``, more characters per token than text has).
@@ -753,7 +755,7 @@ class ContextPilot:
         if plan.prompt.stats.prompt_tokens >= cloud.rules.min_tokens(cloud.model):
             return plan  # cacheable as it is
         whole = plan_with(plan.prompt.request_id, dedup=False)
-        turn = len(plan.conversation.turns) - 1
+        turn = plan.conversation.turn_count - 1
         next_turn = cloud.next_turn_probability
         if next_turn is None:
             next_turn = self._continuations.probability(turn, self._clock())
@@ -850,7 +852,8 @@ class ContextPilot:
         block_ids = tuple(block.id for block in final)
         block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         if conversation is not None:
-            conversation = conversation.with_turn(_turn(prompt, final, block_tokens, query))
+            new_turn = _turn(prompt, final, block_tokens, query)
+            conversation = conversation.with_turn(new_turn, keep=self.config.max_history_turns)
         # The tail (notes and question) is indexed too: the engine caches it, and the
         # next turn's history starts with it.
         index_path = (*fixed_prefix, *block_ids, f"\x00tail:{request_id}")
@@ -861,7 +864,7 @@ class ContextPilot:
             fixed_tokens,
             visible,
             _keys_by_id(blocks, keys),
-            turn=len(conversation.turns) - 1 if conversation is not None else 0,
+            turn=conversation.turn_count - 1 if conversation is not None else 0,
             stored_key=conversation.cache_key if conversation is not None else None,
         )
         if conversation is not None and conversation.cache_key is None:
@@ -1735,7 +1738,7 @@ class ContextPilot:
                     self._key_buckets.record(key, now)
             else:
                 conversation = (plan.prompt.tenant, plan.conversation.conversation_id)
-                turn = len(plan.conversation.turns) - 1
+                turn = plan.conversation.turn_count - 1
                 self._continuations.observe(conversation, turn, now)
                 if key is not None:
                     # the route will also carry this conversation's next turn

@@ -31,7 +31,7 @@ def doc(name: str) -> ContextBlock:
     return ContextBlock(f"Document {name} says that fact {name} holds.", id=name)
 
 
-A, B, C, D = (doc(name) for name in "abcd")
+A, B, C, D = BLOCKS = tuple(doc(name) for name in "abcd")
 
 
 def ids(blocks: tuple[ContextBlock, ...]) -> list[str]:
@@ -150,6 +150,35 @@ def test_max_history_turns_limits_the_rendered_history(tokenizer: Tokenizer) -> 
     history = user_messages(prompt)[:-1]
     assert len(history) == 1
     assert history[0].endswith("Question: two")
+
+
+def test_a_history_window_bounds_the_stored_record_and_keeps_turn_numbers(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = turn_pilot(tokenizer, max_history_turns=2)
+    for number in range(30):
+        pilot.optimize([BLOCKS[number % 4]], f"q{number}", conversation_id="conv")
+        pilot.record_answer("conv", f"a{number}")
+    record = pilot.conversation("conv")
+    assert [t.question for t in record.turns] == ["q28", "q29"]
+    assert record.dropped_turns == 28 and record.turn_count == 30
+    prompt = pilot.optimize([BLOCKS[29 % 4], C], "q30", conversation_id="conv")
+    assert len(user_messages(prompt)) == 3  # the two rendered turns and this one
+    label = prompt.label_of(BLOCKS[29 % 4].id)
+    assert f"{label} (turn 30)" in prompt.messages[-1]["content"]  # numbers count dropped turns
+
+
+def test_a_turn_awaiting_its_answer_is_never_dropped(tokenizer: Tokenizer) -> None:
+    pilot = ContextPilot(PilotConfig(max_history_turns=1), tokenizer=tokenizer)
+    waiting = pilot.optimize([A], "one", conversation_id="conv")
+    for number in range(3):
+        prompt = pilot.optimize([B], f"q{number}", conversation_id="conv")
+        pilot.record_answer(prompt, f"a{number}")
+    questions = [t.question for t in pilot.conversation("conv").turns]
+    assert questions == ["one", "q0", "q1", "q2"]  # "one" awaits its answer: nothing dropped
+    pilot.record_answer(waiting, "late answer")
+    pilot.optimize([C], "next", conversation_id="conv")
+    assert [t.question for t in pilot.conversation("conv").turns] == ["next"]
 
 
 def test_dedup_points_at_the_latest_turn_holding_the_block() -> None:

@@ -5,8 +5,10 @@ refusal of oversized blocks, typed errors for unusable text and ids."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -83,14 +85,22 @@ def test_answers_from_concurrent_callers_land_on_their_own_questions(
         for call in range(calls):
             question = f"thread {number} call {call}?"
             prompt = pilot.optimize([doc(f"t{number}")], question, conversation_id="shared")
+            _assert_each_answer_follows_its_question(prompt.messages)
             pilot.record_answer(prompt, f"answer to {question}")
 
     with ThreadPoolExecutor(threads) as pool:
         for future in [pool.submit(worker, number) for number in range(threads)]:
             future.result(timeout=300)
-    turns = pilot.conversation("shared").turns
-    assert len(turns) == threads * calls
-    assert all(turn.answer == f"answer to {turn.question}" for turn in turns)
+    record = pilot.conversation("shared")
+    assert record.turn_count == threads * calls  # the window keeps the last turns stored
+    assert all(turn.answer == f"answer to {turn.question}" for turn in record.turns)
+
+
+def _assert_each_answer_follows_its_question(messages: Sequence[Mapping[str, str]]) -> None:
+    for asked, answer in itertools.pairwise(messages):
+        if answer["role"] == "assistant":
+            question = asked["content"].rsplit("Question: ", 1)[1]
+            assert answer["content"] == f"answer to {question}"
 
 
 def test_an_answer_by_conversation_id_is_refused_when_two_turns_await_one(

@@ -333,6 +333,14 @@ def test_the_stored_form_keeps_the_cache_key_and_reads_records_without_one() -> 
     assert decode_conversation(data, "conv").cache_key is None
 
 
+def test_the_stored_form_keeps_the_dropped_turns_and_reads_records_without_them() -> None:
+    windowed = replace(a_conversation(turns=2), dropped_turns=40)
+    assert decode_conversation(encode_conversation(windowed), "conv") == windowed
+    data = encode_conversation(a_conversation(turns=2))
+    assert b"dropped" not in data  # what earlier versions wrote, and still read
+    assert decode_conversation(data, "conv").dropped_turns == 0
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -340,9 +348,10 @@ def test_the_stored_form_keeps_the_cache_key_and_reads_records_without_one() -> 
         b'{"format":2,"id":"conv","system":null,"turns":[]}',
         b'{"format":1,"id":"other","system":null,"turns":[]}',
         b'{"format":1,"id":"conv","system":null,"turns":[["cp-1"]]}',
+        b'{"format":1,"id":"conv","system":null,"turns":[],"dropped":-1}',
         b"not json",
     ],
-    ids=["bad-cache-key", "newer-format", "another-id", "damaged-turn", "not-json"],
+    ids=["bad-cache-key", "newer-format", "another-id", "damaged-turn", "bad-dropped", "not-json"],
 )
 def test_an_unreadable_record_is_a_format_error(data: bytes) -> None:
     with pytest.raises(StoreFormatError):

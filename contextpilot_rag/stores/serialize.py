@@ -7,11 +7,12 @@ library can read older records and an older one refuses newer records
     {"format": 1, "id": "<conversation id>", "system": "<text>" | null,
      "turns": [[request_id, user_message, block_ids, block_digests, block_labels,
                 block_tokens, question, tail_tokens, answer | null, answer_tokens], ...],
-     "cache_key": "<prompt_cache_key>"}
+     "cache_key": "<prompt_cache_key>", "dropped": <turns no longer stored>}
 
-``cache_key`` is written only when the conversation has one; a record without it (as
-every earlier version wrote) reads as ``None``, and an earlier version reading a record
-with it ignores it (its later turns then take a key of their own).
+``cache_key`` is written only when the conversation has one, ``dropped`` only when it
+is above 0; a record without them (as earlier versions wrote) reads as ``None`` and 0,
+and an earlier version reading a record with them ignores them (its later turns then
+take a key of their own, and its turn numbers start again from the turns stored).
 
 A turn is a positional array (its field names would outweigh short turns); it keeps
 everything de-duplication needs: the ids of the blocks the turn carried in full with
@@ -41,6 +42,8 @@ def encode_conversation(conversation: Conversation) -> bytes:
     }
     if conversation.cache_key is not None:
         record["cache_key"] = conversation.cache_key
+    if conversation.dropped_turns:
+        record["dropped"] = conversation.dropped_turns
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -60,16 +63,19 @@ def decode_conversation(data: bytes | str, conversation_id: str) -> Conversation
     if record.get("id") != conversation_id:
         raise StoreFormatError(f"the record under {conversation_id!r} is another conversation's")
     system, turns = record.get("system"), record.get("turns")
-    cache_key = record.get("cache_key")
+    cache_key, dropped = record.get("cache_key"), record.get("dropped", 0)
     if (
         (system is not None and not isinstance(system, str))
         or not isinstance(turns, list)
         or (cache_key is not None and not isinstance(cache_key, str))
+        or not isinstance(dropped, int)
+        or isinstance(dropped, bool)
+        or dropped < 0
     ):
         raise StoreFormatError(f"conversation {conversation_id!r}: damaged record")
     try:
         decoded = tuple(_decode_turn(t) for t in turns)
-        return Conversation(conversation_id, system, decoded, cache_key)
+        return Conversation(conversation_id, system, decoded, cache_key, dropped)
     except (TypeError, ValueError) as exc:
         raise StoreFormatError(f"conversation {conversation_id!r}: damaged turn ({exc})") from exc
 
