@@ -98,6 +98,10 @@ class Conversation:
             drop += 1
         return replace(self, turns=turns[drop:], dropped_turns=self.dropped_turns + drop)
 
+    def without_turn(self, request_id: str) -> Conversation:
+        """The record without turn ``request_id`` (unchanged when it has none)."""
+        return replace(self, turns=tuple(t for t in self.turns if t.request_id != request_id))
+
     def awaiting_answer(self) -> tuple[Turn, ...]:
         """The turns whose answer is not recorded yet, earliest first."""
         return tuple(turn for turn in self.turns if turn.answer is None)

@@ -70,6 +70,7 @@ from .errors import (
     ConversationConflictError,
     ConversationExpiredError,
     InvalidInputError,
+    StoreError,
     UnknownConversationError,
 )
 from .escaping import StructureGuard, template_lead_in
@@ -465,7 +466,9 @@ class ContextPilot:
         and requests of a tenant are planned as :meth:`optimize` would (against the
         state before the batch), after the others. All prompts enter
         the context index in execution order. Every error is raised before anything
-        is stored. ``progress`` shows progress bars (stderr) for long builds."""
+        is stored, but a store failing midway through the conversations' turns: the
+        turns already written are then taken back out before it is raised.
+        ``progress`` shows progress bars (stderr) for long builds."""
         batch = validate_batch(requests)
         for request in batch:
             check_encodable("query", request.query)
@@ -480,7 +483,7 @@ class ContextPilot:
                 if replay:
                     self._replay(replay)
                 planned = self._plan_batch(batch, system, method, schedule, refine, bars)
-                plans = [self._stored_batch_plan(plan, batch, system) for plan in planned]
+                plans = self._stored_batch(planned, batch, system)
                 for plan in plans:
                     self._record(plan)
         if self._index_sync is not None:
@@ -1678,6 +1681,42 @@ class ContextPilot:
             conversation_id, plan = plan.prompt.conversation_id, None
             self._back_off(attempt)
         raise _conflict(conversation_id or "")
+
+    def _stored_batch(
+        self, planned: Sequence[_Plan], batch: Sequence[BatchRequest], system: str | None
+    ) -> list[_Plan]:
+        """Every plan once its conversation's turn is written; when one fails, the turns
+        this batch already wrote are taken back out before the error is raised (the
+        caller gets no prompt for them)."""
+        plans: list[_Plan] = []
+        try:
+            for plan in planned:
+                plans.append(self._stored_batch_plan(plan, batch, system))
+        except BaseException:
+            self._take_back(plans)
+            raise
+        return plans
+
+    def _take_back(self, plans: Sequence[_Plan]) -> None:
+        """Remove the turns of ``plans`` from their conversations' records, as far as
+        the store lets (a failure here is logged; the original error is what the caller
+        sees)."""
+        for plan in plans:
+            if plan.conversation is None:
+                continue
+            key, request_id = plan.conversation.conversation_id, plan.prompt.request_id
+            try:
+                for _ in range(STORE_ATTEMPTS):
+                    stored = self._store.get_versioned(key)
+                    if stored.conversation is None:
+                        break
+                    reverted = stored.conversation.without_turn(request_id)
+                    if reverted == stored.conversation or self._store.put_if_version(
+                        reverted, stored.version
+                    ):
+                        break
+            except StoreError:
+                logger.warning("could not take back turn %s of a failed batch", request_id)
 
     def _stored_batch_plan(
         self, plan: _Plan, batch: Sequence[BatchRequest], system: str | None

@@ -550,6 +550,33 @@ def test_a_write_applied_without_its_reply_is_not_repeated() -> None:
     assert stored.turns[0].answer == "the answer"
 
 
+class UnreachableForStore(InMemoryConversationStore):
+    """A real in-memory store that times out writing conversation ``down``."""
+
+    def __init__(self, down: str) -> None:
+        super().__init__()
+        self.down = down
+
+    def put_if_version(self, conversation: Conversation, expected_version: int) -> bool:
+        if conversation.conversation_id == self.down:
+            raise StoreUnavailableError("the store timed out")
+        return super().put_if_version(conversation, expected_version)
+
+
+def test_a_batch_whose_store_fails_midway_takes_back_the_turns_it_wrote() -> None:
+    store = UnreachableForStore(down="b")
+    pilot = ContextPilot(store=store)
+    earlier = pilot.optimize([ContextBlock("doc zero")], "q0", conversation_id="a")
+    pilot.record_answer(earlier, "a0")
+    before, record = pilot.index_stats(), store.get("a")
+    batch = [([ContextBlock("doc one")], "q1", "a"), ([ContextBlock("doc two")], "q2", "b")]
+    with pytest.raises(StoreUnavailableError):
+        pilot.optimize_batch(batch)
+    assert store.get("a") == record and pilot.index_stats() == before
+    follow_up = pilot.optimize([ContextBlock("doc three")], "q3", conversation_id="a")
+    assert [m["role"] for m in follow_up.messages] == ["system", "user", "assistant", "user"]
+
+
 def test_a_batch_turn_is_written_to_a_shared_store(tmp_path: Path) -> None:
     pilot = ContextPilot(store=f"sqlite:///{tmp_path}/s.db")
     prompts = pilot.optimize_batch(
