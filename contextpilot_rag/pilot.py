@@ -81,6 +81,7 @@ from .prompt import BlockBoundary, Prompt, PromptStats
 from .stores.index_log import index_log_of
 from .stores.url import resolve_store
 from .tenants import (
+    SHARED_KEY_PREFIX,
     SaltDeriver,
     TenantConfig,
     TenantIndexes,
@@ -657,8 +658,7 @@ class ContextPilot:
                 depth += 1
             # ... but at least one matched context block: the system prompt and the
             # history are not this pilot's prediction
-            fixed = len(tokens) - 1 - (stats.blocks_total - stats.blocks_deduplicated)
-            depth = max(depth, fixed + 1)
+            depth = max(depth, _fixed_entries(index, request_id, stats, self._shared_index) + 1)
             return index.evict(index.requests_sharing(request_id, depth))
 
     def _observed_prompt(
@@ -1866,6 +1866,21 @@ def _index_record(plan: _Plan) -> IndexRecord:
         )
     counted = plan.keys if plan.keys is not None else tuple(block.id for block in plan.blocks)
     return IndexRecord(plan.prompt.request_id, plan.prompt.tenant, placements, counted)
+
+
+def _fixed_entries(
+    index: ContextIndex, request_id: RequestId, stats: PromptStats, shared: ContextIndex
+) -> int:
+    """How many entries of ``request_id``'s path in ``index`` come before its first
+    context block (the system prompt, the history). A path in the shared index holds
+    only the prompt's leading shared blocks (keyed by :func:`shared_key`), so there the
+    count is found from the path itself; elsewhere the path is the whole prompt: the
+    fixed entries, every block sent in full, the tail."""
+    if index is shared:
+        path = index.request_path(request_id)
+        return next((n for n, key in enumerate(path) if key.startswith(SHARED_KEY_PREFIX)), 0)
+    tokens = index.request_tokens(request_id)
+    return max(0, len(tokens) - 1 - (stats.blocks_total - stats.blocks_deduplicated))
 
 
 def _holds_answer(conversation: Conversation, request_id: str | None, answer: str) -> bool:

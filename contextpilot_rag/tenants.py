@@ -40,6 +40,7 @@ from .index import ContextIndex, IndexConfig
 __all__ = [
     "MAX_TENANT_CHARS",
     "SALT_KEY_ENV",
+    "SHARED_KEY_PREFIX",
     "SaltDeriver",
     "SaltPolicy",
     "TenantConfig",
@@ -147,11 +148,15 @@ def is_tenant_key(conversation_id: str) -> bool:
     return conversation_id.startswith(_TENANT_KEY)
 
 
+SHARED_KEY_PREFIX = "\x00shared:"
+"""How :func:`shared_key` keys start."""
+
+
 def shared_key(block: ContextBlock) -> str:
     """The key of a shared block in the shared index and the block registry: its id
     *and* content, so that two tenants that give one id to different texts never meet
     (and neither can make the other's block an id conflict)."""
-    return f"\x00shared:{block.digest}:{block.id}"
+    return f"{SHARED_KEY_PREFIX}{block.digest}:{block.id}"
 
 
 def registry_key(tenant: str, block: ContextBlock) -> str:

@@ -219,6 +219,22 @@ def test_requests_without_a_tenant_and_with_one_do_not_meet() -> None:
 # -- shared blocks -----------------------------------------------------------------
 
 
+def test_a_miss_on_a_prompt_held_only_in_the_shared_index_evicts_only_its_prefix() -> None:
+    """With no salt and its tenant's index dropped (``max_tenants``), a prompt is left
+    only in the shared index, by its leading shared blocks: a cache miss evicts what
+    shares them, not every prompt under the system prompt."""
+    pilot = pilot_of("never", max_tenants=1)
+    pilot.optimize([public(1), doc("acme", 1)], "a1", tenant="acme")
+    second = pilot.optimize([public(1), doc("acme", 1)], "a2", tenant="acme")
+    assert second.stats.blocks_matched == 2
+    others = [pilot.optimize([public(2), doc("globex", 1)], f"g{n}", tenant="globex")
+              for n in range(3)]  # fmt: skip
+    assert pilot.observe_cache(second, 0, second.stats.prompt_tokens) == 1  # a1 only
+    again = pilot.optimize([public(2), doc("globex", 1)], "g3", tenant="globex")
+    assert all(other.request_id in pilot._shared_index for other in others)
+    assert again.stats.blocks_matched == 2
+
+
 def test_shared_blocks_match_across_tenants_in_one_order() -> None:
     pilot = pilot_of()
     first = pilot.optimize([public(1), public(2), public(3)], "q", tenant="acme")
