@@ -22,6 +22,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import random
 import secrets
 import threading
@@ -30,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal, NamedTuple
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from .annotations import NoteTemplates, location_note, order_note
 from .batch import BatchMethod, BatchSchedule, no_progress, plan_batch
@@ -100,7 +101,9 @@ __all__ = ["STORE_ATTEMPTS", "ContextPilot", "PilotConfig", "structure_guard_of"
 
 logger = logging.getLogger(__name__)
 
+_V = TypeVar("_V")
 _SEGMENT_CACHE_SIZE = 65_536
+_SEGMENT_CACHE_CHARS = 8_000_000  # of cached texts, per cache
 _CHARS_PER_TOKEN_BOUND = 16
 STORE_ATTEMPTS = 16  # plans of one call whose conversation write may conflict
 _BACK_OFF_S = 0.001  # first back-off after a conflict; doubles, at most _BACK_OFF_MAX_S
@@ -177,6 +180,7 @@ class PilotConfig:
     cloud: CloudCacheConfig = field(default_factory=CloudCacheConfig)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.remainder not in ("popularity", "retrieval"):
             raise ConfigError("PilotConfig.remainder must be 'popularity' or 'retrieval'")
         if "{query}" not in self.question_template:
@@ -193,8 +197,15 @@ class PilotConfig:
             raise ConfigError("PilotConfig.label_style must be 'short' or 'id'")
         for name in ("max_block_tokens", "max_block_chars", "max_history_turns"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and not (_is_int(value) and value >= 1):
                 raise ConfigError(f"PilotConfig.{name} must be a positive int or None")
+        for name in ("max_conversations", "block_registry_size"):
+            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
+                raise ConfigError(f"PilotConfig.{name} must be an int >= 1")
+        ttl = self.conversation_ttl_s
+        number = isinstance(ttl, (int, float)) and not isinstance(ttl, bool)
+        if ttl is not None and not (number and 0 < ttl < math.inf):
+            raise ConfigError("PilotConfig.conversation_ttl_s must be a finite number > 0, or None")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
         observed = self.max_observed_prompts
@@ -206,6 +217,21 @@ class PilotConfig:
             raise ConfigError("PilotConfig.index_log must be an IndexLogConfig")
         if not isinstance(self.cloud, CloudCacheConfig):
             raise ConfigError("PilotConfig.cloud must be a CloudCacheConfig")
+
+    def _check_types(self) -> None:
+        """The fields whose wrong type would fail only later, inside a call."""
+        typed = (
+            ("index", IndexConfig),
+            ("notes", NoteTemplates),
+            ("context_header", str),
+            ("question_template", str),
+        )
+        for name, kind in typed:
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"PilotConfig.{name} must be a {kind.__name__}")
+        for name in ("reorder", "dedup", "annotate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"PilotConfig.{name} must be a bool")
 
     @property
     def block_char_limit(self) -> int | None:
@@ -390,8 +416,8 @@ class ContextPilot:
         )
         self._lock = threading.RLock()
         self._request_numbers = itertools.count(1)
-        self._segment_tokens: dict[str, int] = {}
-        self._system_keys: dict[str, str] = {}
+        self._segment_tokens: _TextCache[int] = _TextCache()
+        self._system_keys: _TextCache[str] = _TextCache()
         # request id -> stats and tenant of the most recent prompts, oldest first
         self._observed: OrderedDict[str, tuple[PromptStats, str | None]] = OrderedDict()
         self._index_sync = _index_sync(resolved, self.config.index_log)
@@ -421,13 +447,13 @@ class ContextPilot:
         is the tenant's (the same id under another tenant is another conversation), and
         the prompt carries the tenant's :attr:`Prompt.cache_salt` (``docs/tenants.md``)."""
         unique = validate_blocks(blocks)
-        _check_text("query", query)
+        self._check_request_text("query", query)
         if conversation_id is not None:
             _check_conversation_id(conversation_id, tenant)
         if tenant is not None:
             check_tenant(tenant)
         if system is not None:
-            _check_text("system", system)
+            self._check_request_text("system", system)
         limits = self.config.max_block_tokens, self.config.block_char_limit
         keys = None if tenant is None else tuple(registry_key(tenant, block) for block in unique)
         prepared = self._registry.prepare(unique, *limits, keys)  # tokenizing, unlocked
@@ -475,8 +501,9 @@ class ContextPilot:
             check_encodable("query", request.query)
             if request.conversation_id is not None:
                 _check_conversation_id(request.conversation_id, request.tenant)
+            self._check_request_text("query", request.query)
         if system is not None:
-            _check_text("system", system)
+            self._check_request_text("system", system)
         with contextlib.ExitStack() as stack:
             bars = stack.enter_context(rich_progress()) if progress else no_progress
             replay = self._index_sync.pending() if self._index_sync is not None else ()
@@ -490,6 +517,18 @@ class ContextPilot:
         if self._index_sync is not None:
             self._index_sync.publish([_index_record(plan) for plan in plans])
         return [plan.prompt for plan in plans]
+
+    def _check_request_text(self, name: str, value: str) -> None:
+        """A str, encodable, and no longer than a block may be
+        (:attr:`PilotConfig.block_char_limit`): it is tokenized while the pilot's lock
+        is held, so an unbounded one would stall every other call."""
+        _check_text(name, value)
+        limit = self.config.block_char_limit
+        if limit is not None and len(value) > limit:
+            raise InvalidInputError(
+                f"{name} is {len(value):,} characters, over the {limit:,} a block may have "
+                "(PilotConfig.max_block_chars / max_block_tokens)"
+            )
 
     def record_answer(
         self,
@@ -642,6 +681,11 @@ class ContextPilot:
         if not 0 <= cached_tokens <= prompt_tokens or prompt_tokens < 1:
             raise InvalidInputError(
                 "observe_cache() needs 0 <= cached_tokens <= prompt_tokens and prompt_tokens >= 1"
+            )
+        number = isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
+        if not (number and 0 <= tolerance <= 1):
+            raise InvalidInputError(
+                f"observe_cache(): tolerance must be a number in [0, 1], got {tolerance!r}"
             )
         with self._lock:
             request_id, stats, tenant = self._observed_prompt(prompt, tenant)
@@ -1643,9 +1687,7 @@ class ContextPilot:
         key = self._system_keys.get(system_text)
         if key is None:
             key = "\x00sys:" + content_id(system_text + "\x00" + self.config.context_header)
-            if len(self._system_keys) >= _SEGMENT_CACHE_SIZE:
-                self._system_keys.clear()
-            self._system_keys[system_text] = key
+            self._system_keys.put(system_text, key)
         return key
 
     def _count_segment(self, text: str) -> int:
@@ -1656,9 +1698,7 @@ class ContextPilot:
         cached = self._segment_tokens.get(text)
         if cached is None:
             cached = self.tokenizer.count(text)
-            if len(self._segment_tokens) >= _SEGMENT_CACHE_SIZE:
-                self._segment_tokens.clear()
-            self._segment_tokens[text] = cached
+            self._segment_tokens.put(text, cached)
         return cached
 
     def _count_tail(self, layout: _Layout) -> int:
@@ -1868,6 +1908,39 @@ def _index_record(plan: _Plan) -> IndexRecord:
     return IndexRecord(plan.prompt.request_id, plan.prompt.tenant, placements, counted)
 
 
+class _TextCache(Generic[_V]):
+    """Values computed from recurring texts (system prompts, note fragments), bounded
+    by entries and by the characters of the texts it keeps (long personalised system
+    prompts would otherwise pin memory by count alone); emptied whole when either is
+    reached, as the texts that recur come back at once. Lock: the pilot's."""
+
+    def __init__(
+        self, max_entries: int = _SEGMENT_CACHE_SIZE, max_chars: int = _SEGMENT_CACHE_CHARS
+    ) -> None:
+        self._values: dict[str, _V] = {}
+        self._chars = 0
+        self._max_entries, self._max_chars = max_entries, max_chars
+
+    def get(self, text: str) -> _V | None:
+        return self._values.get(text)
+
+    def put(self, text: str, value: _V) -> None:
+        if len(self._values) >= self._max_entries or self._chars + len(text) > self._max_chars:
+            self._values.clear()
+            self._chars = 0
+        if len(text) <= self._max_chars:
+            self._values[text] = value
+            self._chars += len(text)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _fixed_entries(
     index: ContextIndex, request_id: RequestId, stats: PromptStats, shared: ContextIndex
 ) -> int:
@@ -1884,8 +1957,13 @@ def _fixed_entries(
 
 
 def _holds_answer(conversation: Conversation, request_id: str | None, answer: str) -> bool:
-    """Whether turn ``request_id`` of ``conversation`` is answered with ``answer``."""
-    return request_id is not None and any(
+    """Whether turn ``request_id`` of ``conversation`` is answered with ``answer``;
+    without ``request_id``, whether no turn awaits an answer and the latest one has
+    this one (a retried write of an answer given by conversation id alone)."""
+    if request_id is None:
+        turns = conversation.turns
+        return bool(turns) and turns[-1].answer == answer and not conversation.awaiting_answer()
+    return any(
         turn.request_id == request_id and turn.answer == answer for turn in conversation.turns
     )
 

@@ -412,6 +412,12 @@ def test_a_search_skips_paths_idle_past_the_ttl_before_any_insert_drops_them(
         {"ttl_s": 0},
         {"alpha": 1.0},
         {"search_budget": 0},
+        {"capacity_tokens": True},
+        {"search_budget": "5"},
+        {"search_budget": 2.5},
+        {"ttl_s": "10"},
+        {"ttl_s": float("inf")},
+        {"alpha": float("nan")},
     ],
 )
 def test_index_config_rejects_out_of_range_values(kwargs: dict[str, object]) -> None:

@@ -24,6 +24,7 @@ from contextpilot_rag import (
     UnknownConversationError,
     render_block,
 )
+from contextpilot_rag.pilot import _TextCache
 
 
 def doc(name: str) -> ContextBlock:
@@ -413,11 +414,54 @@ def test_unknown_conversation_error_message_is_readable(pilot: ContextPilot) -> 
         {"max_observed_prompts": -1},
         {"max_observed_prompts": 1.5},
         {"max_observed_prompts": True},
+        {"max_history_turns": True},
+        {"max_block_tokens": True},
+        {"max_conversations": 0},
+        {"block_registry_size": 0},
+        {"conversation_ttl_s": "10"},
+        {"conversation_ttl_s": float("nan")},
+        {"context_header": None},
+        {"notes": None},
+        {"question_template": 5},
+        {"reorder": "no"},
+        {"index": None},
     ],
 )
 def test_pilot_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         PilotConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["query", "system"])
+def test_a_question_or_system_prompt_longer_than_a_block_may_be_is_refused(
+    tokenizer: Tokenizer, field: str
+) -> None:
+    """Both are tokenized while the pilot's lock is held: an unbounded one would stall
+    every other caller."""
+    pilot = ContextPilot(PilotConfig(max_block_chars=1_000), tokenizer=tokenizer)
+    long = {"query": "q?", "system": None, field: "x" * 1_001}
+    with pytest.raises(InvalidInputError, match="1,001 characters"):
+        pilot.optimize([ContextBlock("a document")], long["query"], system=long["system"])
+    with pytest.raises(InvalidInputError, match="1,001 characters"):
+        pilot.optimize_batch([([ContextBlock("a document")], long["query"])], system=long["system"])
+    assert pilot.index_stats().requests == 0
+
+
+def test_recurring_text_caches_hold_a_bounded_number_of_characters() -> None:
+    cache: _TextCache[int] = _TextCache(max_entries=100, max_chars=1_000)
+    for number in range(50):
+        cache.put(f"{number:03d}" + "p" * 97, number)  # 100 characters each
+        assert cache.chars <= 1_000
+    assert cache.get("049" + "p" * 97) == 49
+    cache.put("x" * 5_000, 1)  # larger than the whole budget: not kept
+    assert cache.get("x" * 5_000) is None and cache.chars <= 1_000
+
+
+@pytest.mark.parametrize("tolerance", ["x", float("nan"), -0.1, 1.5, True])
+def test_observe_cache_refuses_a_bad_tolerance(pilot: ContextPilot, tolerance: object) -> None:
+    prompt = pilot.optimize([ContextBlock("a document")], "q")
+    with pytest.raises(InvalidInputError, match="tolerance"):
+        pilot.observe_cache(prompt, 0, 10, tolerance=tolerance)  # type: ignore[arg-type]
 
 
 # -- a failed call changes nothing ----------------------------------------------------

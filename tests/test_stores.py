@@ -32,6 +32,7 @@ from contextpilot_rag.errors import (
     ConfigError,
     ConversationConflictError,
     ConversationExpiredError,
+    ConversationStateError,
     StoreFormatError,
     StoreUnavailableError,
 )
@@ -561,6 +562,21 @@ class UnreachableForStore(InMemoryConversationStore):
         if conversation.conversation_id == self.down:
             raise StoreUnavailableError("the store timed out")
         return super().put_if_version(conversation, expected_version)
+
+
+def test_an_answer_given_by_conversation_id_alone_can_be_retried() -> None:
+    """The first write is applied but its reply is lost (a timeout): the retry of the
+    same answer, by conversation id alone, changes nothing and succeeds."""
+    store = LostReplyStore()
+    pilot = ContextPilot(store=store)
+    pilot.optimize([ContextBlock("a document")], "q", conversation_id="c")
+    store.lose_next_reply = True
+    pilot.record_answer("c", "the answer")  # applied, reported as a conflict: re-read
+    pilot.record_answer("c", "the answer")  # the caller's retry
+    stored = store.get("c")
+    assert stored is not None and [t.answer for t in stored.turns] == ["the answer"]
+    with pytest.raises(ConversationStateError):  # another text is still refused
+        pilot.record_answer("c", "another answer")
 
 
 def test_a_batch_whose_store_fails_midway_takes_back_the_turns_it_wrote() -> None:
