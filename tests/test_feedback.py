@@ -5,7 +5,7 @@ handlers (tests/integrations/test_*_feedback.py) map their callbacks onto it."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -93,6 +93,43 @@ def test_a_retrieval_whose_run_ended_pairs_with_a_later_call_only_when_alone(
     assert feedback.counts == FeedbackCounts(observed=1, unmatched=2)
 
 
+@pytest.mark.parametrize("leftovers", ["any", "standalone"])
+def test_a_model_call_inside_a_tree_takes_a_leftover_unless_only_standalone_calls_may(
+    pilot: RecordingPilot, leftovers: Literal["any", "standalone"]
+) -> None:
+    feedback = CallFeedback(pilot, leftovers=leftovers)
+    leftover = ask(pilot, "a")
+    chain(feedback, "retrieval", leftover.request_id)
+    feedback.run_ended("retrieval")
+    feedback.run_started("chat", None)  # a chain fed from elsewhere, or a condense step
+    model_call(feedback, "chat/llm", "chat", HIT)
+    feedback.run_ended("chat")
+    if leftovers == "any":
+        assert pilot.observed == [leftover.request_id]
+        return
+    assert pilot.observed == [] and feedback.counts == FeedbackCounts(unmatched=1)
+    model_call(feedback, "llm", None, HIT)  # made on its own: the leftover is its
+    assert pilot.observed == [leftover.request_id]
+
+
+def test_an_unknown_leftover_rule_is_a_config_error(pilot: RecordingPilot) -> None:
+    with pytest.raises(ConfigError):
+        CallFeedback(pilot, leftovers="some")  # type: ignore[arg-type]
+
+
+def test_a_model_call_under_only_the_models_own_runs_is_made_on_its_own(
+    pilot: RecordingPilot,
+) -> None:
+    """LlamaIndex runs one LLM call as nested spans of the LLM's methods."""
+    feedback = CallFeedback(pilot, leftovers="standalone")
+    leftover = ask(pilot, "a")
+    chain(feedback, "retrieval", leftover.request_id)
+    feedback.run_ended("retrieval")
+    feedback.run_started("llm.complete", None, of_model=True)
+    model_call(feedback, "llm.complete/inner", "llm.complete", HIT)
+    assert pilot.observed == [leftover.request_id]
+
+
 def test_two_retrievals_under_one_root_are_ambiguous(pilot: RecordingPilot) -> None:
     feedback = CallFeedback(pilot)
     chain(feedback, "root", ask(pilot, "a").request_id)
@@ -146,7 +183,7 @@ def test_an_answer_without_cache_information_is_counted_not_observed(
     assert feedback.counts == FeedbackCounts(no_usage=1, unmatched=1)
 
 
-def test_a_failed_model_call_drops_its_claim(pilot: RecordingPilot) -> None:
+def test_a_failed_model_call_is_never_observed(pilot: RecordingPilot) -> None:
     feedback = CallFeedback(pilot)
     chain(feedback, "root", ask(pilot, "a").request_id)
     feedback.run_started("root/llm", "root")
@@ -154,6 +191,46 @@ def test_a_failed_model_call_drops_its_claim(pilot: RecordingPilot) -> None:
     feedback.model_failed("root/llm")
     feedback.model_ended("root/llm", HIT)  # a late end of a failed run pairs with nothing
     assert pilot.observed == [] and feedback.counts.unmatched == 1
+
+
+def failed_call(feedback: CallFeedback, run: str, parent: str | None) -> None:
+    feedback.run_started(run, parent)
+    feedback.model_started(run)
+    feedback.model_failed(run)
+    feedback.run_ended(run)
+
+
+def test_a_failed_model_call_leaves_its_prompt_to_the_retry_under_its_root(
+    pilot: RecordingPilot,
+) -> None:
+    feedback = CallFeedback(pilot)
+    prompt = ask(pilot, "a")
+    chain(feedback, "root", prompt.request_id)
+    feedback.run_started("root/retry", "root")
+    failed_call(feedback, "root/retry/llm-1", "root/retry")
+    model_call(feedback, "root/retry/llm-2", "root/retry", HIT)
+    assert pilot.observed == [prompt.request_id]
+    assert feedback.counts == FeedbackCounts(observed=1)
+
+
+def test_a_retry_after_a_failure_never_takes_a_stray_leftover(pilot: RecordingPilot) -> None:
+    feedback = CallFeedback(pilot)
+    stray, prompt = ask(pilot, "a"), ask(pilot, "b")
+    chain(feedback, "stray", stray.request_id)
+    feedback.run_ended("stray")
+    chain(feedback, "root", prompt.request_id)
+    failed_call(feedback, "root/llm-1", "root")
+    model_call(feedback, "root/llm-2", "root", HIT)
+    assert pilot.observed == [prompt.request_id]
+
+
+def test_a_prompt_a_failed_call_returned_never_leaves_its_tree(pilot: RecordingPilot) -> None:
+    feedback = CallFeedback(pilot)
+    chain(feedback, "root", ask(pilot, "a").request_id)
+    failed_call(feedback, "root/llm", "root")
+    feedback.run_ended("root")  # no retry: the chain failed
+    model_call(feedback, "llm", None, HIT)
+    assert pilot.observed == [] and feedback.counts == FeedbackCounts(unmatched=1)
 
 
 def test_observing_refused_by_the_pilot_is_counted_and_never_raised(tokenizer: Any) -> None:

@@ -30,7 +30,8 @@ from langchain_contextpilot import (  # noqa: E402
 )
 from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
-from langchain_core.language_models import BaseChatModel  # noqa: E402
+from langchain_core.language_models import GenericFakeChatModel  # noqa: E402
+from langchain_core.messages import AIMessage  # noqa: E402
 from langchain_core.output_parsers import StrOutputParser  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
@@ -109,7 +110,7 @@ def chat_openai(server: OpenAICompatibleServer, **options: Any) -> Any:
 def rag_chain(
     pilot: ContextPilot,
     results: dict[str, list[Document]],
-    llm: BaseChatModel,
+    llm: Runnable[Any, Any],
     template: ChatPromptTemplate = TEMPLATE,
 ) -> Runnable[str, str]:
     retriever = ContextPilotRetriever(base_retriever=FixedRetriever(results=results), pilot=pilot)
@@ -225,6 +226,69 @@ def test_a_retriever_run_on_its_own_pairs_with_the_next_model_call_only_when_alo
     found = retriever.invoke(third, config=config)  # two wait: which did the model get?
     answer.invoke({"context": format_documents(found), "question": third}, config=config)
     assert handler.observed == 1 and handler.unmatched == 1
+
+
+# -- retries and fallbacks ------------------------------------------------------------------
+
+FAKE_USAGE = {
+    "input_tokens": 1000,
+    "output_tokens": 4,
+    "total_tokens": 1004,
+    "input_token_details": {"cache_read": 0},
+}
+
+
+class FailingFirst:
+    """Answers for ``GenericFakeChatModel``: ``failures`` connection errors, then an
+    answer with the engine's usage each time."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def __iter__(self) -> FailingFirst:
+        return self
+
+    def __next__(self) -> AIMessage:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the engine is unreachable")
+        return AIMessage("Answer.", usage_metadata=FAKE_USAGE)  # type: ignore[arg-type]
+
+
+def recovering_model(recovery: str) -> Runnable[Any, Any]:
+    """A chat model whose first call fails, recovered by LangChain's ``with_retry`` or
+    ``with_fallbacks``."""
+    flaky = GenericFakeChatModel(messages=FailingFirst(1))
+    if recovery == "retry":
+        return flaky.with_retry(stop_after_attempt=2, wait_exponential_jitter=False)
+    return flaky.with_fallbacks([GenericFakeChatModel(messages=FailingFirst(0))])
+
+
+@pytest.mark.parametrize("recovery", ["retry", "fallbacks"])
+def test_a_model_call_that_succeeds_after_a_failure_is_observed_under_its_chains_prompt(
+    tokenizer: Tokenizer, recovery: str
+) -> None:
+    pilot = RecordingPilot(tokenizer=tokenizer)
+    handler, retrievals = ContextPilotCallbackHandler(pilot), Retrievals()
+    chain = rag_chain(pilot, SHARED, recovering_model(recovery))
+    assert chain.invoke(next(iter(SHARED)), config={"callbacks": [handler, retrievals]})
+    assert (handler.observed, handler.unmatched) == (1, 0)
+    assert [seen[0] for seen in pilot.observed] == list(retrievals.documents_of)
+
+
+@pytest.mark.parametrize("recovery", ["retry", "fallbacks"])
+def test_a_model_call_after_a_failure_never_takes_a_stray_retrieval(
+    tokenizer: Tokenizer, recovery: str
+) -> None:
+    pilot = RecordingPilot(tokenizer=tokenizer)
+    handler, retrievals = ContextPilotCallbackHandler(pilot), Retrievals()
+    config: Any = {"callbacks": [handler, retrievals]}
+    first, second, _ = SHARED
+    stray = ContextPilotRetriever(base_retriever=FixedRetriever(results=SHARED), pilot=pilot)
+    stray.invoke(second, config=config)  # never sent to a model: left over
+    rag_chain(pilot, SHARED, recovering_model(recovery)).invoke(first, config=config)
+    _, chain_id = retrievals.documents_of
+    assert [seen[0] for seen in pilot.observed] == [chain_id]
 
 
 def test_a_model_call_without_retrieval_is_unmatched(

@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import logging
 import sys
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -268,6 +269,25 @@ def test_an_llm_calling_another_of_its_methods_is_observed_once(pilot: ContextPi
     with attached(pilot) as handler:
         chat.chat(next(iter(QUERIES)))
     assert (handler.counts.no_usage, handler.counts.unmatched) == (1, 0)  # MockLLM: no usage
+
+
+def test_a_condense_step_never_takes_a_prompt_left_over_by_another_span(
+    pilot: ContextPilot,
+) -> None:
+    """Turn 1, then the postprocessor on its own (a sources preview), then turn 2: its
+    condense call (no nodes) is ``unmatched``, not paired with the preview's prompt."""
+    postprocessor = ContextPilotNodePostprocessor(pilot=pilot)
+    first, second, third = QUERIES
+    results = defaultdict(lambda: QUERIES[second], QUERIES)  # MockLLM's condensed question
+    retriever = FixedRetriever(results)
+    chat = CondensePlusContextChatEngine.from_defaults(
+        retriever, llm=MockLLM(), node_postprocessors=[postprocessor]
+    )
+    with attached(pilot) as handler:
+        chat.chat(first)
+        postprocessor.postprocess_nodes(retriever.retrieve(third), QueryBundle(third))
+        chat.chat(second)  # a condense call, then the answer
+    assert (handler.counts.no_usage, handler.counts.unmatched) == (2, 1)  # MockLLM: no usage
 
 
 # -- pairing without a shared query ---------------------------------------------------------

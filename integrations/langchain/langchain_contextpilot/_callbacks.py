@@ -43,10 +43,12 @@ class ContextPilotCallbackHandler(BaseCallbackHandler):
 
     A model call whose messages were built by :class:`ContextPilotPromptBuilder` (or
     :func:`build_cached_messages`) is paired with the prompt they name. Any other is
-    paired with the pilot prompt retrieved under the same root run, when
-    exactly one waits; else with the single prompt retrieved in an earlier, finished
-    run (a retriever invoked on its own), when exactly one waits; else it is counted
-    ``unmatched``. Request ids are numbered per pilot: attach it to chains whose
+    paired with the pilot prompt retrieved under the same root run, when exactly one
+    waits; else with the single prompt retrieved in an earlier, finished run (a
+    retriever invoked on its own), when exactly one waits; else it is counted
+    ``unmatched``. A model call that
+    fails (``with_retry``, ``with_fallbacks``) leaves its prompt to the next model call
+    of the same chain. Request ids are numbered per pilot: attach it to chains whose
     retrievers use ``pilot``. The usage is read from the answer message's
     ``usage_metadata`` (``input_token_details.cache_read``) or ``response_metadata`` /
     ``llm_output`` ``token_usage`` (``prompt_tokens_details.cached_tokens``);

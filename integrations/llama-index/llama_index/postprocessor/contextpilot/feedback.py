@@ -11,7 +11,9 @@ postprocessor would be simpler but would leak into the next LLM call of the same
 or thread whenever a retrieval is not followed by one; spans end, contextvars do not.
 When the retrieval and the LLM call share no root (called one after the other by the
 application), :class:`~contextpilot_rag.feedback.CallFeedback` pairs them only when a
-single retrieval waits.
+single retrieval waits and the LLM call is made on its own: no span but the LLM's own
+(one call runs as nested spans of the LLM's methods) encloses it, so an LLM call inside
+an engine (a condense-question step) never takes another query's prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import inspect
 import logging
 from typing import Any
 
+from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
@@ -47,8 +50,8 @@ logger = logging.getLogger(__name__)
 
 
 class _SpanTree(BaseSpanHandler[BaseSpan]):
-    """Tells :class:`CallFeedback` each span's parent as it starts, and its end; keeps
-    no spans itself."""
+    """Tells :class:`CallFeedback` each span's parent as it starts (and whether it is
+    an LLM's own), and its end; keeps no spans itself."""
 
     _feedback: CallFeedback = PrivateAttr()
 
@@ -69,7 +72,7 @@ class _SpanTree(BaseSpanHandler[BaseSpan]):
         tags: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._feedback.run_started(id_, parent_id)
+        self._feedback.run_started(id_, parent_id, of_model=isinstance(instance, BaseLLM))
 
     def span_exit(
         self,
@@ -135,9 +138,11 @@ class ContextPilotEventHandler(BaseEventHandler):
 
     An LLM call is paired with the prompt a :class:`ContextPilotNodePostprocessor` of the
     same ``pilot`` built under the same root span (one query or chat turn), when exactly
-    one waits; else with the single prompt left over from an earlier, finished span
-    (the postprocessor called on its own), when exactly one waits; else it is counted
-    ``unmatched``. The usage is read from the response's ``raw`` (the OpenAI response:
+    one waits; else, for an LLM called on its own (not inside an engine), with the
+    single prompt left over from an earlier, finished span (the postprocessor called
+    on its own), when exactly one waits; else it is counted ``unmatched``. A failed
+    LLM call leaves its prompt to the next one under the same root. The usage is read
+    from the response's ``raw`` (the OpenAI response:
     ``usage.prompt_tokens_details.cached_tokens``; when streaming, the last chunk, so
     ask ``OpenAILike`` for ``stream_options={"include_usage": True}``) or
     ``additional_kwargs`` (``ContextPilotLLM``'s ``cached_tokens``). Nothing it does
@@ -156,7 +161,8 @@ class ContextPilotEventHandler(BaseEventHandler):
             raise InvalidInputError(
                 f"ContextPilotEventHandler needs a ContextPilot, got {type(pilot).__name__}"
             )
-        feedback = CallFeedback(pilot, max_runs=max_runs)  # ConfigError for a bad bound
+        # a condense-question call must not take another query's leftover prompt
+        feedback = CallFeedback(pilot, max_runs=max_runs, leftovers="standalone")
         fields: dict[str, Any] = {"pilot": pilot, "max_runs": max_runs}
         super().__init__(**fields)
         self._feedback = feedback
