@@ -259,13 +259,20 @@ class CallerPath:
         shared = client.shared
         if shared is None:
             return
-        probe, learned = shared.probe, shared.learned
+        unknown_keys, lookup, learned = shared.unknown_keys, shared.lookup, shared.learned
         spent = [0]
 
-        def timed_probe(request: RouteRequest, memory: Any, now: float) -> list[SharedRoute]:
+        def timed_unknown_keys(request: RouteRequest, memory: Any, now: float) -> list[int]:
             start = time.perf_counter_ns()
             try:
-                return probe(request, memory, now)
+                return unknown_keys(request, memory, now)
+            finally:
+                spent[0] += time.perf_counter_ns() - start
+
+        def timed_lookup(keys: Sequence[int]) -> list[SharedRoute]:
+            start = time.perf_counter_ns()
+            try:
+                return lookup(keys)
             finally:
                 spent[0] += time.perf_counter_ns() - start
 
@@ -276,7 +283,8 @@ class CallerPath:
             self.calls.append(spent[0] / 1_000)  # one dispatch per call: the call is done
             spent[0] = 0
 
-        shared.probe, shared.learned = timed_probe, timed_learned  # type: ignore[method-assign]
+        shared.unknown_keys, shared.lookup = timed_unknown_keys, timed_lookup  # type: ignore[method-assign]
+        shared.learned = timed_learned  # type: ignore[method-assign]
 
 
 def overheads(

@@ -123,8 +123,9 @@ class RoutingError(ContextPilotError, RuntimeError):
 
 
 class EndpointError(ContextPilotError, RuntimeError):
-    """An endpoint rejected the request itself (an HTTP 4xx other than 429): the
-    caller's error, not retried elsewhere. ``status``: the HTTP status."""
+    """An endpoint rejected the request itself (an HTTP 4xx other than 401, 403, 404
+    and 429, which are the endpoint's faults and tried elsewhere): the caller's error,
+    not retried elsewhere. ``status``: the HTTP status."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)

@@ -179,17 +179,23 @@ WRONG_SHAPES = [
 ]
 
 
+def assert_it_fails_over(call: Call, bad: ScriptServer, good: ScriptServer) -> None:
+    """Round robin sends the first attempt to ``bad``: the answer comes from ``good``,
+    ``bad`` is counted toward its breaker, and nothing stays in flight."""
+    client = RoutingClient([bad.base_url, good.base_url], model="m", policy="round-robin")
+    result = call(client)
+    assert result.text == "good answer" and result.attempts == 2
+    assert not healthy(client, bad.base_url)
+    assert idle(client)
+
+
 @CHATS
 @pytest.mark.parametrize("payload", WRONG_SHAPES)
 def test_a_wrong_shaped_stream_chunk_is_an_endpoint_fault_that_fails_over(
     call: Call, payload: str, good: ScriptServer
 ) -> None:
     with ScriptServer(Reply([f"data: {payload}\n\n".encode(), *stream("bad")])) as bad:
-        client = RoutingClient([bad.base_url, good.base_url], model="m", policy="round-robin")
-        result = call(client)
-        assert result.text == "good answer" and result.attempts == 2
-        assert not healthy(client, bad.base_url)  # counted toward its breaker
-        assert idle(client)
+        assert_it_fails_over(call, bad, good)
 
 
 @CHATS
@@ -240,6 +246,44 @@ def test_a_wrong_shaped_non_streamed_reply_is_an_endpoint_fault(
         client = RoutingClient([bad.base_url], model="m", max_attempts=1)
         with pytest.raises(RoutingError, match="malformed reply"):
             call(client)
+
+
+@CHATS
+@pytest.mark.parametrize("headers", [SSE, JSON], ids=["stream", "json"])
+def test_a_reply_that_does_not_decode_is_an_endpoint_fault_that_fails_over(
+    call: Call, headers: Mapping[str, str], good: ScriptServer
+) -> None:
+    garbled = Reply([b"not gzip at all"], headers={**headers, "Content-Encoding": "gzip"})
+    with ScriptServer(garbled) as bad:
+        assert_it_fails_over(call, bad, good)
+
+
+# ------------------------------------------------------------- engines that refuse
+
+
+@CHATS
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_an_engine_that_refuses_every_request_is_an_endpoint_fault_that_fails_over(
+    call: Call, status: int, good: ScriptServer
+) -> None:
+    refusal = Reply([b'{"error": {"message": "invalid key"}}'], status=status, headers=JSON)
+    with ScriptServer(refusal) as wrong_key:
+        assert_it_fails_over(call, wrong_key, good)
+
+
+@CHATS
+@pytest.mark.parametrize("status", [400, 413, 422])
+def test_the_callers_own_bad_request_is_not_retried_and_leaves_the_breaker_alone(
+    call: Call, status: int, good: ScriptServer
+) -> None:
+    too_long = Reply([b"the prompt is over the context length"], status=status, headers={})
+    with ScriptServer(too_long) as engine:
+        client = RoutingClient([engine.base_url, good.base_url], model="m", policy="round-robin")
+        with pytest.raises(EndpointError) as caught:
+            call(client)
+        assert caught.value.status == status and "context length" in str(caught.value)
+        assert (engine.posts, good.posts) == (1, 0)
+        assert healthy(client, engine.base_url) and idle(client)
 
 
 # --------------------------------------------------------------- item 7: resumed streams
@@ -426,15 +470,19 @@ def test_url_credentials_and_api_keys_never_show(
 
 
 def test_an_answer_and_a_rejection_hide_the_credentials_too() -> None:
-    echo = Reply([b"bad key sk-s3cretkey for user:s3cretpw"], status=401, headers={})
-    with ScriptServer(Reply(stream("fine")), echo) as server:
+    echo = [b"bad key sk-s3cretkey for user:s3cretpw"]
+    rejection, refusal = Reply(echo, status=400, headers={}), Reply(echo, status=401, headers={})
+    with ScriptServer(Reply(stream("fine")), rejection, refusal) as server:
         url = server.base_url.replace("http://", "http://user:s3cretpw@")
-        client = RoutingClient([Endpoint(url, api_key="sk-s3cretkey")], model="m")
+        client = RoutingClient([Endpoint(url, api_key="sk-s3cretkey")], model="m", max_attempts=1)
         answer = client.chat(QUESTION)
-        with pytest.raises(EndpointError) as caught:
+        with pytest.raises(EndpointError) as rejected:
+            client.chat(QUESTION)
+        with pytest.raises(RoutingError) as refused:  # a 401 is the endpoint's fault
             client.chat(QUESTION)
     assert answer.text == "fine" and answer.endpoint == url.replace("user:s3cretpw", "***")
-    assert not [secret for secret in SECRETS if secret in shown(answer, caught.value)]
+    text = shown(answer, rejected.value, refused.value, refused.value.attempts)
+    assert "bad key ***" in text and not [secret for secret in SECRETS if secret in text]
     with pytest.raises(ConfigError) as bad:
         Endpoint("ftp://user:s3cretpw@host/v1")
     assert "s3cretpw" not in str(bad.value)

@@ -7,6 +7,7 @@ loopback engines that simulate a prefix cache (each its own cache)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -308,6 +309,36 @@ def test_a_store_that_fails_degrades_to_local_routing_logs_once_and_resyncs(
         assert not shared.degraded
         shared.flush()
         assert len(store) > 0  # the routes learned while it was down were published
+
+
+class HungStore(MemoryRouteStore):
+    """A memory store whose look-ups hang until ``release`` is set (2 s at most);
+    ``released_in_time``: whether it was set while a look-up waited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.released_in_time: bool | None = None
+
+    def lookup(self, keys: Sequence[int]) -> list[SharedRoute]:
+        self.entered.set()
+        self.released_in_time = self.release.wait(2.0)
+        return super().lookup(keys)
+
+
+def test_an_async_call_waits_for_a_hung_store_off_the_event_loop(fleet: list[str]) -> None:
+    store = HungStore()
+
+    async def main() -> str:
+        async with RoutingClient(fleet, model="m", store=store) as client:
+            call = asyncio.create_task(client.achat(conversation(1)))
+            while not store.entered.is_set():  # this loop runs while the look-up hangs
+                await asyncio.sleep(0.005)
+            store.release.set()
+            return (await call).text
+
+    assert asyncio.run(main())
+    assert store.released_in_time
 
 
 def test_the_queue_of_unpublished_routes_is_bounded() -> None:

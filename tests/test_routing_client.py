@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from contextpilot_rag import ContextBlock, ContextPilot
+from contextpilot_rag import ContextBlock, ContextPilot, Prompt
 from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.routing import (
     ChatResult,
@@ -385,6 +385,9 @@ def test_bad_configuration_and_input_are_rejected() -> None:
         client.chat(42)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="max_tokens"):
         client.chat(messages("Q?"), max_tokens="lots")
+    for limit in ("max_tokens", "max_completion_tokens"):  # not the route request's error
+        with pytest.raises(InvalidInputError, match="max_tokens"):
+            client.chat(messages("Q?"), **{limit: -1})
     with pytest.raises(ConfigError):
         client.solve(messages("Q?"), verify=bool, max_attempts=0)
     assert idle(client)
@@ -722,6 +725,37 @@ def test_a_cache_miss_the_pilot_predicted_as_a_hit_trims_its_index(
         missed = client.chat(predicted)
     assert missed.cached_tokens == 0
     assert pilot.index_stats().requests == 1  # only the request the engine just cached
+
+
+class FeedbackThreads:
+    """The pilot's cache feedback, noting whether each call ran on an event loop."""
+
+    def __init__(self, pilot: ContextPilot) -> None:
+        self.pilot = pilot
+        self.on_event_loop: list[bool] = []
+
+    def observe_cache(self, prompt: Prompt, cached_tokens: int, prompt_tokens: int) -> int:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.on_event_loop.append(False)
+        else:
+            self.on_event_loop.append(True)
+        return self.pilot.observe_cache(prompt, cached_tokens, prompt_tokens)
+
+
+def test_an_async_call_gives_the_pilot_its_feedback_off_the_event_loop(
+    pilot: ContextPilot, fleet: list[OpenAICompatibleServer]
+) -> None:
+    feedback = FeedbackThreads(pilot)  # the pilot's lock or store may block
+    blocks = [ContextBlock(text=DOCS[i], id=f"doc{i}") for i in range(2)]
+
+    async def main() -> None:
+        async with RoutingClient([fleet[0].base_url], model="m", pilot=feedback) as client:
+            await client.achat(pilot.optimize(blocks, "First question?"))
+
+    asyncio.run(main())
+    assert feedback.on_event_loop == [False]
 
 
 def test_slot_endpoints_are_targets_of_their_own_and_send_their_slot_id(

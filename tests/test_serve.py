@@ -4,6 +4,7 @@ driven by the official ``openai`` SDK (``extra_body``) and by raw HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import runpy
@@ -26,12 +27,13 @@ from contextpilot_rag.errors import (
     ConfigError,
     ContextPilotError,
     ConversationConflictError,
+    InvalidRouteRequestError,
     StoreUnavailableError,
     UnknownConversationError,
 )
 from contextpilot_rag.serve import API_KEY_ENV, BackgroundServer, ServeConfig
-from contextpilot_rag.serve.api_errors import pilot_error_of, routing_error_of
-from contextpilot_rag.serve.request_body import parse_request
+from contextpilot_rag.serve.api_errors import ApiError, pilot_error_of, routing_error_of
+from contextpilot_rag.serve.request_body import MAX_NESTING, parse_json, parse_request
 from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
 MODEL = "test-model"
@@ -386,6 +388,58 @@ def test_the_sdk_raises_bad_request_for_a_malformed_field(sdk: openai.OpenAI) ->
     assert caught.value.body["param"] == "contextpilot.documents"  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": "10"}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_completion_tokens": -5}, "max_completion_tokens"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"cache_salt": 5}, "cache_salt"),
+    ],
+)
+def test_an_engine_parameter_the_fleet_cannot_take_is_a_400_naming_it_and_records_nothing(
+    proxy: BackgroundServer,
+    engines: list[OpenAICompatibleServer],
+    extra: dict[str, Any],
+    param: str,
+) -> None:
+    first = post(proxy, "/chat/completions", chat_body(**pilot_field(conversation_id="c")))
+    assert first.status_code == 200, first.text
+    pilot, sent = proxy.proxy.pilot, len(received(engines))
+    before = pilot.index_stats()
+    body = chat_body(**pilot_field(conversation_id="c"), **extra)
+    body["messages"] = [{"role": "user", "content": "REJECTED-TURN"}]
+    response = post(proxy, "/chat/completions", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert len(pilot.conversation("c").turns) == 1  # the rejected turn was not recorded
+    assert pilot.index_stats() == before and len(received(engines)) == sent
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING, 970])  # the body's object is one more
+def test_a_body_nested_deeper_than_the_limit_is_a_400_and_nothing_is_sent(
+    proxy: BackgroundServer, engines: list[OpenAICompatibleServer], depth: int
+) -> None:
+    raw = json.dumps(chat_body(**pilot_field())).removesuffix("}") + f', "extra": {nested(depth)}}}'
+    response = httpx.post(f"{proxy.base_url}/chat/completions", content=raw.encode(), timeout=30)
+    assert response.status_code == 400, response.text
+    assert f"deeper than {MAX_NESTING} levels" in response.json()["error"]["message"]
+    assert received(engines) == [] and proxy.proxy.pilot.index_stats().requests == 0
+
+
+def test_a_body_nested_as_deep_as_the_limit_is_json() -> None:
+    assert parse_json(nested(MAX_NESTING).encode()) == parse_json(nested(MAX_NESTING).encode())
+    with pytest.raises(ApiError):
+        parse_json(nested(MAX_NESTING + 1).encode())
+
+
 def test_invalid_json_an_unknown_path_and_an_oversize_body_are_openai_errors(
     engines: list[OpenAICompatibleServer],
 ) -> None:
@@ -528,12 +582,95 @@ def test_a_stream_broken_after_its_first_text_ends_with_an_error_event_and_no_an
         engine.server_close()
 
 
+class _WrongKey(BaseHTTPRequestHandler):
+    """An engine configured with another API key: it refuses every request (401)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"error": {"message": "invalid API key", "code": "invalid_api_key"}})
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_replica_that_refuses_every_request_is_routed_around(
+    engines: list[OpenAICompatibleServer],
+) -> None:
+    wrong_key = ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
+    threading.Thread(target=wrong_key.serve_forever, daemon=True).start()
+    server = start_proxy(
+        [f"http://127.0.0.1:{wrong_key.server_address[1]}/v1", engines[0].base_url]
+    )
+    try:
+        statuses = [post(server, "/chat/completions", chat_body()).status_code for _ in range(4)]
+        assert statuses == [200] * 4
+        assert httpx.get(f"{root(server)}/health").json()["healthy_replicas"] == 1
+    finally:
+        server.stop()
+        wrong_key.shutdown()
+        wrong_key.server_close()
+
+
+def test_a_failed_request_leaves_the_index_off_the_event_loop(
+    engines: list[OpenAICompatibleServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = start_proxy([e.base_url for e in engines])
+    pilot, on_event_loop = server.proxy.pilot, []
+    evict = pilot.evict
+
+    def noting_evict(request_ids: list[str]) -> int:  # a shared index log may block
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            on_event_loop.append(False)
+        else:
+            on_event_loop.append(True)
+        return evict(request_ids)
+
+    monkeypatch.setattr(pilot, "evict", noting_evict)
+    try:
+        for engine in engines:
+            engine.stop()
+        response = post(server, "/chat/completions", chat_body(**pilot_field()))
+        assert response.status_code in (502, 503), response.text
+    finally:
+        server.stop()
+    assert on_event_loop == [False] and pilot.index_stats().requests == 0
+
+
 # -- configuration and the command ---------------------------------------------------
 
 
 def test_an_unusable_store_is_a_config_error(engines: list[OpenAICompatibleServer]) -> None:
     with pytest.raises(ConfigError):
         start_proxy([engines[0].base_url], store="nosuch://store")
+
+
+def test_a_store_that_does_not_answer_is_a_config_error_that_hides_its_password(
+    engines: list[OpenAICompatibleServer],
+) -> None:
+    pytest.importorskip("redis", reason='the redis client: pip install "contextpilot-rag[redis]"')
+    url = f"redis://:s3cretpw@127.0.0.1:{free_port()}/0"  # nothing listens there
+    with pytest.raises(ConfigError) as caught:
+        start_proxy([engines[0].base_url], store=url)
+    assert "127.0.0.1" in str(caught.value) and "s3cretpw" not in str(caught.value)
+    command = [sys.executable, "-m", "contextpilot_rag.cli", "serve", "--model", MODEL]
+    command += ["--endpoint", engines[0].base_url, "--store", url]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output and "s3cretpw" not in output
 
 
 @pytest.mark.parametrize(
@@ -732,6 +869,11 @@ except ConfigError as exc:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'pip install "contextpilot-rag[serve]"' in result.stdout
+
+
+def test_a_malformed_route_request_is_a_400_not_500() -> None:
+    answer = routing_error_of(InvalidRouteRequestError("max_tokens < 0"), fleet_down=False)
+    assert answer.status == 400 and answer.type == "invalid_request_error"
 
 
 @pytest.mark.parametrize(

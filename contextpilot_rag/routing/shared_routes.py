@@ -2,10 +2,12 @@
 routers in other processes, and what they learned and carry reaches its decisions,
 without a network round trip in the way of anything but a route-table miss.
 
-- **Read-through on a miss** (:meth:`SharedRoutes.probe`, in the caller's thread,
-  before the decision): the request's boundary keys the route table holds no live
-  entry for (longest first, at most ``max_probe_keys``) are looked up in the store,
-  one round trip; a request whose prefixes are all known locally costs nothing. The
+- **Read-through on a miss** (:meth:`SharedRoutes.unknown_keys`, then
+  :meth:`SharedRoutes.lookup` before the decision, in the caller's thread, or a worker
+  thread for an async caller, so a slow store never holds up an event loop): the
+  request's boundary keys the route table holds no live entry for (longest first, at
+  most ``max_probe_keys``) are looked up in the store, one round trip; a request whose
+  prefixes are all known locally costs nothing. The
   routes found are taken into the route table as **peer** entries
   (:meth:`SharedRoutes.adopt`, under the owner's lock): hints of lower trust than
   local ones, as in Ranvier (:mod:`~.route_table`). A router's own published routes
@@ -45,7 +47,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import ConfigError, StoreError
@@ -116,13 +118,13 @@ class SharedRoutes:
         """Whether the store failed and has not answered since."""
         return self._degraded
 
-    def probe(
+    def unknown_keys(
         self, request: RouteRequest, memory: RouteTableBase[Any] | None, now: float
-    ) -> list[SharedRoute]:
-        """The routes other routers published for the request's boundary keys that
-        ``memory`` holds nothing live for (one store call; none when it knows them
-        all, when it is ``None`` or while the store is down). Read without the
-        owner's lock: a key learned meanwhile is at worst looked up once more."""
+    ) -> list[int]:
+        """The request's boundary keys, longest first, that ``memory`` holds nothing
+        live for: what :meth:`lookup` asks the store (at most ``max_probe_keys``; none
+        when ``memory`` is ``None`` or while the store is down). No I/O; read without
+        the owner's lock: a key learned meanwhile is at worst looked up once more."""
         if memory is None or not request.boundaries or self._down():
             return []
         self._ensure_thread()
@@ -133,6 +135,12 @@ class SharedRoutes:
                 keys.append(key)
                 if len(keys) == self.max_probe_keys:
                     break
+        return keys
+
+    def lookup(self, keys: Sequence[int]) -> list[SharedRoute]:
+        """The routes other routers published for ``keys``: one store call, which
+        blocks up to the store's timeouts (none for no keys; a store error enters
+        the degraded mode and finds none)."""
         if not keys:
             return []
         try:
@@ -142,6 +150,12 @@ class SharedRoutes:
             return []
         origin = self.origin
         return [route for route in found if route.origin != origin]
+
+    def probe(
+        self, request: RouteRequest, memory: RouteTableBase[Any] | None, now: float
+    ) -> list[SharedRoute]:
+        """:meth:`lookup` of the :meth:`unknown_keys`, in the calling thread."""
+        return self.lookup(self.unknown_keys(request, memory, now))
 
     @staticmethod
     def adopt(routes: Iterable[SharedRoute], memory: RouteTableBase[Any], now: float) -> int:

@@ -15,6 +15,7 @@ from ..errors import (
     EmptyContextError,
     EndpointError,
     InvalidInputError,
+    InvalidRouteRequestError,
     NoReplicaAvailableError,
     OversizeBlockError,
     RoutingError,
@@ -106,7 +107,7 @@ def routing_error_of(exc: ContextPilotError, *, fleet_down: bool) -> ApiError:
     if isinstance(exc, EndpointError):  # the engine refused the request itself
         status = exc.status if 400 <= exc.status < 500 else 502
         return ApiError(status, str(exc), code="upstream_rejected")
-    if isinstance(exc, InvalidInputError):
+    if isinstance(exc, (InvalidInputError, InvalidRouteRequestError)):  # a parameter
         return ApiError.invalid(str(exc))
     return pilot_error_of(exc)  # the pilot's errors (a shared store's among them)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from ..errors import ConfigError, ContextPilotError, UnknownConversationError
+from ..errors import ConfigError, ContextPilotError, StoreError, UnknownConversationError
 from ..index_sync import IndexLogConfig
 from ..pilot import ContextPilot, PilotConfig
 from ..prompt import Prompt
@@ -95,7 +95,7 @@ class Proxy:
             else:
                 result = await self.client.acomplete(turn.payload, **turn.params)
         except ContextPilotError as exc:
-            raise self._failed(turn, exc) from exc
+            raise await self._failed(turn, exc) from exc
         await self._record(turn, result.text)
         return response_object(Envelope.new(request.kind, result.model), result, turn.extension)
 
@@ -110,7 +110,7 @@ class Proxy:
         except BaseException as exc:
             await stream.aclose()
             if isinstance(exc, ContextPilotError):
-                raise self._failed(turn, exc) from exc
+                raise await self._failed(turn, exc) from exc
             raise
         return self._events(turn, stream, first)
 
@@ -197,7 +197,7 @@ class Proxy:
         except ContextPilotError as exc:
             if self.metrics is not None:
                 self.metrics.stream_failed(request.kind)
-            yield writer.error(self._failed(turn, exc))
+            yield writer.error(await self._failed(turn, exc))
         finally:
             await stream.aclose()
 
@@ -216,18 +216,20 @@ class Proxy:
         if self.metrics is not None:
             self.metrics.recorded(ok)
 
-    def _failed(self, turn: _Turn, exc: ContextPilotError) -> ApiError:
-        """The answer to a routing failure; the engine never cached the prompt."""
+    async def _failed(self, turn: _Turn, exc: ContextPilotError) -> ApiError:
+        """The answer to a routing failure; the engine never cached the prompt, so it
+        leaves the index (in a thread: a shared index log may block)."""
         if turn.prompt is not None:
-            self.pilot.evict([turn.prompt.request_id])
+            await anyio.to_thread.run_sync(self.pilot.evict, [turn.prompt.request_id])
         fleet_down = not any(state.healthy for state in self.client.replicas)
         logger.info("routing failed: %s", exc)
         return routing_error_of(exc, fleet_down=fleet_down)
 
 
 def _pilot(config: ServeConfig) -> ContextPilot:
-    """The worker's pilot, on ``config.store`` when given (checked to answer), salting
-    tenants' prompts as ``config.cache_salt`` says under ``config.salt_key``."""
+    """The worker's pilot, on ``config.store`` when given (checked to answer: else
+    :class:`ConfigError`, the URL's credentials redacted), salting tenants' prompts as
+    ``config.cache_salt`` says under ``config.salt_key``."""
     tenants = TenantConfig(cache_salt=config.cache_salt, salt_key=config.salt_key)
     index_log = IndexLogConfig(enabled=config.share_index)
     pilot_config = PilotConfig(tenants=tenants, index_log=index_log)
@@ -239,6 +241,8 @@ def _pilot(config: ServeConfig) -> ContextPilot:
         pilot.conversation(_STORE_PROBE)
     except UnknownConversationError:
         return pilot
+    except StoreError as exc:  # down, or in a format this version cannot read
+        raise ConfigError(f"the store {_redacted(store)} is not usable: {exc}") from None
     except ContextPilotError:
         raise
     except Exception as exc:

@@ -5,7 +5,10 @@
 The ``contextpilot`` field is read by :mod:`contextpilot_rag.request_field`.
 
 Every error is an :class:`~.api_errors.ApiError` (HTTP 400) naming the offending
-``param``; unknown keys are errors too, so a misspelt option never passes silently.
+``param``; unknown keys are errors too, so a misspelt option never passes silently. The
+engine parameters the routing client reads (``max_tokens``, ``max_completion_tokens``,
+``cache_salt``) are checked here too, so a request the fleet would refuse is refused
+before the pilot records its turn.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..request_field import FIELD, FieldError, PilotFields, chat_question, check
 from .api_errors import FIELD_ERROR, ApiError
 
 __all__ = [
+    "MAX_NESTING",
     "Kind",
     "PilotFields",
     "PilotRequest",
@@ -33,6 +37,13 @@ __all__ = [
 Kind = Literal["chat", "completion"]
 
 _RESERVED = frozenset({"model", "messages", "prompt", "stream", "stream_options", FIELD})
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+_SALT = "cache_salt"
+
+MAX_NESTING = 128
+"""The deepest a request body may nest arrays and objects (deeper: HTTP 400); far
+beyond any real request, far below Python's recursion limit, which forwarding the body
+to the engine (JSON encoding) would otherwise hit."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +74,37 @@ class ProxyRequest:
 
 
 def parse_json(raw: bytes) -> object:
-    """The request body as JSON; ``NaN``/``Infinity`` (not JSON) are refused."""
+    """The request body as JSON; ``NaN``/``Infinity`` (not JSON) and arrays or objects
+    nested deeper than :data:`MAX_NESTING` are refused."""
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         raise ApiError.invalid("the request body is not valid JSON") from None
+    if not _nests_within(body, MAX_NESTING):
+        raise ApiError.invalid(
+            f"the request body nests arrays and objects deeper than {MAX_NESTING} levels"
+        )
+    return body
 
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
+
+
+def _nests_within(value: object, limit: int) -> bool:
+    """Whether ``value`` nests at most ``limit`` arrays and objects deep (level by
+    level, without recursion)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):  # ``level``: the containers one level deeper each round
+        if not level:
+            return True
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+    return not level
 
 
 def parse_request(kind: Kind, body: object) -> ProxyRequest:
@@ -88,6 +121,7 @@ def parse_request(kind: Kind, body: object) -> ProxyRequest:
     include_usage = _optional_bool(options or {}, "include_usage", "stream_options.")
     params = {key: value for key, value in body.items() if key not in _RESERVED}
     _check_supported(kind, params)
+    _check_routed(params)
     payload = _chat_payload(body) if kind == "chat" else _completion_payload(body)
     request = ProxyRequest(kind, model, stream, include_usage, params, payload)
     if body.get(FIELD) is None:
@@ -116,6 +150,18 @@ def _check_supported(kind: Kind, params: Mapping[str, Any]) -> None:
         raise _unsupported("logprobs", "the proxy does not return log probabilities")
     if kind == "completion" and params.get("echo") not in (None, False):
         raise _unsupported("echo", "the proxy does not echo the prompt")
+
+
+def _check_routed(params: Mapping[str, Any]) -> None:
+    """The parameters the routing client reads as well as the engine: token limits
+    (integers >= 0) and ``cache_salt`` (a non-empty string)."""
+    for name in _TOKEN_LIMITS:
+        value = params.get(name)
+        if value is not None and (type(value) is not int or value < 0):
+            raise ApiError.invalid(f"'{name}' must be an integer >= 0", param=name)
+    salt = params.get(_SALT)
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError.invalid(f"'{_SALT}' must be a non-empty string", param=_SALT)
 
 
 def _unsupported(param: str, message: str) -> ApiError:

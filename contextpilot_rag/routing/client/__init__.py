@@ -13,9 +13,10 @@ TTFT is measured at the first content token (an engine that ignores ``stream`` a
 answers one JSON object is read whole). Per endpoint the client keeps live
 ``in_flight`` and ``queued_tokens`` counters (a prompt is queued from dispatch to its
 first token) on every path — success, failure, timeout, cancellation — and a circuit
-breaker: a transport error, a 5xx/429 answer or a malformed reply opens it for an
-exponentially growing backoff (or the answer's ``Retry-After``, seconds or an HTTP-date,
-if longer; at most ``max_backoff_s`` either way), after which one request may try again.
+breaker: a transport error, a 5xx/429/401/403/404 answer or a malformed reply opens it
+for an exponentially growing backoff (or the answer's ``Retry-After``, seconds or an
+HTTP-date, if longer; at most ``max_backoff_s`` either way), after which one request may
+try again.
 
 Feedback: the engine's ``usage.prompt_tokens_details.cached_tokens`` (vLLM, SGLang,
 OpenAI) or ``timings.cache_n`` (llama-server) goes to ``policy.observe`` with the
@@ -23,8 +24,9 @@ measured TTFT and end-to-end time, which trims routes the engine disproved; its
 ``usage.prompt_tokens`` refines the character-per-token estimate of the route keys
 (:mod:`~contextpilot_rag.routing.prompt_keys`).
 
-Failures: a transport error, a 5xx/429 answer, a reply of the wrong shape (JSON that
-is not the OpenAI format), ``timeout_s`` without a stream event (SSE keep-alive comments
+Failures: a transport error, a 5xx/429 answer, a 401/403/404 (the endpoint's key, path
+or model is wrong), a reply of the wrong shape (JSON that is not the OpenAI format) or
+one that does not decode, ``timeout_s`` without a stream event (SSE keep-alive comments
 are no progress) or a stream that ends early makes the client retry on another
 ``(endpoint, model)`` (the failed one excluded) up to ``max_attempts``. A stream
 (:meth:`RoutingClient.stream`) already partly delivered resumes after the delivered
@@ -43,7 +45,8 @@ Shared state: with ``store=`` (``redis://…``, ``sqlite:///…`` or a
 :class:`~contextpilot_rag.routing.route_store.RouteStore`) clients in several processes
 share learned routes (another process's route is a hint of lower trust than the
 client's own) and replica load; a request's unknown prefixes are looked up once before
-its decision, everything else is published in the background, and with the store down
+its decision (an async call waits for the look-up in a worker thread, never on the
+event loop), everything else is published in the background, and with the store down
 the client routes on its own state (:mod:`~contextpilot_rag.routing.shared_routes`).
 
 The parts, each a module: ``config`` (:class:`ClientConfig`), ``endpoints`` (endpoints,

@@ -1,5 +1,6 @@
 """The asyncio driver: performs the attempt loop's commands (:mod:`.attempts`) with an
-``httpx.AsyncClient`` of the running event loop."""
+``httpx.AsyncClient`` of the running event loop, and a :class:`~.attempts.Blocking`
+call in a worker thread, so a hung store holds up only the call that waits on it."""
 
 from __future__ import annotations
 
@@ -9,13 +10,25 @@ import functools
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, cast
 
+import anyio.to_thread
 import httpx
 
 from ..types import RouteRequest
-from .attempts import READ_BODY, READ_TEXT, CallSpec, Head, Open, Raised, Steps, Wait, attempt_loop
+from .attempts import (
+    READ_BODY,
+    READ_TEXT,
+    Blocking,
+    CallSpec,
+    Head,
+    Open,
+    Raised,
+    Steps,
+    Wait,
+    attempt_loop,
+)
 from .dispatch import Dispatcher
 from .holding import Waiter
-from .sync import build_request, translated
+from .sync import FAULTS, build_request, translated
 
 if TYPE_CHECKING:
     from .attempts import Command
@@ -114,8 +127,10 @@ class _AsyncIO:
             if isinstance(command, Wait):
                 await cast(TaskWaiter, command.waiter).wait(command.timeout_s)
                 return None
+            if isinstance(command, Blocking):  # off the event loop: it may block
+                return await anyio.to_thread.run_sync(command.run)
             return await self._open(cast(Open, command))
-        except httpx.TransportError as exc:
+        except FAULTS as exc:
             await self.aclose()
             raise translated(exc) from exc
 

@@ -1,15 +1,18 @@
 """The attempt loop of one call, sans I/O (the h11 / httpcore pattern).
 
 :func:`attempt_loop` is a generator that performs no I/O. It yields *commands* —
-:class:`Wait` (a held request waits for a release), :class:`Open` (send this HTTP
-request), :data:`READ_BODY` / :data:`READ_TEXT` (the response's body, its next text) —
-and text for the caller (a ``str``), and takes back what performing each one gave:
-``None`` after a wait or a delivery, a :class:`Head` after an open, the body's bytes, the
-next piece of text (``None`` at the end). A failure while performing a command is thrown into
-it: :class:`TransportFailed` (the driver's HTTP error in the loop's terms), or the
-caller's cancellation. Routing, holding, failover, stream resumption, time bounds and
-feedback all happen here and in the :class:`~.dispatch.Dispatcher`, once; the drivers
-(:mod:`.sync`, :mod:`.aio`) only perform commands, through :class:`Steps`::
+:class:`Wait` (a held request waits for a release), :class:`Blocking` (make a call that
+may block: a shared store's look-up, the pilot's feedback), :class:`Open` (send this
+HTTP request), :data:`READ_BODY` / :data:`READ_TEXT` (the response's body, its next
+text) — and text for the caller (a ``str``), and takes back what performing each one
+gave: ``None`` after a wait or a delivery, the call's result, a :class:`Head` after an
+open, the body's bytes, the next piece of text (``None`` at the end). A failure while
+performing a command is thrown into it: the driver's HTTP error in the loop's terms
+(:class:`TransportFailed`, or :class:`AttemptFailed` for a reply that does not
+decode), or the caller's cancellation. Routing, holding, failover, stream resumption,
+time bounds and feedback all happen here and in the :class:`~.dispatch.Dispatcher`,
+once; the drivers (:mod:`.sync`, :mod:`.aio`) only perform commands, through
+:class:`Steps`::
 
     steps, event = Steps(attempt_loop(dispatcher, spec, new_waiter)), None
     while (command := steps.send(event)) is not None:
@@ -21,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -37,6 +40,7 @@ from .sse import AttemptFailed, Kind, Lines, Reply, is_json, parse_body, parse_l
 __all__ = [
     "READ_BODY",
     "READ_TEXT",
+    "Blocking",
     "CallSpec",
     "Command",
     "Head",
@@ -49,6 +53,7 @@ __all__ = [
 ]
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+_ENDPOINT_FAULT_STATUS = {401, 403, 404}  # the endpoint's credentials, path or model
 _DEADLINE_SLACK_S = 0.005  # a read timed out this close to the deadline was cut by it
 
 
@@ -58,6 +63,14 @@ class Wait:
 
     waiter: Waiter
     timeout_s: float
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Call ``run`` and answer what it returns. It may block (a store round trip, a
+    lock), so a driver on an event loop calls it in a worker thread."""
+
+    run: Callable[[], object]
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class _Read:
 READ_BODY = _Read("body")  # answer: the whole body (bytes)
 READ_TEXT = _Read("text")  # answer: the next text the body decodes to (str), None after it
 
-Command = Wait | Open | _Read
+Command = Wait | Blocking | Open | _Read
 
 
 @dataclass(frozen=True)
@@ -148,7 +161,11 @@ def attempt_loop(dispatcher: Dispatcher, spec: CallSpec, new_waiter: NewWaiter) 
         except BaseException:
             dispatcher.finish(plan, reply, "cancelled", cancelled=True)
             raise
-        spec.holder.append(dispatcher.succeeded(plan, reply, spec.prompt))
+        answer = dispatcher.succeeded(plan, reply)
+        feedback = dispatcher.pilot_feedback(answer, spec.prompt)
+        if feedback is not None:
+            yield Blocking(feedback)
+        spec.holder.append(answer)
         return
     raise call.exhausted()
 
@@ -156,23 +173,27 @@ def attempt_loop(dispatcher: Dispatcher, spec: CallSpec, new_waiter: NewWaiter) 
 def _dispatch(
     call: _Call, attempt: int, new_waiter: NewWaiter
 ) -> Generator[Command | str, Any, Plan]:
-    """Route one attempt, waiting while the policy holds it (late binding), until
-    the call's deadline at most."""
+    """Route one attempt, after the store's look-up of its unknown prefixes (if any),
+    waiting while the policy holds it (late binding), until the call's deadline at
+    most."""
     call.check_deadline()
-    excluded = call.excluded
+    dispatcher, excluded = call.dispatcher, call.excluded
     if call.retry_on is not None:  # a stale connection: the same endpoint again
-        replicas = call.dispatcher.replicas.values()
+        replicas = dispatcher.replicas.values()
         excluded |= {(r.replica_id, r.model) for r in replicas} - {call.retry_on}
         call.retry_on = None
-    plan = call.dispatcher.plan(call.ask, call.logical_id, attempt, excluded, new_waiter)
+    request = dispatcher.route_request(call.ask, call.logical_id, attempt, excluded)
+    look_up = dispatcher.look_up(request)
+    found = [] if look_up is None else (yield Blocking(look_up))
+    plan = dispatcher.plan(call.ask, request, found, new_waiter)
     try:
         while isinstance(plan, Held):
             yield Wait(plan.waiter, call.capped(plan.wait_s))
             call.check_deadline()
-            plan = call.dispatcher.resume(call.ask, plan)
+            plan = dispatcher.resume(call.ask, plan)
     except BaseException:
         if isinstance(plan, Held):
-            call.dispatcher.abandon(call.ask, plan)
+            dispatcher.abandon(call.ask, plan)
         raise
     return plan
 
@@ -284,15 +305,19 @@ class _Call:
         return Open(plan.url, plan.body, headers, timeout_s)
 
     def rejected(self, plan: Plan, head: Head, body: bytes) -> NoReturn:
-        """An error answer: retryable (keeping the endpoint out for its ``Retry-After``,
-        at most ``max_backoff_s``) or the caller's (:class:`EndpointError`)."""
+        """An error answer: the endpoint's fault, tried elsewhere — a 5xx/429 (keeping
+        the endpoint out for its ``Retry-After``, at most ``max_backoff_s``), a
+        401/403/404 (its key, path or model is wrong: every request would fail there) —
+        or the caller's (:class:`EndpointError`)."""
         status = head.status
+        text = Credentials.of(plan.replica.endpoint).scrub(body.decode(errors="replace"))
         if status in _RETRY_STATUS:
             retry_after = head.headers.get("retry-after")
             plan.retry_after_s = retry_after_s(retry_after, self.max_backoff_s)
             raise AttemptFailed(f"HTTP {status} from {plan.url}")
+        if status in _ENDPOINT_FAULT_STATUS:
+            raise AttemptFailed(f"HTTP {status} from {plan.url}: {text[:200]}")
         self.dispatcher.finish(plan, None, f"HTTP {status}", cancelled=True, result="rejected")
-        text = Credentials.of(plan.replica.endpoint).scrub(body.decode(errors="replace"))
         raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
 
     def deliver(self, plan: Plan, reply: Reply, piece: str) -> str:
@@ -361,9 +386,9 @@ class _Call:
 
 
 class Raised:
-    """What a driver answers when performing a command raised ``exc`` (a transport
-    error translated to :class:`TransportFailed`, or the caller's cancellation): the
-    loop gets ``exc`` thrown in where it waits."""
+    """What a driver answers when performing a command raised ``exc`` (an HTTP error
+    translated to :class:`TransportFailed` or :class:`AttemptFailed`, or the caller's
+    cancellation): the loop gets ``exc`` thrown in where it waits."""
 
     __slots__ = ("exc",)
 

@@ -10,11 +10,12 @@ timeout, cancellation)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from ...errors import InvalidDecisionError, InvalidInputError, RoutingError
 from ...prompt import Prompt
 from ..metrics import DecisionRecord, RoutingMetrics, decision_log, route_table_entries
 from ..prompt_keys import ChatTemplate, PromptInput, PromptKeys, PromptText, serialise
-from ..route_store import Load, RouteStore
+from ..route_store import Load, RouteStore, SharedRoute
 from ..route_table import RouteTableBase
 from ..shared_routes import SharedRoutes
 from ..types import Decision, Outcome, Policy, ReplicaState, RouteRequest
@@ -160,21 +161,17 @@ class Dispatcher:
         with self.lock:
             return self.states(), route_table_entries(self.policy)
 
-    def plan(
-        self,
-        ask: Ask,
-        logical_id: str,
-        attempt: int,
-        excluded: frozenset[tuple[str, str]],
-        new_waiter: NewWaiter,
-    ) -> Plan | Held:
-        """Route one attempt; a hold keeps the request (waiting on ``new_waiter``'s)."""
-        now = time.monotonic()
+    def route_request(
+        self, ask: Ask, logical_id: str, attempt: int, excluded: frozenset[tuple[str, str]]
+    ) -> RouteRequest:
+        """What the policy decides one attempt of ``ask`` on (hashing the prompt needs
+        no lock); :class:`InvalidInputError` for a token limit that is not an integer
+        >= 0."""
         params = ask.params
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-            raise InvalidInputError(f"max_tokens must be an integer, got {max_tokens!r}")
-        request = self.keys.request(  # hashing the prompt needs no lock
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidInputError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        return self.keys.request(
             ask.text,
             request_id=uuid.uuid4().hex,
             expected_output_tokens=max_tokens,
@@ -182,12 +179,33 @@ class Dispatcher:
             logical_id=logical_id,
             attempt=attempt,
             excluded=excluded,
-            arrival_s=now,
+            arrival_s=time.monotonic(),
             may_hold=True,
             salt=ask.salt,
         )
-        table = self._table
-        found = self.shared.probe(request, table, now) if self.shared is not None else None
+
+    def look_up(self, request: RouteRequest) -> Callable[[], list[SharedRoute]] | None:
+        """The shared store's look-up of the prefixes of ``request`` this client does
+        not know, to make before :meth:`plan`: a call that blocks for one store round
+        trip (a driver on an event loop makes it in a worker thread). ``None``: no
+        store, or every prefix is known here."""
+        if self.shared is None:
+            return None
+        keys = self.shared.unknown_keys(request, self._table, request.arrival_s)
+        return functools.partial(self.shared.lookup, keys) if keys else None
+
+    def plan(
+        self,
+        ask: Ask,
+        request: RouteRequest,
+        found: Sequence[SharedRoute],
+        new_waiter: NewWaiter,
+    ) -> Plan | Held:
+        """Route one attempt, taking the routes ``found`` in the store
+        (:meth:`look_up`) into the route table first; a hold keeps the request
+        (waiting on ``new_waiter``'s). The attempt starts at the request's arrival:
+        the look-up counts toward its TTFT."""
+        now, table = request.arrival_s, self._table
         with self.lock:
             if found and table is not None:  # other routers' routes, as peer entries
                 SharedRoutes.adopt(found, table, now)
@@ -386,16 +404,24 @@ class Dispatcher:
         if self.metrics is not None:
             self.metrics.finished(record, answered=outcome.error is None)
 
-    def succeeded(self, plan: Plan, reply: Reply, prompt: PromptInput) -> ChatResult:
-        """Finish an answered attempt; the answer's cache hit also goes to the pilot."""
+    def succeeded(self, plan: Plan, reply: Reply) -> ChatResult:
+        """Finish an answered attempt; its answer."""
         result = self.finish(plan, reply, None)
         if result is None:  # closed already: cannot happen on the success path
             raise RoutingError("internal error: an attempt finished twice")
+        return result
+
+    def pilot_feedback(
+        self, result: ChatResult, prompt: PromptInput
+    ) -> Callable[[], object] | None:
+        """The answer's cache hit for the pilot (``None``: no pilot, no Prompt, or no
+        counts reported): a call that may block on the pilot's lock or its store (a
+        driver on an event loop makes it in a worker thread)."""
         cached, total = result.cached_tokens, result.prompt_tokens
         pilot = self.config.pilot
-        if pilot is not None and isinstance(prompt, Prompt) and cached is not None and total:
-            pilot.observe_cache(prompt, min(cached, total), total)
-        return result
+        if pilot is None or not isinstance(prompt, Prompt) or cached is None or not total:
+            return None
+        return functools.partial(pilot.observe_cache, prompt, min(cached, total), total)
 
     def probed(self, base_url: str, rtt_s: float | None) -> None:
         """A probe of the server at ``base_url`` took ``rtt_s`` (``None``: failed, so

@@ -29,8 +29,8 @@ _NEWLINES = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines e
 
 
 class AttemptFailed(Exception):
-    """A failure worth retrying elsewhere: a malformed answer, a 5xx/429, a stream cut
-    short or silent too long, a transport error."""
+    """A failure worth retrying elsewhere: a malformed answer, a 5xx/429/401/403/404, a
+    stream cut short or silent too long, a transport error."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from ..types import RouteRequest
 from .attempts import (
     READ_BODY,
     READ_TEXT,
+    Blocking,
     CallSpec,
     Command,
     Head,
@@ -27,8 +28,9 @@ from .attempts import (
 from .dispatch import Dispatcher
 from .endpoints import Credentials
 from .holding import Waiter
+from .sse import AttemptFailed
 
-__all__ = ["ThreadWaiter", "build_request", "drive", "probe", "translated"]
+__all__ = ["FAULTS", "ThreadWaiter", "build_request", "drive", "probe", "translated"]
 
 
 class ThreadWaiter(Waiter):
@@ -48,15 +50,24 @@ class ThreadWaiter(Waiter):
         self.event.clear()
 
 
-def translated(exc: httpx.TransportError) -> TransportFailed:
-    """An httpx transport error in the attempt loop's terms."""
-    failure = TransportFailed(
-        f"{type(exc).__name__}: {exc}",
-        timed_out=isinstance(exc, httpx.TimeoutException),
-        remote_protocol=isinstance(exc, httpx.RemoteProtocolError),
-    )
+def translated(exc: httpx.TransportError | httpx.DecodingError) -> AttemptFailed:
+    """An httpx error in the attempt loop's terms: a transport error (no exchange) is
+    :class:`TransportFailed`; a reply that does not decode (a broken
+    ``Content-Encoding``) is a malformed reply. Both are the endpoint's fault."""
+    if isinstance(exc, httpx.DecodingError):
+        failure = AttemptFailed(f"malformed reply: {type(exc).__name__}: {exc}")
+    else:
+        failure = TransportFailed(
+            f"{type(exc).__name__}: {exc}",
+            timed_out=isinstance(exc, httpx.TimeoutException),
+            remote_protocol=isinstance(exc, httpx.RemoteProtocolError),
+        )
     failure.__cause__ = exc
     return failure
+
+
+FAULTS = (httpx.TransportError, httpx.DecodingError)
+"""The httpx errors that are the endpoint's fault (:func:`translated`)."""
 
 
 def build_request(http: httpx.Client | httpx.AsyncClient, command: Open) -> httpx.Request:
@@ -104,8 +115,10 @@ class _BlockingIO:
             if isinstance(command, Wait):
                 cast(ThreadWaiter, command.waiter).wait(command.timeout_s)
                 return None
+            if isinstance(command, Blocking):
+                return command.run()
             return self._open(cast(Open, command))
-        except httpx.TransportError as exc:
+        except FAULTS as exc:
             self.close()
             raise translated(exc) from exc
 
@@ -131,7 +144,7 @@ def probe(dispatcher: Dispatcher, http: httpx.Client) -> dict[str, float | None]
         try:
             http.get(f"{credentials.request_url}/models", headers=credentials.headers)
             rtts[base_url] = time.monotonic() - started
-        except httpx.TransportError:
+        except FAULTS:
             rtts[base_url] = None
         dispatcher.probed(base_url, rtts[base_url])
     return rtts
