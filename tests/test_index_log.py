@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
-from contextpilot_rag.errors import ConfigError, StoreUnavailableError
+from contextpilot_rag.errors import ConfigError, StoreError, StoreUnavailableError
 from contextpilot_rag.index_sync import (
     IndexLogConfig,
     IndexRecord,
@@ -460,3 +460,19 @@ def test_concurrent_calls_replay_every_record_once(shared: Shared) -> None:
     assert (first.appended, second.appended) == (32, 32)
     assert (first.replayed, second.replayed) == (31, 32), (first, second)
     assert [pilot.index_stats().requests for pilot in pilots] == [63, 64]
+
+
+def test_a_full_disk_is_reported_as_such_and_the_log_works_once_space_returns(
+    tmp_path: Path,
+) -> None:
+    """SQLite ends a transaction itself when the disk fills: the error the caller sees
+    is that one, not a failed ROLLBACK's."""
+    log = SQLiteIndexLog(str(tmp_path / "full.db"), max_entries=1_000)
+    log.append("origin", [b"x"], after=0, limit=0)
+    db = log._connection()
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+    with pytest.raises(StoreError, match="full"):
+        log.append("origin", [b"y" * 5_000] * 20, after=0, limit=10)
+    db.execute("PRAGMA max_page_count = 1000000")
+    assert log.append("origin", [b"z"], after=0, limit=1).last == 2

@@ -445,6 +445,27 @@ def test_malformed_payloads_raise_a_typed_error(payload: bytes) -> None:
         decode_batch(3, payload)
 
 
+def _event_nested(depth: int) -> bytes:
+    """A batch of one event of a newer type whose field nests ``depth`` arrays deep."""
+    field = b"\x91" * depth + b"\x01"
+    event = b"\x82" + msgspec.msgpack.encode("type") + msgspec.msgpack.encode("NewEvent")
+    event += msgspec.msgpack.encode("x") + field
+    return b"\x93" + msgspec.msgpack.encode(0.0) + b"\x91" + event + b"\x00"
+
+
+def test_a_payload_nested_beyond_the_interpreters_recursion_is_a_typed_error() -> None:
+    with pytest.raises(InvalidInputError):
+        decode_batch(3, _event_nested(5_000))
+
+
+def test_extra_keys_holding_a_map_of_mixed_key_types_decode() -> None:
+    stored = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
+              "token_ids": list(range(16)), "block_size": 16,
+              "extra_keys": [[{1: "a", "1": "b"}]]}  # fmt: skip
+    (event,) = decode_batch(0, msgspec.msgpack.encode([1.0, [stored], 0])).events
+    assert isinstance(event, BlockStored) and hash(event.block_extra(0)) is not None
+
+
 def test_sequence_frames_are_eight_big_endian_bytes() -> None:
     assert decode_seq((TOP_BIT + 2).to_bytes(8, "big")) == TOP_BIT + 2
     with pytest.raises(InvalidInputError):
@@ -605,13 +626,24 @@ def test_a_listener_that_raises_is_counted_and_the_thread_goes_on(
     assert stats.listener_errors == 1 and subscriber.running
 
 
+def test_a_message_nested_too_deep_is_counted_and_the_thread_goes_on(
+    publisher: FakeVllmPublisher, subscriber: KVEventSubscriber
+) -> None:
+    publisher.send_raw([b"kv", (0).to_bytes(8, "big"), _event_nested(5_000)])
+    publisher.seq = 1
+    assert subscriber.wait(lambda s: s.decode_errors == 1, 5), subscriber.stats()
+    seq = publisher.publish([FakeEngineCache().run(tokens(0, 8))])
+    assert wait_seq(subscriber, seq).last_seq == seq and subscriber.running
+
+
 def test_stop_returns_promptly_and_leaves_no_thread(publisher: FakeVllmPublisher) -> None:
     sub = subscribe(publisher, poll_interval_s=0.05).start()
     publisher.wait_for_subscriber()
+    assert sub.wait(lambda s: s.synced, 5)
     started = time.monotonic()
     sub.stop()
     assert time.monotonic() - started < 1.0
-    assert not sub.running
+    assert not sub.running and not sub.synced  # nothing follows the engine any more
     assert not [t for t in threading.enumerate() if t.name == "kv-event-subscriber"]
 
 

@@ -214,8 +214,9 @@ class KVEventSubscriber:
 
     @property
     def synced(self) -> bool:
-        """Whether the mirror is known to equal the engine's cache (module docstring)."""
-        return self._synced and self.mirror.exact
+        """Whether the mirror is known to equal the engine's cache (module docstring);
+        never once the thread has stopped (nothing keeps the mirror up to date)."""
+        return self._synced and self.mirror.exact and self.running
 
     def stats(self) -> SubscriberStats:
         """A snapshot of the counters."""

@@ -82,8 +82,8 @@ def decode_batch(seq: int, payload: bytes) -> EventBatch:
     and counted in :attr:`EventBatch.unknown_events`."""
     try:
         batch = _batch_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidInputError(f"malformed KV-event batch {seq}: {exc}") from exc
+    except _MALFORMED as exc:
+        raise InvalidInputError(f"malformed KV-event batch {seq}: {exc!r}") from exc
     events: list[KVEvent] = []
     unknown = 0
     for raw in batch.events:
@@ -99,14 +99,21 @@ def _decode_event(seq: int, raw: msgspec.Raw) -> KVEvent | None:
     """One event, or ``None`` for a well-formed event of an unknown type."""
     try:
         wire = _event_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _MALFORMED as exc:
         try:
             tag = _tag_decoder.decode(raw).type
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _MALFORMED:
             tag = None
         if tag is not None and tag not in _KNOWN_TYPES:
             return None
-        raise InvalidInputError(f"malformed KV event in batch {seq}: {exc}") from exc
+        raise InvalidInputError(f"malformed KV event in batch {seq}: {exc!r}") from exc
+    try:
+        return _event_of(wire)
+    except (TypeError, ValueError, RecursionError) as exc:  # extra keys beyond hashing
+        raise InvalidInputError(f"malformed KV event in batch {seq}: {exc!r}") from exc
+
+
+def _event_of(wire: Any) -> KVEvent:
     if isinstance(wire, _Stored):
         return BlockStored(
             block_hashes=tuple(wire.block_hashes),
@@ -123,6 +130,14 @@ def _decode_event(seq: int, raw: msgspec.Raw) -> KVEvent | None:
     return AllBlocksCleared()
 
 
+# msgspec's own errors, and a payload nested deeper than the interpreter recurses
+_MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def _first(pair: tuple[str, Hashable]) -> str:
+    return pair[0]
+
+
 def _freeze_extra(
     extra_keys: list[list[Any] | None],
 ) -> tuple[tuple[Hashable, ...] | None, ...]:
@@ -133,8 +148,8 @@ def _freeze(value: Any) -> Hashable:
     """msgpack arrays decode as lists: tuples instead, so that keys hash."""
     if isinstance(value, list):
         return tuple(map(_freeze, value))
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, dict):  # keys of several types: ordered by their repr
+        return tuple(sorted(((repr(k), _freeze(v)) for k, v in value.items()), key=_first))
     if isinstance(value, Hashable):
         return value
     raise InvalidInputError(f"unhashable extra key {value!r}")

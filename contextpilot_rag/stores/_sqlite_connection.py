@@ -79,7 +79,8 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     try:
         yield db
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # some errors (a full disk) end it themselves
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
