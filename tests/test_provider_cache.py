@@ -48,12 +48,12 @@ def test_a_breakpoint_at_the_minimum_is_written_then_read() -> None:
 
 
 def test_the_minimum_is_per_model() -> None:
-    rules = ProviderRules("anthropic", model_min_tokens={"claude-haiku": 4096})
+    rules = ProviderRules("anthropic", model_min_tokens={"claude-haiku-4-5": 4096})
     model = AnthropicCacheModel(rules)
     request = blocks([2048, 10], {0: TTL_5M_S})
-    haiku = model.request(request, now_s=0, model="claude-haiku-4-5")
-    sonnet = model.request(request, now_s=0, model="claude-sonnet")
-    assert (haiku.cache_write_tokens, sonnet.cache_write_tokens) == (0, 2048)
+    haiku = model.request(request, now_s=0, model="claude-haiku-4-5-20251001")  # a release
+    other = model.request(request, now_s=0, model="claude-haiku-4-6")  # another model
+    assert (haiku.cache_write_tokens, other.cache_write_tokens) == (0, 2048)
 
 
 def test_the_cache_is_per_model() -> None:

@@ -76,14 +76,15 @@ class ProxyRequest:
 def parse_json(raw: bytes) -> object:
     """The request body as JSON; ``NaN``/``Infinity`` (not JSON) and arrays or objects
     nested deeper than :data:`MAX_NESTING` are refused."""
+    too_deep = f"the request body nests arrays and objects deeper than {MAX_NESTING} levels"
     try:
         body = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise ApiError.invalid("the request body is not valid JSON") from None
+    except RecursionError:  # the parser's own limit (lower on older Pythons)
+        raise ApiError.invalid(too_deep) from None
     if not _nests_within(body, MAX_NESTING):
-        raise ApiError.invalid(
-            f"the request body nests arrays and objects deeper than {MAX_NESTING} levels"
-        )
+        raise ApiError.invalid(too_deep)
     return body
 
 
