@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
+import os
+import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TextIO
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -25,16 +30,28 @@ from .batch.progress import rich_step_progress
 from .bench.commands import add_bench_parser, add_engine_arguments, run_bench, run_demo
 from .engines.cli import add_engine_parser, run_engine_command
 from .engines.errors import EngineError
-from .errors import ConfigError, ContextPilotError, ProviderError
+from .errors import (
+    ConfigError,
+    ContextPilotError,
+    ProviderError,
+    StoreError,
+    UnknownConversationError,
+)
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .jsonl import process_lines
 from .pilot import ContextPilot
 from .serve.cli import add_serve_parser, run_serve
+from .stores.url import redacted
 
 __all__ = ["main"]
 
 _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs unmodified")
+_DEMO_DOCS_PER_REQUEST = 15
+_STORE_PROBE = "contextpilot-optimize:store-check"
+EXIT_BROKEN_PIPE = 141
+"""``optimize`` when its reader went away (``| head``): 128 + SIGPIPE, as a shell
+reports a Unix tool the signal ended."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="unmodified vs contextpilot_rag on a real engine (installed on first use); "
         "--engine sim: the instant simulated run",
-        epilog="exit codes: 0 done; 1 the engine failed, or LangChain is missing (real "
-        "engine); 2 bad arguments (--requests below 10, --endpoint without --model)",
+        epilog="exit codes: 0 done; 1 the engine failed or cannot be reached, or LangChain "
+        "is missing (real engine); 2 bad arguments (--requests below 10, a negative --seed, "
+        "--endpoint without --model, a --plot that cannot be written)",
     )
     add_engine_arguments(demo, sim=True)
     demo.add_argument(
@@ -76,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
         "line: the prompt's messages, or the error of a line that could not be used. "
         "Formats: docs/cli.md.",
         epilog="exit codes: 0 every line used; 1 some line could not be used (its error is "
-        "its output line and on stderr); 2 bad arguments or a store that cannot be opened",
+        "its output line and on stderr); 2 bad arguments (an input that cannot be read, an "
+        "output that cannot be written or is the input) or a store that cannot be opened "
+        "or does not answer; 141 the output's reader went away (e.g. | head)",
     )
     optimize.add_argument(
         "-i", "--input", default="-", help="JSON Lines to read (default -: standard input)"
@@ -117,6 +137,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     if args.requests < 10:
         console.print("[red]--requests must be at least 10[/red]")
         return 2
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     console.print(
         "Replaying synthetic RAG traffic (15 documents per request, Zipf-like popularity) "
         "through a vLLM-style prefix cache sized at 25% of what the unmodified prompts "
@@ -124,7 +146,11 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     )
     with rich_step_progress() as progress:
         online = run_online(
-            n_docs=args.requests, n_requests=args.requests, seed=args.seed, progress=progress
+            n_docs=max(args.requests, _DEMO_DOCS_PER_REQUEST),  # a request draws k distinct ones
+            n_requests=args.requests,
+            k=_DEMO_DOCS_PER_REQUEST,
+            seed=args.seed,
+            progress=progress,
         )
         multiturn = run_multiturn(
             n_sessions=max(4, args.requests // 10),
@@ -145,27 +171,110 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    """``optimize``: 2 before the first line when the store or a file cannot be used."""
     try:
-        pilot = ContextPilot(store=args.store)
+        pilot = _optimize_pilot(args.store)
+        with contextlib.ExitStack() as files:
+            source = _optimize_input(args.input, files)
+            sink = _optimize_output(args.output, source, files)
+            failed = _write_results(pilot, source, sink, stop_on_error=args.stop_on_error)
     except ContextPilotError as exc:
-        print(f"contextpilot-rag optimize: {exc}", file=sys.stderr)
+        message = str(exc)
+        if args.store:
+            message = message.replace(args.store, redacted(args.store))
+        print(f"contextpilot-rag optimize: {message}", file=sys.stderr)
         return 2
-    failed = False
-    with contextlib.ExitStack() as files:
-        source = sys.stdin if args.input == "-" else files.enter_context(open(args.input))
-        sink = sys.stdout if args.output == "-" else files.enter_context(open(args.output, "w"))
-        for result in process_lines(pilot, source):
-            sink.write(json.dumps(result, ensure_ascii=False) + "\n")
-            error = result.get("error")
-            if error is not None:
-                failed = True
-                print(
-                    f"line {result['line']}: {error['type']}: {error['message']}", file=sys.stderr
-                )
-                if args.stop_on_error:
-                    break
-            sink.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     return 1 if failed else 0
+
+
+def _optimize_pilot(store: str | None) -> ContextPilot:
+    """The pilot on ``store``, checked to answer (a store that does not is a
+    ``ConfigError``; the pilot would else plan alone and fail each conversation)."""
+    pilot = ContextPilot(store=store)
+    if store is None:
+        return pilot
+    try:
+        pilot.conversation(_STORE_PROBE)
+    except UnknownConversationError:
+        return pilot
+    except StoreError as exc:
+        raise ConfigError(f"the store {redacted(store)} does not answer: {exc}") from None
+    return pilot
+
+
+def _optimize_input(path: str, files: contextlib.ExitStack) -> TextIO:
+    """The input, read as standard input is: UTF-8 (an undecodable byte becomes its
+    line's error, surrogateescape), lines ending at ``\\n`` only."""
+    if path != "-":
+        try:
+            return files.enter_context(_jsonl_reader(path))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    try:
+        descriptor = sys.stdin.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return sys.stdin  # replaced by a caller (tests): already text
+    return files.enter_context(_jsonl_reader(descriptor))
+
+
+def _jsonl_reader(file: str | int) -> TextIO:
+    """A path, or a descriptor left open when the reader closes."""
+    return open(
+        file,
+        encoding="utf-8",
+        errors="surrogateescape",
+        newline="\n",
+        closefd=isinstance(file, str),
+    )
+
+
+def _optimize_output(path: str, source: TextIO, files: contextlib.ExitStack) -> TextIO:
+    """The output, opened (truncated) only once it is known not to be the input."""
+    if path == "-":
+        return sys.stdout
+    if _same_regular_file(source, path):
+        raise ConfigError(f"the output {path!r} is the input: write to another file")
+    try:
+        return files.enter_context(open(path, "w", encoding="utf-8", newline="\n"))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def _same_regular_file(source: TextIO, path: str) -> bool:
+    try:
+        read, written = os.fstat(source.fileno()), os.stat(path)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False  # nothing there yet, or an input without a file
+    return stat.S_ISREG(written.st_mode) and os.path.samestat(read, written)
+
+
+def _write_results(
+    pilot: ContextPilot, source: Iterable[str], sink: TextIO, *, stop_on_error: bool
+) -> bool:
+    """Each line's result to ``sink`` as it is made; whether some line failed."""
+    failed = False
+    for result in process_lines(pilot, source):
+        sink.write(json.dumps(result, ensure_ascii=False) + "\n")
+        error = result.get("error")
+        if error is not None:
+            failed = True
+            print(f"line {result['line']}: {error['type']}: {error['message']}", file=sys.stderr)
+            if stop_on_error:
+                break
+        sink.flush()
+    return failed
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null: the interpreter's last flush of what the
+    gone reader did not take then succeeds quietly (the Python docs' SIGPIPE recipe)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "optimize":
         return _optimize(args)
     if args.engine == "sim" and not args.endpoint:
-        return _demo(args, console)
+        return _on_engine(_demo, args, console)
     return _on_engine(run_demo, args, console)
 
 
@@ -194,8 +303,9 @@ def _on_engine(
     args: argparse.Namespace,
     console: Console,
 ) -> int:
-    """``demo`` or ``bench`` on a real engine: 2 for bad arguments (``--endpoint``
-    without ``--model``), 1 for an engine that cannot be installed or started."""
+    """``demo`` or ``bench``: 2 for bad arguments (``--endpoint`` without ``--model``,
+    a negative seed), 1 for an engine that cannot be installed, started or reached, or
+    that fails a request."""
     try:
         return command(args, console)
     except ConfigError as error:
@@ -204,6 +314,19 @@ def _on_engine(
     except (EngineError, ProviderError) as error:
         console.print(f"error: {error}", style="red", markup=False, highlight=False)
         return 1
+    except httpx.HTTPError as error:
+        where = f" ({error.request.url})" if _has_request(error) else ""
+        message = f"error: the engine failed{where}: {type(error).__name__}: {error}"
+        console.print(message, style="red", markup=False, highlight=False)
+        return 1
+
+
+def _has_request(error: httpx.HTTPError) -> bool:
+    try:
+        error.request  # noqa: B018 - raises RuntimeError when the error carries none
+    except RuntimeError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -346,7 +346,17 @@ def test_a_detached_engine_outlives_its_parent_until_engine_stop(
     assert not path.exists()
 
 
-def test_engine_stop_never_signals_a_recycled_pid(fake_home: EngineLayout) -> None:
+@pytest.mark.parametrize(
+    ("started", "stop_args"),
+    [("earlier", ["--all"]), (None, ["--port", "8030"])],
+    ids=["recycled-pid", "record-without-a-start-time"],
+)
+def test_engine_stop_never_signals_a_process_its_record_cannot_prove_is_the_engine(
+    fake_home: EngineLayout, started: str | None, stop_args: list[str]
+) -> None:
+    """A pid reused by another process (the recorded engine started earlier), or a
+    hand-edited record without a start time: the record is stale and removed, and the
+    process holding that pid now is left alone."""
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         info = process_info(bystander.pid)
@@ -358,7 +368,7 @@ def test_engine_stop_never_signals_a_recycled_pid(fake_home: EngineLayout) -> No
             "base_url": "http://127.0.0.1:8030/v1",
             "pid": bystander.pid,
             "pgid": info.pgid,
-            "start_ticks": info.start_ticks - 1,  # the recorded engine started earlier
+            "start_ticks": None if started is None else info.start_ticks - 1,
             "command": ["python", "-m", "vllm"],
             "log_path": "/dev/null",
             "started_at": 0.0,
@@ -366,13 +376,25 @@ def test_engine_stop_never_signals_a_recycled_pid(fake_home: EngineLayout) -> No
         fake_home.run_dir.mkdir(parents=True)
         state_file = fake_home.run_dir / "vllm-8030.json"
         state_file.write_text(json.dumps(record))
-        assert main(["engine", "stop", "--all"]) == 0
+        assert main(["engine", "stop", *stop_args]) == 0
         time.sleep(0.2)
         assert bystander.poll() is None and is_running(bystander.pid)
         assert not state_file.exists()
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_engine_start_on_port_0_is_a_usage_error(fake_home: EngineLayout) -> None:
+    assert main(["engine", "start", "--port", "0"]) == 2  # not the default port
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "-1"])
+def test_engine_stop_on_a_port_outside_the_range_is_a_usage_error(
+    fake_home: EngineLayout, port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["engine", "stop", "--port", port]) == 2
+    assert "1..65535" in capsys.readouterr().out
 
 
 def test_an_engine_that_exits_during_startup_raises_with_its_log(stand_in: StandIn) -> None:

@@ -29,6 +29,7 @@ from contextpilot_rag.evaluation.retention import ExpectedBlock, lost_blocks
 from contextpilot_rag.evaluation.stats import bootstrap_mean, paired_difference, significant_drop
 from contextpilot_rag.evaluation.tasks import (
     TaskFileError,
+    load_jsonl_tasks,
     mtrag_tasks,
     parse_jsonl_tasks,
 )
@@ -251,6 +252,48 @@ def test_a_task_file_reports_every_invalid_line_with_its_number(tmp_path: Path) 
     assert "tasks.jsonl:3: not valid JSON" in str(caught.value)
 
 
+def test_task_lines_end_only_at_newlines(tmp_path: Path) -> None:
+    """JSON allows U+2028, U+2029 and U+0085 unescaped in a string; they end no line."""
+    task = {"question": "first\u2028second?", "documents": ["doc \u0085 x\u2029"], "reference": "x"}
+    path = tmp_path / "tasks.jsonl"
+    line = json.dumps(task, ensure_ascii=False)
+    path.write_bytes((line + "\r\n" + line.replace('", "doc', '",\r"doc') + "\r\n").encode())
+    tasks = load_jsonl_tasks(path)
+    assert [t.question for t in tasks] == ["first\u2028second?"] * 2
+    assert tasks[1].task_id == "line-2"
+
+
+def test_an_unparseable_number_or_nesting_is_an_invalid_line() -> None:
+    lines = ['{"question": "q", "documents": [], "turn": ' + "1" * 5000 + "}", "[" * 100_000]
+    with pytest.raises(TaskFileError) as caught:
+        parse_jsonl_tasks(lines, source="tasks.jsonl")
+    problems = dict(caught.value.problems)
+    assert "digits" in problems[1] and "nested too deeply" in problems[2]
+
+
+def test_lone_surrogates_in_history_or_reference_are_invalid_lines(
+    tmp_path: Path, server: OpenAICompatibleServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = {"question": "q", "documents": ["a"]}
+    lines = [
+        json.dumps({**good, "history": [{"role": "user", "content": "\ud800"}]}),
+        json.dumps({**good, "reference": "\ud800 x"}),
+        json.dumps({**good, "reference": ["ok", "x \udfff"]}),
+        json.dumps({**good, "conversation_id": "c", "reference": "\ud800"}),
+        json.dumps({**good, "conversation_id": "c", "question": "q2"}),
+    ]
+    path, out = tmp_path / "tasks.jsonl", tmp_path / "results.json"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["eval", "--tasks", str(path), "--endpoint", server.base_url, "--model", "m"]
+    assert main([*argv, "--out", str(out)]) == 2
+    text = capsys.readouterr().out
+    assert "tasks.jsonl:1: history[0].content holds a character" in text
+    assert "tasks.jsonl:2: 'reference' holds" in text
+    assert "tasks.jsonl:3: reference[1] holds" in text
+    assert "tasks.jsonl:4: 'reference' holds" in text
+    assert server.requests == [] and not out.exists()
+
+
 def test_a_task_file_replays_conversations_in_turn_order() -> None:
     lines = [
         json.dumps({"conversation_id": "c", "turn": 2, "question": "q2", "documents": []}),
@@ -440,6 +483,37 @@ def test_an_invalid_task_file_is_a_usage_error_naming_the_line(
 def test_an_unreachable_endpoint_exits_6(tmp_path: Path) -> None:
     argv = ["eval", "--tasks", "mtrag", "--endpoint", "http://127.0.0.1:9/v1", "--model", "m"]
     assert main([*argv, "--limit", "1"]) == 6
+
+
+@pytest.mark.parametrize("where", ["--out", "--plot", "--write"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_request(
+    tmp_path: Path, server: OpenAICompatibleServer, where: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    argv = ["eval", "--tasks", "mtrag", "--endpoint", server.base_url, "--model", "m"]
+    assert main([*argv, "--limit", "1", where, str(tmp_path)]) == 2  # a directory
+    assert main([*argv, "--limit", "1", where, str(blocker / "x")]) == 2  # under a file
+    assert server.requests == []
+
+
+def test_a_bad_section_name_is_refused_before_any_request(
+    tmp_path: Path, server: OpenAICompatibleServer
+) -> None:
+    argv = ["eval", "--tasks", "mtrag", "--endpoint", server.base_url, "--model", "m"]
+    argv += ["--limit", "1", "--write", str(tmp_path / "eval.md"), "--section", "two words"]
+    assert main(argv) == 2
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(
+    server: OpenAICompatibleServer, timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--tasks", "mtrag", "--endpoint", server.base_url, "--model", "m"]
+    assert main([*argv, "--limit", "1", "--timeout-s", timeout]) == 2
+    assert "timeout_s must be a finite number > 0" in capsys.readouterr().out
+    assert server.requests == []
 
 
 def test_the_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,19 @@ def test_demo_rejects_a_workload_too_small_to_measure(capsys: pytest.CaptureFixt
     assert "at least 10" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("requests", ["10", "14"])
+def test_demo_runs_at_the_documented_minimum_of_requests(
+    requests: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--engine", "sim", "--requests", requests]) == 0
+    assert "hit ratio" in capsys.readouterr().out
+
+
+def test_demo_rejects_a_negative_seed_as_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--engine", "sim", "--requests", "20", "--seed", "-1"]) == 2
+    assert "--seed must be >= 0" in capsys.readouterr().out
+
+
 def _needs_the_langchain_path() -> None:
     """The real-engine demo and the suite's ``langchain`` workload run a LangChain chain;
     skip where it is not installed (the core's own lower-bounds run, ``make test-lowest``)."""
@@ -88,6 +101,57 @@ def test_bench_engine_suite_against_an_endpoint_writes_json_and_markdown(tmp_pat
 def test_endpoint_without_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1"]) == 2
     assert "--endpoint needs --model" in capsys.readouterr().out
+
+
+def test_bench_against_an_endpoint_that_does_not_answer_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--model", "m"]) == 1
+    assert "error: cannot reach http://127.0.0.1:9/v1" in capsys.readouterr().out
+
+
+def test_bench_against_a_url_that_is_not_an_api_root_exits_1_before_sending(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with OpenAICompatibleServer() as server:
+        wrong = server.base_url.removesuffix("/v1") + "/v2"
+        assert main(["bench", "--endpoint", wrong, "--model", server.model]) == 1
+        assert server.requests == []
+    assert "HTTP 404" in capsys.readouterr().out
+
+
+def test_bench_on_an_engine_that_fails_its_requests_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def broken(messages: object) -> str:
+        raise RuntimeError("the model crashed")
+
+    with OpenAICompatibleServer(reply=broken) as server:
+        args = ["bench", "--endpoint", server.base_url, "--model", server.model]
+        assert main([*args, "--workloads", "online"]) == 1
+    assert "error: the engine failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown", "--plot"])
+def test_bench_outputs_that_cannot_be_written_are_refused_before_the_run(
+    tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "500")  # the message on one line
+    with OpenAICompatibleServer() as server:
+        args = ["bench", "--endpoint", server.base_url, "--model", server.model]
+        assert main([*args, flag, str(tmp_path)]) == 2  # a directory
+        assert server.requests == []
+    cloud = ["bench", "--suite", "cloud", "--scale", "0.05", "--provider", "openai"]
+    assert main([*cloud, flag, str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "is a directory" in out and "Emulated" not in out  # the suite never started
+
+
+def test_demo_plot_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
+    with OpenAICompatibleServer() as server:
+        args = ["demo", "--endpoint", server.base_url, "--model", server.model]
+        assert main([*args, "--plot", str(tmp_path)]) == 2
+        assert server.requests == []
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot
-from contextpilot_rag.cli import main
+from contextpilot_rag.cli import EXIT_BROKEN_PIPE, main
 from contextpilot_rag.request_field import parse_pilot_fields
 
 
@@ -124,3 +126,111 @@ def test_a_store_that_cannot_be_opened_is_exit_code_2(
     source = _write(tmp_path / "in.jsonl", TURN_1)
     assert main(["optimize", "-i", str(source), "--store", "ftp://nowhere"]) == 2
     assert "ftp" in capsys.readouterr().err
+
+
+def _command(*flags: str, stdin: bytes | BinaryIO = b"") -> subprocess.CompletedProcess[bytes]:
+    """The real command in a fresh interpreter; ``stdin``: its input, or a file it reads."""
+    data = stdin if isinstance(stdin, bytes) else None
+    return subprocess.run(
+        [sys.executable, "-m", "contextpilot_rag.cli", "optimize", *flags],
+        input=data,
+        stdin=None if data is not None else stdin,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _lines(output: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.decode("utf-8").splitlines()]
+
+
+def test_a_line_the_json_parser_refuses_is_that_lines_error(tmp_path: Path) -> None:
+    huge_number = '{"question": "q", "documents": ["a"], "x": ' + "1" * 5000 + "}"
+    too_deep = "[" * 100_000 + "]" * 100_000
+    code, out = _run(tmp_path, TURN_1, huge_number, too_deep, TURN_2)
+    assert code == 1
+    assert [r["line"] for r in out] == [1, 2, 3, 4]
+    assert "digits" in out[1]["error"]["message"]
+    assert "nested too deeply" in out[2]["error"]["message"]
+    assert "messages" in out[0] and "messages" in out[3]
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("input", "cannot read"), ("output folder", "cannot write"), ("output", "cannot write")],
+)
+def test_an_input_or_output_that_cannot_be_opened_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, message: str
+) -> None:
+    source, sink = _write(tmp_path / "in.jsonl", TURN_1), tmp_path / "out.jsonl"
+    if where == "input":
+        source = tmp_path / "missing.jsonl"
+    elif where == "output folder":
+        sink = tmp_path / "missing" / "out.jsonl"
+    else:
+        sink = tmp_path  # a directory
+    assert main(["optimize", "-i", str(source), "-o", str(sink)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_undecodable_byte_is_its_lines_error_from_a_file_as_from_stdin(tmp_path: Path) -> None:
+    data = b'{"question": "q\xff", "documents": ["a"]}\n' + json.dumps(TURN_1).encode() + b"\n"
+    source = tmp_path / "in.bin"
+    source.write_bytes(data)
+    from_file, from_stdin = _command("-i", str(source)), _command(stdin=data)
+    assert from_file.returncode == from_stdin.returncode == 1
+    assert b"Traceback" not in from_file.stderr
+    assert _lines(from_file.stdout) == _lines(from_stdin.stdout)
+    assert "error" in _lines(from_file.stdout)[0]
+    assert "messages" in _lines(from_file.stdout)[1]
+
+
+def test_a_bare_carriage_return_inside_a_line_is_whitespace_from_a_file_as_from_stdin(
+    tmp_path: Path,
+) -> None:
+    data = b'{"question": "q",\r"documents": ["a"]}\r\n'
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(data)
+    code = main(["optimize", "-i", str(source), "-o", str(tmp_path / "out.jsonl")])
+    assert code == 0
+    assert [r["line"] for r in _lines((tmp_path / "out.jsonl").read_bytes())] == [1]
+    assert _command(stdin=data).returncode == 0
+
+
+def test_the_output_may_not_be_the_input(tmp_path: Path) -> None:
+    source = _write(tmp_path / "in.jsonl", TURN_1)
+    before = source.read_bytes()
+    assert main(["optimize", "-i", str(source), "-o", str(source)]) == 2
+    with source.open("rb") as stdin:
+        same_via_stdin = _command("-o", str(source), stdin=stdin)
+    assert same_via_stdin.returncode == 2
+    assert b"is the input" in same_via_stdin.stderr
+    assert source.read_bytes() == before
+
+
+def test_a_store_that_does_not_answer_is_exit_2_and_its_password_is_not_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("redis")
+    source = _write(tmp_path / "in.jsonl", {"question": "q", "documents": ["a"]})
+    sink = tmp_path / "out.jsonl"
+    store = "redis://user:s3cret@127.0.0.1:1/0?timeout_s=0.2"  # nothing listens on port 1
+    assert main(["optimize", "-i", str(source), "-o", str(sink), "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert "does not answer" in err and "***@127.0.0.1:1" in err and "s3cret" not in err
+    assert not sink.exists()  # refused before the output was opened
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly_with_141(tmp_path: Path) -> None:
+    requests = [{"question": f"q{n}", "documents": [f"doc {n} " * 50]} for n in range(400)]
+    source = _write(tmp_path / "in.jsonl", *requests)
+    command = [sys.executable, "-m", "contextpilot_rag.cli", "optimize", "-i", str(source)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as running:
+        assert running.stdout is not None and running.stderr is not None
+        assert json.loads(running.stdout.readline())["line"] == 1
+        running.stdout.close()  # as `| head -1` does
+        err = running.stderr.read()
+        code = running.wait(timeout=120)
+    assert code == EXIT_BROKEN_PIPE == 141
+    assert b"Traceback" not in err and b"BrokenPipe" not in err

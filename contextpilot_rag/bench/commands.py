@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +46,7 @@ from .engine_workloads import SYSTEM, EngineRequest, multiturn_workload, online_
 __all__ = [
     "add_bench_parser",
     "add_engine_arguments",
+    "check_output_paths",
     "engine_session",
     "run_bench",
     "run_cloud_bench",
@@ -110,7 +112,7 @@ def engine_session(args: argparse.Namespace, console: Console) -> Iterator[Engin
     if args.endpoint:
         if not args.model:
             raise ConfigError("--endpoint needs --model (the served model name)")
-        yield _probed(external_engine(args.endpoint, args.model))
+        yield _probed(_answering(external_engine(args.endpoint, args.model)))
         return
     kind, model = args.engine, args.model or "smollm2"
     if installed_engine(kind, model) is None:
@@ -130,6 +132,26 @@ def engine_session(args: argparse.Namespace, console: Console) -> Iterator[Engin
     with engine:
         console.print(f"{kind} serving {engine.model_name} at {engine.base_url}")
         yield engine
+
+
+def _answering(engine: Any) -> Any:
+    """``engine`` once its ``GET /models`` answers (any status but 404, which says the
+    URL is not an OpenAI API root): else :class:`EngineError`, before a run starts."""
+    import httpx
+
+    from ..engines.errors import EngineError
+
+    url = f"{engine.base_url}/models"
+    try:
+        status = httpx.get(url, timeout=10.0).status_code
+    except httpx.HTTPError as exc:
+        raise EngineError(f"cannot reach {engine.base_url}: {type(exc).__name__}: {exc}") from None
+    if status == 404:
+        raise EngineError(
+            f"no OpenAI-compatible API at {engine.base_url} (GET {url}: HTTP 404); "
+            "give the server's /v1 root"
+        )
+    return engine
 
 
 def _probed(engine: Any) -> Any:
@@ -172,7 +194,8 @@ def add_bench_parser(commands: Any) -> None:
         "for the same prompts. --suite cloud replays multi-turn, multi-session and "
         "no-overlap workloads through emulated Anthropic and OpenAI prompt caches and "
         "reports input-token cost, unmodified vs contextpilot_rag.",
-        epilog="exit codes: 0 done; 1 the engine failed; 2 bad arguments",
+        epilog="exit codes: 0 done; 1 the engine failed or cannot be reached; 2 bad "
+        "arguments (among them a --json, --markdown or --plot that cannot be written)",
     )
     bench.add_argument(
         "--suite",
@@ -256,7 +279,33 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--markdown", type=Path, help="also write the results as markdown here")
 
 
+def check_output_paths(*paths: Path | None) -> None:
+    """Raise :class:`ConfigError` for a path (``None``: not asked for) that a run
+    could not write at its end: a directory, a file that cannot be written, or a
+    folder that cannot be made (missing folders are made when it is written)."""
+    for path in paths:
+        if path is not None:
+            _check_output_path(Path(path))
+
+
+def _check_output_path(path: Path) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory: give a file name to write")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{path} cannot be written (permission denied)")
+        return
+    folder = path.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"cannot write {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write {path}: {folder} is not writable")
+
+
 def run_bench(args: argparse.Namespace, console: Console) -> int:
+    check_output_paths(args.json, args.markdown, args.plot)
     if args.suite == "cloud":
         return run_cloud_bench(args, console)
     if args.live:
@@ -302,6 +351,7 @@ def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     from .cloud_report import markdown, plot, rich_tables, write_json
     from .cloud_suite import PROVIDERS, run_cloud_suite
 
+    check_output_paths(args.json, args.markdown, args.plot)
     if args.live:
         return run_live_cloud_bench(args, console)
     providers = PROVIDERS if args.provider == "both" else (args.provider,)
@@ -373,6 +423,7 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     through contextpilot_rag), on a real engine; every arm :data:`DEMO_PASSES` times."""
     from .langchain_path import langchain_available
 
+    check_output_paths(Path(args.plot))
     if not langchain_available():
         console.print(
             "[red]The real-engine demo runs a LangChain chain: install langchain-openai and "

@@ -152,7 +152,7 @@ def _install(args: argparse.Namespace, layout: EngineLayout, console: Console) -
 
 
 def _start(args: argparse.Namespace, layout: EngineLayout, console: Console) -> int:
-    port = args.port or DEFAULT_PORTS[args.engine]
+    port = args.port if args.port is not None else DEFAULT_PORTS[args.engine]
     kv_events = None
     if args.kv_events_port is not None:
         kv_events = KVEventPorts(args.kv_events_port, args.kv_events_port + 1)
@@ -186,6 +186,8 @@ def _start(args: argparse.Namespace, layout: EngineLayout, console: Console) -> 
 
 
 def _stop(args: argparse.Namespace, layout: EngineLayout, console: Console) -> int:
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise ConfigError(f"port {args.port!r} is not in 1..65535")
     records = [record for _, record in read_records(layout.run_dir) if record is not None]
     if not args.all and args.port is None and len(records) > 1:
         ports = ", ".join(str(record.port) for record in records)

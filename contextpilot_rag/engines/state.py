@@ -4,7 +4,8 @@
 A record names its process by pid *and* start time (``/proc/PID/stat``), and its
 process group. ``engine stop`` signals a recorded group only while its leader is
 still that very process: a record whose pid has died, or been reused by another
-process, is stale and removed without signalling anything.
+process, is stale and removed without signalling anything; so is a record that does
+not name its process completely (a hand-edited ``"start_ticks": null``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class RunRecord:
 
     def is_running(self) -> bool:
         """Whether the recorded watchdog is still alive, the same process, and still
-        leads the recorded group."""
+        leads the recorded group. A record without a pid, group and start time to
+        check (hand-edited: ``null``, text) names no process: it is stale."""
+        if not (_integer(self.pid, 1) and _integer(self.pgid, 1) and _integer(self.start_ticks, 0)):
+            return False
         info = process_info(self.pid)
         same = is_running(self.pid, self.start_ticks) and info is not None
         return same and info is not None and info.pgid == self.pgid == self.pid
@@ -56,6 +60,10 @@ class RunRecord:
         data = json.loads(text)
         data["command"] = tuple(data["command"])
         return cls(**data)
+
+
+def _integer(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def detach_engine(engine: RunningEngine, run_dir: Path) -> RunRecord:

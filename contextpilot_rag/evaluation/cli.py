@@ -13,7 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..errors import ContextPilotError
+from ..bench.commands import check_output_paths
+from ..errors import ConfigError, ContextPilotError
 from .arms import ARM_NAMES, DEFAULT_ARMS
 from .client import Endpoint, probe
 from .report import EvalSummary, markdown, plot, rich_tables, summarize, to_json, write_json
@@ -32,7 +33,8 @@ EXIT_UNREACHABLE = 6
 
 EXIT_CODES = {
     EXIT_OK: "every prompt retained its evidence, every request was answered, no significant drop",
-    EXIT_USAGE: "bad arguments or task file (every invalid line is listed), or rouge-score missing",
+    EXIT_USAGE: "bad arguments or task file (every invalid line is listed), an output that "
+    "cannot be written, or rouge-score missing",
     EXIT_RETENTION_LOST: "an arm that claims evidence retention lost a block (listed)",
     EXIT_DROP: "an arm scored significantly below unmodified on a metric (DROP in the table)",
     EXIT_FAILED_REQUESTS: "requests failed after retries (listed; they score nothing)",
@@ -140,8 +142,24 @@ def _prepare(args: argparse.Namespace) -> tuple[EvalSettings, tuple[EvalTask, ..
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     endpoint = Endpoint(args.endpoint, args.model, api_key, args.timeout_s)
     check_options(args.resamples, tolerance=args.tolerance)
+    _check_outputs(args)
     _check_rouge()
     return settings, tasks, endpoint
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--out``, ``--plot`` and ``--write`` can be written once the run is done."""
+    check_output_paths(args.out, args.plot, args.write)
+    if args.write is None:
+        return
+    name = _section_name(args)
+    if not re.fullmatch(r"[\w.-]+", name):
+        raise ConfigError(f"--section: letters, digits, '.', '_' and '-' only; got {name!r}")
+    if args.write.exists():
+        try:
+            args.write.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--write {str(args.write)!r} cannot be read: {exc}") from None
 
 
 def run_eval_command(

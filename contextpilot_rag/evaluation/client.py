@@ -11,6 +11,7 @@ prompt does not end a long run.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -40,8 +41,10 @@ class Endpoint:
             raise ConfigError(f"endpoint must be an http(s) URL, got {self.base_url!r}")
         if not self.model:
             raise ConfigError("the endpoint needs a model name")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        timeout_s = self.timeout_s
+        number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+        if not number or not math.isfinite(timeout_s) or timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be a finite number > 0, got {self.timeout_s!r}")
 
     @property
     def headers(self) -> dict[str, str]:

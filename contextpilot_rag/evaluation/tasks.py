@@ -181,10 +181,17 @@ def load_jsonl_tasks(path: Path | str) -> tuple[EvalTask, ...]:
     :class:`~contextpilot_rag.errors.InvalidInputError` for an unreadable file."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"cannot read task file {str(path)!r}: {exc}") from exc
-    return parse_jsonl_tasks(lines, source=str(path))
+    return parse_jsonl_tasks(_jsonl_lines(text), source=str(path))
+
+
+def _jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text: split at ``\n`` only (a CRLF's ``\r`` dropped),
+    never at the U+2028, U+0085 … that ``str.splitlines`` also takes for line ends and
+    JSON allows unescaped inside a string."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def parse_jsonl_tasks(lines: Iterable[str], *, source: str = "<tasks>") -> tuple[EvalTask, ...]:
@@ -242,11 +249,16 @@ def _required_text(raw: Mapping[str, Any], name: str) -> str:
     value = raw.get(name)
     if not isinstance(value, str) or not value.strip():
         raise _LineError(f"'{name}' must be a non-empty string, got {value!r}")
+    _check_encodable(f"'{name}'", value)
+    return value
+
+
+def _check_encodable(what: str, text: str) -> None:
+    """Text that cannot be sent or written as UTF-8 (a lone surrogate) is the line's error."""
     try:
-        check_encodable(f"'{name}'", value)
+        check_encodable(what, text)
     except InvalidInputError as exc:
         raise _LineError(str(exc)) from None
-    return value
 
 
 def _optional_text(raw: Mapping[str, Any], name: str) -> str | None:
@@ -305,6 +317,7 @@ def _history(value: Any) -> tuple[HistoryMessage, ...]:
             raise _LineError(f"history[{position}].role must be one of {_ROLES}, got {role!r}")
         if not isinstance(content, str):
             raise _LineError(f"history[{position}].content must be a string, got {content!r}")
+        _check_encodable(f"history[{position}].content", content)
         messages.append(HistoryMessage(role, content))
     return tuple(messages)
 
@@ -313,9 +326,12 @@ def _references(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
+        _check_encodable("'reference'", value)
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _LineError(f"'reference' must be a string or a list of strings, got {value!r}")
+    for position, reference in enumerate(value):
+        _check_encodable(f"reference[{position}]", reference)
     return tuple(v for v in value if v.strip())
 
 

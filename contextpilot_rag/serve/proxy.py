@@ -36,6 +36,7 @@ from ..pilot import ContextPilot, PilotConfig
 from ..prompt import Prompt
 from ..routing.client import AsyncChatStream, ChatResult, ClientConfig, RoutingClient
 from ..routing.metrics import RoutingMetrics
+from ..stores.url import redacted
 from ..tenants import TenantConfig
 from .api_errors import ApiError, pilot_error_of, routing_error_of
 from .config import ServeConfig
@@ -242,20 +243,12 @@ def _pilot(config: ServeConfig) -> ContextPilot:
     except UnknownConversationError:
         return pilot
     except StoreError as exc:  # down, or in a format this version cannot read
-        raise ConfigError(f"the store {_redacted(store)} is not usable: {exc}") from None
+        raise ConfigError(f"the store {redacted(store)} is not usable: {exc}") from None
     except ContextPilotError:
         raise
     except Exception as exc:
-        raise ConfigError(f"the store {_redacted(store)} does not answer: {exc!r}") from None
+        raise ConfigError(f"the store {redacted(store)} does not answer: {exc!r}") from None
     return pilot
-
-
-def _redacted(url: str) -> str:
-    """``url`` with its credentials (``user:password@``) shown as ``***@``."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    _, at, host = authority.rpartition("@")
-    return f"{scheme}{sep}***@{host}{slash}{path}" if at else url
 
 
 def _routing_metrics() -> RoutingMetrics | None:

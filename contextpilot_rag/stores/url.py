@@ -24,7 +24,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit, urlunsplit
 from ..conversations import ConversationStore, InMemoryConversationStore
 from ..errors import ConfigError
 
-__all__ = ["StoreURL", "open_store", "parse_store_url", "resolve_store"]
+__all__ = ["StoreURL", "open_store", "parse_store_url", "redacted", "resolve_store"]
 
 _OPTIONS: Mapping[str, tuple[str, ...]] = {
     "redis": ("key_prefix", "timeout_s"),
@@ -185,3 +185,12 @@ def _positive(url: str, name: str, value: str) -> None:
         number = math.nan
     if not (math.isfinite(number) and number > 0):
         raise ConfigError(f"bad store URL {url!r}: {name} must be a number > 0, got {value!r}")
+
+
+def redacted(url: str) -> str:
+    """``url`` with its credentials (``user:password@``) shown as ``***@``, for
+    messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    _, at, host = authority.rpartition("@")
+    return f"{scheme}{sep}***@{host}{slash}{path}" if at else url
