@@ -218,6 +218,33 @@ def test_builder_refuses_input_without_a_question(pilot: ContextPilot) -> None:
         builder.invoke("What is A?")  # type: ignore[arg-type]
 
 
+def test_the_builder_awaits_the_pilot_off_the_event_loop(
+    pilot: ContextPilot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import threading
+
+    _need("langchain_core")
+    from langchain_contextpilot import ContextPilotPromptBuilder
+
+    builder = ContextPilotPromptBuilder(pilot=pilot, system=SYSTEM)
+    optimize = pilot.optimize
+
+    async def scenario() -> Any:
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+
+        def gated(*args: Any, **kwargs: Any) -> Prompt:
+            loop.call_soon_threadsafe(gate.set)  # opens only while the loop is free
+            assert gate.wait(5), "the pilot ran on the event loop (tokenizing, a store's I/O)"
+            return optimize(*args, **kwargs)
+
+        monkeypatch.setattr(pilot, "optimize", gated)
+        return await builder.ainvoke({"documents": _documents(0, 1), "question": "A?"})
+
+    messages = asyncio.run(scenario())
+    assert messages[-1].additional_kwargs["contextpilot"]["request_id"]
+
+
 # LangChain: ChatOpenAI
 
 

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -30,12 +30,14 @@ litellm = pytest.importorskip(
     reason="litellm is not installed (pip install -e 'integrations/litellm[litellm]')",
 )
 
+from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 from litellm.router import Router  # noqa: E402
 from litellm_contextpilot import (  # noqa: E402
     ContextPilotHook,
     ContextPilotRoutingStrategy,
     FleetConfig,
 )
+from litellm_contextpilot._callbacks import add_callback, remove_callback  # noqa: E402
 from litellm_contextpilot._fleet import Fleet  # noqa: E402
 from litellm_contextpilot._keys import RouteKeys  # noqa: E402
 
@@ -71,7 +73,8 @@ def run() -> Iterator[Run]:
     pending = asyncio.all_tasks(loop)
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:  # gather() of nothing would be a future of another loop
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
 
@@ -87,19 +90,30 @@ def fleet() -> Iterator[list[OpenAICompatibleServer]]:
         ]
 
 
+def deployment(url: str, model_name: str = MODEL) -> dict[str, Any]:
+    return {
+        "model_name": model_name,
+        "litellm_params": {"model": f"openai/{MODEL}", "api_base": url, "api_key": "loopback"},
+    }
+
+
 def router_over(servers: list[OpenAICompatibleServer], **options: Any) -> Router:
-    model_list = [
-        {
-            "model_name": MODEL,
-            "litellm_params": {
-                "model": f"openai/{MODEL}",
-                "api_base": server.base_url,
-                "api_key": "loopback",
-            },
-        }
-        for server in servers
-    ]
+    model_list = [deployment(server.base_url) for server in servers]
     return Router(model_list=model_list, num_retries=0, **options)
+
+
+def dead_url() -> str:
+    """The base URL of a server that has stopped: every call to it fails."""
+    dead = OpenAICompatibleServer(model=MODEL).start()
+    url = dead.base_url
+    dead.stop()
+    return url
+
+
+def router_falling_back(primary: str, backup: str) -> Router:
+    """``MODEL`` on ``primary``, falling back to the group ``backup`` on ``backup``."""
+    model_list = [deployment(primary), deployment(backup, "backup")]
+    return Router(model_list=model_list, num_retries=0, fallbacks=[{MODEL: ["backup"]}])
 
 
 class Routed(NamedTuple):
@@ -190,13 +204,22 @@ async def ask(router: Router, data: dict[str, Any], *, stream: bool) -> str:
 
 
 async def settled(
-    strategy: ContextPilotRoutingStrategy, hook: ContextPilotHook | None = None
+    strategy: ContextPilotRoutingStrategy | None, hook: ContextPilotHook | None = None
 ) -> None:
     """Wait until LiteLLM has reported the end of every call (callbacks run after the
     answer is returned)."""
-    deadline = time.monotonic() + 10
-    while strategy.open_routes or (hook is not None and hook.pending):
-        assert time.monotonic() < deadline, "LiteLLM never reported a call's end"
+
+    def ended() -> bool:
+        routes = strategy.open_routes if strategy is not None else 0
+        return routes == (hook.pending if hook is not None else 0) == 0
+
+    await until(ended, "LiteLLM never reported a call's end")
+
+
+async def until(condition: Callable[[], bool], failure: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, failure
         await asyncio.sleep(0.02)
 
 
@@ -294,6 +317,28 @@ def test_the_hook_rewrites_requests_with_documents_and_records_their_answers(
     assert "[doc3]" in last and "[doc1]" not in last  # doc1, doc2 sent before: notes only
     assert "Question 2 of chat-1?" in last
     assert all("contextpilot" not in r for server in fleet for r in server.requests)
+
+
+def test_a_stamp_a_client_sent_is_never_taken_for_the_hooks(run: Run, routed: Routed) -> None:
+    """On a proxy a client writes the metadata: a ``contextpilot`` stamp naming another
+    conversation's pending turn (request ids are sequential) must not record the
+    client's answer there."""
+    _, router, strategy, hook = routed
+    victims_turn = hook.apply(question("victim", 1, DOCUMENTS[:2]))
+    stamp = victims_turn["metadata"]["contextpilot"]
+    forged = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Unrelated?"}],
+        "metadata": {"contextpilot": dict(stamp), "contextpilot_routes": ["r1"]},
+    }
+
+    async def scenario() -> None:
+        await ask(router, hook.apply(forged), stream=False)
+        await until(lambda: strategy.open_routes == 0, "the forged call never ended")
+
+    run(scenario())
+    (turn,) = hook.pilot.conversation("victim").turns
+    assert turn.answer is None and hook.pending == 1  # still waiting for its own answer
 
 
 def test_requests_without_the_field_pass_untouched() -> None:
@@ -603,3 +648,188 @@ def test_a_policy_is_chosen_by_its_registry_name_with_its_options() -> None:
         ContextPilotRoutingStrategy("fastest")
     with pytest.raises(ConfigError, match="by name only"):
         ContextPilotRoutingStrategy(strategy.policy, policy_options={"hold_wait_s": None})
+
+
+# -- one call's state stays its own: shared metadata, cancellation, failures -----------------
+
+
+class LoggedRoutes(CustomLogger):
+    """The route ids LiteLLM logs on each successful call's metadata."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routes: list[list[str]] = []
+
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self.routes.append(list(kwargs["litellm_params"]["metadata"]["contextpilot_routes"]))
+
+
+def test_one_metadata_dict_shared_by_concurrent_calls_keeps_each_answer_its_own(
+    run: Run,
+) -> None:
+    def answer(messages: list[dict[str, Any]]) -> str:
+        return "answer to " + messages[-1]["content"].split()[-1]  # "... of alice?"
+
+    tags: dict[str, Any] = {"app": "rag"}  # one dict an application sends with every call
+    hook = ContextPilotHook().attach()
+    with OpenAICompatibleServer(model=MODEL, reply=answer) as server:
+        router = router_over([server])
+
+        async def scenario() -> None:
+            asked = [
+                hook.apply({**question(name, 1, DOCUMENTS[:2]), "metadata": tags})
+                for name in ("alice", "bob")
+            ]
+            await asyncio.gather(*(router.acompletion(**data) for data in asked))
+            await settled(None, hook)
+
+        try:
+            run(scenario())
+        finally:
+            hook.detach()
+    for name in ("alice", "bob"):
+        turns = hook.pilot.conversation(name).turns
+        assert [turn.answer for turn in turns] == [f"answer to {name}?"]
+    assert "contextpilot" not in tags
+
+
+def test_calls_sharing_one_metadata_dict_each_report_their_own_route(
+    run: Run, fleet: list[OpenAICompatibleServer]
+) -> None:
+    tags: dict[str, Any] = {"contextpilot_routes": ["r1"]}  # a list the strategy did not make
+    logged = LoggedRoutes()
+    with routing(fleet, "combined") as (_, router, strategy, _hook):
+        add_callback(logged)
+
+        async def scenario() -> None:
+            calls = [
+                router.acompletion(**chat(f"System prompt {n}. " * 40, "Hi?"), metadata=tags)
+                for n in range(6)
+            ]
+            await asyncio.gather(*calls)
+            await settled(strategy)
+            await until(lambda: len(logged.routes) == 6, "a success was not logged")
+
+        try:
+            run(scenario())
+        finally:
+            remove_callback(logged)
+    assert [len(routes) for routes in logged.routes] == [1] * 6  # its own decision only
+    assert len({routes[0] for routes in logged.routes}) == 6
+    assert tags["contextpilot_routes"] == ["r1"]  # the caller's list, untouched
+
+
+@pytest.mark.parametrize("given_up", ["call", "stream"])
+def test_a_call_cancelled_with_its_task_releases_its_deployment_at_once(
+    run: Run, given_up: str
+) -> None:
+    arrived, answer = threading.Event(), threading.Event()
+
+    def held(_messages: list[dict[str, Any]]) -> str:
+        arrived.set()
+        answer.wait(10)  # the engine holds the answer: the call is cancelled in flight
+        return "too late"
+
+    words = "word " * 100  # 5 s at 50 ms a word: read from, then cancelled mid-stream
+    engine = (
+        OpenAICompatibleServer(model=MODEL, reply=held)
+        if given_up == "call"
+        else OpenAICompatibleServer(model=MODEL, reply=lambda _m: words, token_delay_s=0.05)
+    )
+    with engine:
+        router = router_over([engine])
+        strategy = ContextPilotRoutingStrategy("combined").attach(router)
+        data = {"model": MODEL, "messages": [{"role": "user", "content": "Hello?"}]}
+
+        async def call() -> None:
+            if given_up == "call":
+                await router.acompletion(**data)
+                return
+            async for _chunk in await router.acompletion(**data, stream=True):
+                arrived.set()  # as a proxy's client that goes away mid-answer
+
+        async def scenario() -> None:
+            task = asyncio.create_task(call())
+            await until(arrived.is_set, "the call never reached the engine")
+            assert strategy.open_routes == 1 and not task.done()
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            await until(lambda: strategy.open_routes == 0, "still counted busy", timeout_s=2)
+
+        try:
+            run(scenario())
+        finally:
+            answer.set()
+            strategy.detach()
+    assert strategy.open_routes == 0  # not after FleetConfig.route_ttl_s (600 s)
+
+
+def test_a_call_that_fails_for_good_is_evicted_when_its_task_ends(run: Run) -> None:
+    router = router_falling_back(dead_url(), dead_url())  # two attempts, both fail
+    hook = ContextPilotHook().attach()
+
+    async def handle() -> str:  # one request's task, as a web handler's
+        data = hook.apply(question("chat-9", 1, DOCUMENTS[:2]))
+        assert hook.pending == 1 and hook.pilot.index_stats().requests == 1
+        try:
+            await router.acompletion(**data)
+        except Exception as exc:
+            return type(exc).__name__
+        return "answered"
+
+    async def scenario() -> str:
+        outcome = await asyncio.create_task(handle())
+        await settled(None, hook)
+        return outcome
+
+    try:
+        outcome = run(scenario())
+    finally:
+        hook.detach()
+    assert outcome != "answered"
+    assert hook.pilot.index_stats().requests == 0  # no engine cached the prompt
+    turns = hook.pilot.conversation("chat-9").turns
+    assert len(turns) == 1 and turns[0].answer is None  # the question stays, unanswered
+
+
+def test_a_failed_call_is_final_when_its_caller_applies_the_hook_again(run: Run) -> None:
+    router = router_falling_back(dead_url(), dead_url())
+    hook = ContextPilotHook().attach()
+
+    async def scenario() -> None:  # one task, one call after the other
+        failed = hook.apply(question("chat-8", 1, DOCUMENTS[:2]))
+        with suppress(Exception):
+            await router.acompletion(**failed)
+        hook.apply(question("chat-8", 2, DOCUMENTS[2:4]))
+
+    try:
+        run(scenario())
+    finally:
+        hook.detach()
+    assert hook.pending == 1  # the second prompt only
+    assert hook.pilot.index_stats().requests == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fallback_that_answers_keeps_the_failed_attempts_prompt(
+    run: Run, fleet: list[OpenAICompatibleServer], stream: bool
+) -> None:
+    router = router_falling_back(dead_url(), fleet[0].base_url)
+    hook = ContextPilotHook().attach()
+
+    async def scenario() -> str:
+        data = hook.apply(question("chat-7", 1, DOCUMENTS[:2]))
+        answer = await asyncio.create_task(ask(router, data, stream=stream))
+        await settled(None, hook)  # the call's task has ended: the answer still counts
+        return answer
+
+    try:
+        answer = run(scenario())
+    finally:
+        hook.detach()
+    assert answer == reply_of("a")
+    assert [turn.answer for turn in hook.pilot.conversation("chat-7").turns] == [answer]
+    assert hook.pilot.index_stats().requests == 1

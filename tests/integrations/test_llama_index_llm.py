@@ -30,6 +30,7 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import ChatMessage, ChatResponse, CompletionResponse
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.schema import TextNode
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.contextpilot import ContextPilotLLM
@@ -266,13 +267,20 @@ def test_tool_calling_sends_the_tools_and_reads_back_the_engines_calls() -> None
 
 class ListingServer:
     """A loopback engine that lists model ``m`` in ``GET /v1/models`` with the fields of
-    ``listed`` (vLLM adds ``max_model_len``), answers every chat request with ``"ok"``
-    after ``stall_s``, and records ``(method, path, Authorization header)`` of each
-    request in ``seen``."""
+    ``listed`` (vLLM adds ``max_model_len``) after ``list_stall_s``, answers every chat
+    request with ``"ok"`` after ``stall_s``, and records ``(method, path, Authorization
+    header)`` of each request in ``seen``."""
 
-    def __init__(self, listed: dict[str, Any] | None = None, *, stall_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        listed: dict[str, Any] | None = None,
+        *,
+        stall_s: float = 0.0,
+        list_stall_s: float = 0.0,
+    ) -> None:
         self.listed = {"id": "m", "object": "model", **(listed or {})}
         self.stall_s = stall_s
+        self.list_stall_s = list_stall_s
         self.seen: list[tuple[str, str, str | None]] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -291,7 +299,9 @@ class ListingServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 engine.seen.append(("GET", self.path, self.headers.get("Authorization")))
-                self._send("application/json", json.dumps({"data": [engine.listed]}))
+                time.sleep(engine.list_stall_s)
+                with contextlib.suppress(OSError):  # the client may have given up
+                    self._send("application/json", json.dumps({"data": [engine.listed]}))
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -459,6 +469,42 @@ def test_context_window_is_the_smallest_max_model_len_the_endpoints_report() -> 
         assert llm.metadata.context_window == 8192
         assert len(large.requests_to("GET", "/v1/models")) == 1  # read once, then cached
         assert len(small.requests_to("GET", "/v1/models")) == 1
+        llm.close()
+
+
+def test_the_endpoints_are_asked_at_once_so_hung_ones_hold_the_loop_one_deadline() -> None:
+    """LlamaIndex reads ``metadata`` inside ``apredict``, on the event loop: the model
+    lists are read there, so four hung endpoints must cost one deadline, not four."""
+    with contextlib.ExitStack() as stack:
+        hung = [
+            stack.enter_context(ListingServer({"max_model_len": 4096}, list_stall_s=10.0))
+            for _ in range(4)
+        ]
+        answering = stack.enter_context(ListingServer({"max_model_len": 8192}))
+        endpoints = [answering.base_url, *(server.base_url for server in hung)]
+        llm = ContextPilotLLM(endpoints=endpoints, model="m", timeout=0.5, max_retries=0)
+
+        async def scenario() -> tuple[str, float]:
+            gaps: list[float] = []
+
+            async def tick() -> None:
+                last = time.monotonic()
+                while True:
+                    await asyncio.sleep(0.01)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+            ticker = asyncio.create_task(tick())
+            await asyncio.sleep(0.05)
+            answer = await llm.apredict(PromptTemplate("Which {thing}?"), thing="one")
+            ticker.cancel()
+            return answer, max(gaps)
+
+        answer, longest_stall_s = asyncio.run(scenario())
+        assert answer == "ok"
+        assert longest_stall_s < 1.5  # one after another: 4 x 0.5 s
+        assert llm.metadata.context_window == 8192  # the hung ones count for nothing
         llm.close()
 
 

@@ -640,6 +640,30 @@ def test_async_memory_gives_the_same_order_as_the_core(tmp_path: Path, recorder:
     assert recorder.requests == []
 
 
+def test_async_search_runs_the_pilot_off_the_event_loop(
+    tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        memory = AsyncMemory.from_config(mem0_config(tmp_path, recorder.url))
+        memory.embedding_model = HashingEmbedder()
+        wrapped = AsyncContextPilotMemory(memory)
+        for text in MEMORIES[:4]:
+            await wrapped.add(text, **USER, infer=False)
+        loop, gate, optimize = asyncio.get_running_loop(), threading.Event(), wrapped.pilot.optimize
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            loop.call_soon_threadsafe(gate.set)  # opens only while the loop is free
+            assert gate.wait(5), "the pilot ran on the event loop (tokenizing, a store's I/O)"
+            return optimize(*args, **kwargs)
+
+        monkeypatch.setattr(wrapped.pilot, "optimize", gated)
+        return await wrapped.search(QUERIES[0], filters=USER, top_k=4)
+
+    response = asyncio.run(scenario())
+    assert len(response["results"]) == 4 and response[ANNOTATION_KEY]["request_id"]
+    assert recorder.requests == []
+
+
 # -- offline --------------------------------------------------------------------------------
 
 

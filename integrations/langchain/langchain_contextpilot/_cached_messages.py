@@ -24,6 +24,7 @@ from langchain_core.runnables import (
     RunnableSerializable,
     ensure_config,
 )
+from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field
 from typing_extensions import TypedDict, override
 
@@ -182,7 +183,14 @@ class ContextPilotPromptBuilder(RunnableSerializable[Mapping[str, Any], list[Bas
     async def ainvoke(
         self, input: Mapping[str, Any], config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[BaseMessage]:
-        return self.invoke(input, config, **kwargs)  # in memory, no I/O
+        config = ensure_config(config)
+
+        async def build(value: Mapping[str, Any]) -> list[BaseMessage]:
+            # off the event loop: the pilot tokenizes new documents, and a shared store
+            # (Redis, SQLite) is a blocking round trip
+            return await run_in_executor(config, self._build, value, config)
+
+        return await self._acall_with_config(build, input, config, run_type="prompt")
 
     def _build(self, value: Mapping[str, Any], config: RunnableConfig) -> list[BaseMessage]:
         if not isinstance(value, Mapping):

@@ -22,11 +22,13 @@ from contextpilot_rag.usage import CacheUsage, parse_cache_usage
 __all__ = [
     "PILOT_KEY",
     "ROUTES_KEY",
+    "RouteIds",
     "answer_text",
     "cache_usage",
     "call_seconds",
     "completion_tokens",
     "deployment_id",
+    "drop_stamps",
     "logged_metadata",
     "request_metadata",
 ]
@@ -38,18 +40,44 @@ salts; ``boundaries``: its block ends)."""
 
 ROUTES_KEY = "contextpilot_routes"
 """Metadata the strategy stamps: the ids of its routing decisions for the request,
-oldest first (a retry adds one)."""
+oldest first (a retry adds one), as :class:`RouteIds`."""
+
+
+class RouteIds(list[str]):
+    """The route ids the strategy stamped on one request. Its own type, so a list of
+    that name that a caller or a client sent is never taken for the strategy's and
+    extended (LiteLLM copies a request's metadata per attempt, keeping the type)."""
+
 
 _METADATA_FIELDS = ("metadata", "litellm_metadata")
 
 
+def drop_stamps(request_kwargs: dict[str, Any]) -> None:
+    """Remove :data:`PILOT_KEY` and :data:`ROUTES_KEY` from the request's metadata (a
+    copy is put back; the caller's dict is left alone): only the hook and the strategy
+    stamp them, and one a proxy's client sent would name another request's prompt or
+    routes (their ids are sequential), recording its answer in another conversation."""
+    for name in _METADATA_FIELDS:
+        found = request_kwargs.get(name)
+        if isinstance(found, dict) and (PILOT_KEY in found or ROUTES_KEY in found):
+            request_kwargs[name] = {
+                key: value for key, value in found.items() if key not in (PILOT_KEY, ROUTES_KEY)
+            }
+
+
 def request_metadata(request_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The request's metadata dict, to read and stamp (created when absent): the
-    ``metadata`` LiteLLM routes with, or ``litellm_metadata`` where only that exists."""
+    ``metadata`` LiteLLM routes with, or ``litellm_metadata`` where only that exists.
+
+    A copy, put back into ``request_kwargs``: applications pass one dict (common tags)
+    to many calls, and a stamp made in that dict would be every concurrent call's, so
+    one call's answer would be recorded as another's turn and close another's route."""
     for name in _METADATA_FIELDS:
         found = request_kwargs.get(name)
         if isinstance(found, dict):
-            return found
+            own: dict[str, Any] = dict(found)
+            request_kwargs[name] = own
+            return own
     created: dict[str, Any] = {}
     request_kwargs["metadata"] = created
     return created

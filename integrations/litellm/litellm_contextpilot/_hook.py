@@ -9,7 +9,10 @@ routed, so the routing strategy sees the final prompt); with the Python SDK, pas
 request's keyword arguments through :meth:`ContextPilotHook.apply` before
 ``router.acompletion(**kwargs)``. Either way, with the hook among LiteLLM's callbacks,
 the answer is recorded as the conversation's turn when the call succeeds, and the
-engine's cache report corrects the pilot's index.
+engine's cache report corrects the pilot's index. A call that fails for good (every
+retry and fallback failed) is evicted from the pilot's index, since no engine cached its
+prompt; its turn stays in the conversation, unanswered (as ``contextpilot-rag serve``
+leaves it). A failure counts as final once the call is over (:mod:`._failed_calls`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from contextpilot_rag import ConfigError, ContextPilot, ContextPilotError, Promp
 from contextpilot_rag.serve.api_errors import pilot_error_of
 
 from ._callbacks import add_callback, remove_callback
-from ._events import PILOT_KEY, answer_text, cache_usage, logged_metadata, request_metadata
+from ._events import (
+    PILOT_KEY,
+    answer_text,
+    cache_usage,
+    drop_stamps,
+    logged_metadata,
+    request_metadata,
+)
+from ._failed_calls import FailedCalls
 from ._field import pop_field, read_pilot_request
 
 __all__ = ["ContextPilotHook"]
@@ -47,7 +58,10 @@ class ContextPilotHook(CustomLogger):
     ``send_cache_salt``: add the prompt's ``cache_salt`` to the request
     (``extra_body``), for engines with a salted prefix cache (vLLM); others may refuse
     the unknown field. At most ``max_pending`` prompts await their answer (the oldest
-    is forgotten first: its answer is then not recorded).
+    is forgotten first: its answer is then not recorded). A call that failed for good
+    is forgotten, and its prompt evicted from the pilot's index, once its caller is past
+    it: when the task that made it ends, or when the same task (or thread) calls
+    :meth:`apply` again; a failed attempt that a retry or fallback follows is not.
     """
 
     def __init__(
@@ -71,6 +85,7 @@ class ContextPilotHook(CustomLogger):
         self._max_pending = max_pending
         self._pending: OrderedDict[str, Prompt] = OrderedDict()
         self._lock = threading.Lock()
+        self._failed = FailedCalls(self._failed_for_good)  # its lock is taken after ours
 
     def attach(self) -> ContextPilotHook:
         """Join LiteLLM's callbacks (``litellm.callbacks``), to hear of the answers."""
@@ -89,6 +104,8 @@ class ContextPilotHook(CustomLogger):
         removed; without it, nothing changes. Raises
         :class:`~contextpilot_rag.errors.InvalidInputError` for a malformed field (the
         request is refused; nothing is recorded)."""
+        self._failed.caller_moved_on()  # its earlier calls are over
+        drop_stamps(data)  # only this hook stamps a prompt: never trust a client's
         field = pop_field(data)
         if field is None:
             return data
@@ -116,7 +133,7 @@ class ContextPilotHook(CustomLogger):
         with self._lock:
             self._pending[prompt.request_id] = prompt
             while len(self._pending) > self._max_pending:
-                self._pending.popitem(last=False)
+                self._failed.discard(self._pending.popitem(last=False)[0])
         return data
 
     async def async_pre_call_hook(
@@ -153,10 +170,12 @@ class ContextPilotHook(CustomLogger):
         """After a successful call: its answer becomes the conversation's turn (paired
         with the exact prompt sent) and its cache report goes to the pilot. Returns
         whether the call was one of this hook's; never raises into LiteLLM."""
-        stamped = logged_metadata(kwargs).get(PILOT_KEY) if isinstance(kwargs, Mapping) else None
-        request_id = stamped.get("request_id") if isinstance(stamped, Mapping) else None
+        request_id = _stamped_request_id(kwargs)
+        if request_id is None:
+            return False
+        self._failed.discard(request_id)
         with self._lock:
-            prompt = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
+            prompt = self._pending.pop(request_id, None)
         if prompt is None:
             return False
         try:
@@ -174,11 +193,62 @@ class ContextPilotHook(CustomLogger):
         if usage is not None and usage.prompt_tokens > 0:
             pilot.observe_cache(prompt, usage.cached_tokens, usage.prompt_tokens)
 
+    # -- failures ------------------------------------------------------------------------
+
+    async def async_log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._attempt_failed(kwargs)
+
+    def log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._attempt_failed(kwargs)
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        """An attempt starts: a retry or fallback of a failed one keeps its prompt."""
+        request_id = _stamped_request_id(kwargs)
+        if request_id is not None:
+            self._failed.discard(request_id)
+
+    def _attempt_failed(self, kwargs: object) -> None:
+        """An attempt of one of this hook's calls failed: held until its call is over
+        (a retry or fallback may still answer it)."""
+        request_id = _stamped_request_id(kwargs)
+        if request_id is None:
+            return
+        with self._lock:
+            if request_id not in self._pending:
+                return
+        self._failed.failed(request_id)
+
+    def _failed_for_good(self, request_ids: list[str]) -> None:
+        """Calls over without an answer: no engine cached their prompts. Never raises
+        (it runs in LiteLLM's and asyncio's callbacks too)."""
+        with self._lock:
+            forgotten = [rid for rid in request_ids if self._pending.pop(rid, None) is not None]
+        if not forgotten:
+            return
+        try:
+            self.pilot.evict(forgotten)
+        except Exception:
+            logger.exception("ContextPilotHook: evicting the failed requests %s failed", forgotten)
+
     @property
     def pending(self) -> int:
-        """Prompts sent whose answer has not been recorded."""
+        """Prompts sent whose answer has not been recorded (a call that failed counts
+        until it is known to be over)."""
         with self._lock:
             return len(self._pending)
+
+
+def _stamped_request_id(kwargs: object) -> str | None:
+    """The request id the hook stamped on a logged call, if any."""
+    if not isinstance(kwargs, Mapping):
+        return None
+    stamped = logged_metadata(kwargs).get(PILOT_KEY)
+    request_id = stamped.get("request_id") if isinstance(stamped, Mapping) else None
+    return request_id if isinstance(request_id, str) else None
 
 
 def _refusal(error: ContextPilotError) -> Exception | None:

@@ -55,6 +55,7 @@ from ._callbacks import add_callback, remove_callback
 from ._events import (
     PILOT_KEY,
     ROUTES_KEY,
+    RouteIds,
     cache_usage,
     call_seconds,
     completion_tokens,
@@ -64,6 +65,7 @@ from ._events import (
 )
 from ._fleet import Fleet, FleetConfig, Route, deployment_key
 from ._keys import RouteKeys
+from ._task_routes import TaskRoutes
 
 __all__ = ["ContextPilotRoutingStrategy", "RouterSource", "proxy_router"]
 
@@ -142,6 +144,7 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
             block_tokens=block_tokens, chars_per_token=chars_per_token, template=template
         )
         self._fleet = Fleet(fleet or FleetConfig())
+        self._tasks = TaskRoutes(self._release_cancelled)
         self._router_source = router_source
         self._clock = clock
         self._lock = threading.Lock()  # guards the policy, the fleet and the keys
@@ -196,14 +199,19 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         specific_deployment: bool | None = False,
         request_kwargs: dict[str, Any] | None = None,
     ) -> Deployment:
-        """The deployment for one call, among the healthy ones LiteLLM offers."""
+        """The deployment for one call, among the healthy ones LiteLLM offers. The
+        route stays tied to the task awaiting the call, which releases it if it ends
+        cancelled (:mod:`._task_routes`)."""
         router = self._router()
         select = getattr(router, "select", None)
         if select is not None:
             found = await select(model, request_kwargs, kind="healthy", messages=messages)
         else:
             found = _group(router, model)
-        return self._pick(model, found, messages, input, request_kwargs)
+        deployment, route = self._pick(model, found, messages, input, request_kwargs)
+        if route is not None:
+            self._tasks.watch(route.route_id)
+        return deployment
 
     def get_available_deployment(  # type: ignore[override]
         self,
@@ -215,7 +223,8 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
     ) -> Deployment:
         """The sync path: the model group's deployments (this strategy's breakers
         keep failed ones out while they back off)."""
-        return self._pick(model, _group(self._router(), model), messages, input, request_kwargs)
+        found = _group(self._router(), model)
+        return self._pick(model, found, messages, input, request_kwargs)[0]
 
     def _router(self) -> Any:
         if self.router is None:
@@ -235,11 +244,12 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         messages: object,
         input: object,
         request_kwargs: dict[str, Any] | None,
-    ) -> Deployment:
+    ) -> tuple[Deployment, Route | None]:
         """Route one call among ``found`` (what LiteLLM offers) and stamp the
-        decision's id on the request's metadata, for the callbacks."""
+        decision's id on the request's own metadata, for the callbacks; the route
+        booked (``None`` when LiteLLM had settled on a deployment)."""
         if isinstance(found, dict):  # LiteLLM already settled on one deployment
-            return found
+            return found, None
         listed = found if isinstance(found, (list, tuple)) else ()
         deployments = [d for d in listed if isinstance(d, dict)]
         if not deployments:
@@ -248,10 +258,11 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         metadata = request_metadata(kwargs)
         request, characters = self._route_request(kwargs, metadata, messages, input)
         decision, route = self._decide(request, deployments, characters)
-        routes = metadata.get(ROUTES_KEY)
-        metadata[ROUTES_KEY] = [*(routes if isinstance(routes, list) else ()), route.route_id]
+        earlier = metadata.get(ROUTES_KEY)  # this request's earlier attempts, if ours
+        earlier = earlier if isinstance(earlier, RouteIds) else ()
+        metadata[ROUTES_KEY] = RouteIds([*earlier, route.route_id])
         logger.debug("route %s -> %s (%s)", route.route_id, decision.replica_id, decision.reason)
-        return _chosen(deployments, decision)
+        return _chosen(deployments, decision), route
 
     def _route_request(
         self,
@@ -305,12 +316,28 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
     def _expire(self, now: float) -> None:
         """Release the routes whose end was never reported (lock held)."""
         for route in self._fleet.expired(now):
-            ended = now - route.started
-            self.policy.observe(
-                Outcome(
-                    route.request, route.decision, ended, ended, error="expired", cancelled=True
-                )
-            )
+            self._tasks.forget(route.route_id)
+            self._given_up(route, now, "expired")
+
+    def _release_cancelled(self, route_ids: list[str]) -> None:
+        """Release the open routes of a task that ended cancelled (its calls were given
+        up: LiteLLM reports no end for them). Never raises into the event loop."""
+        try:
+            now = self._clock()
+            with self._lock:
+                for route_id in route_ids:
+                    route = self._fleet.close([route_id], None)
+                    if route is not None:
+                        self._given_up(route, now, "cancelled")
+        except Exception:
+            logger.exception("ContextPilotRoutingStrategy: releasing cancelled routes failed")
+
+    def _given_up(self, route: Route, now: float, reason: str) -> None:
+        """Tell the policy a closed route ended without an answer or a failure to
+        learn from (lock held)."""
+        ended = now - route.started
+        outcome = Outcome(route.request, route.decision, ended, ended, error=reason, cancelled=True)
+        self.policy.observe(outcome)
 
     # -- feedback: LiteLLM's logging callbacks -----------------------------------------
 
@@ -375,6 +402,7 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
             route = self._fleet.close(route_ids, deployment_id(kwargs))
             if route is None:
                 return
+            self._tasks.forget(route.route_id)
             ttft, e2e = times if times is not None else (now - route.started,) * 2
             cached = _cached_as_predicted(route, usage)
             if error is None:

@@ -9,6 +9,7 @@ is never imported here: anything with mem0's ``search`` contract can be wrapped
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
@@ -165,7 +166,9 @@ class ContextPilotMemory(_PilotMemory):
 
 class AsyncContextPilotMemory(_PilotMemory):
     """:class:`ContextPilotMemory` for mem0's ``AsyncMemory`` (or ``AsyncMemoryClient``):
-    ``await search(...)``; pass-through attributes are the async memory's own."""
+    ``await search(...)``; pass-through attributes are the async memory's own. The
+    pilot runs in a worker thread, off the event loop (it tokenizes new memories, and
+    a shared store is a blocking round trip)."""
 
     _async_search = True
 
@@ -181,4 +184,4 @@ class AsyncContextPilotMemory(_PilotMemory):
         :meth:`ContextPilotMemory.search` does."""
         conversation_id = self._conversation(conversation_id, session_id)
         response = await self._memory.search(query, **kwargs)
-        return self._optimize(response, query, conversation_id)
+        return await asyncio.to_thread(self._optimize, response, query, conversation_id)

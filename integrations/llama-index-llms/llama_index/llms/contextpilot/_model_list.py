@@ -4,12 +4,17 @@ server reports in ``GET /models`` (vLLM's and SGLang's ``max_model_len``).
 A fleet answers a prompt from whichever endpoint the policy picks, so the context a
 prompt may fill is the smallest one reported. An endpoint that is down, slow, refuses
 the request or reports no length counts for nothing: reading the list never raises.
+LlamaIndex reads an LLM's metadata inside its async calls (``apredict``), so the read
+blocks the caller's event loop: the endpoints are asked at once, one thread each, and
+the read ends at one deadline, however many endpoints hang.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
@@ -31,15 +36,34 @@ def reported_context_window(
 ) -> int | None:
     """The smallest ``max_model_len`` the servers of ``endpoints`` report for the
     models routed to (``model``; without it each endpoint's ``models``, or every
-    model it lists), each request bounded by ``timeout_s``; ``None`` when none
-    reports one."""
-    servers = {endpoint.base_url: endpoint for endpoint in endpoints}  # slots share a server
+    model it lists); ``None`` when none reports one. Every server is asked at once and
+    the answers that arrive within ``timeout_s`` count (a server still answering is
+    left to its own request timeout, ``timeout_s``, in its thread)."""
+    servers = list({e.base_url: e for e in endpoints}.values())  # slots share a server
+    if not servers:
+        return None
+    http = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
+    pool = ThreadPoolExecutor(len(servers), thread_name_prefix="contextpilot-models")
+    try:
+        asked = {pool.submit(_listed_models, http, endpoint): endpoint for endpoint in servers}
+        answered, _ = wait(asked, timeout=timeout_s)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     lengths: list[int] = []
-    with httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport) as http:
-        for endpoint in servers.values():
-            wanted = {model} if model else set(endpoint.models)
-            lengths += _lengths(_listed_models(http, endpoint), wanted)
+    for future in answered:
+        endpoint = asked[future]
+        wanted = {model} if model else set(endpoint.models)
+        lengths += _lengths(future.result(), wanted)
+    if len(answered) == len(asked):
+        http.close()
+    else:  # not under the late requests: once they are done
+        threading.Thread(target=_close_after, args=(asked, http), daemon=True).start()
     return min(lengths, default=None)
+
+
+def _close_after(requests: Iterable[Future[list[Any]]], http: httpx.Client) -> None:
+    wait(requests)
+    http.close()
 
 
 def _listed_models(http: httpx.Client, endpoint: Endpoint) -> list[Any]:

@@ -83,7 +83,8 @@ if TYPE_CHECKING:
 __all__ = ["ContextPilotLLM"]
 
 MODEL_LIST_TIMEOUT_S = 2.0
-"""The longest wait for an endpoint's ``GET /models`` (read once, for the context)."""
+"""The longest wait for the endpoints' ``GET /models``, all asked at once (read once,
+for the context)."""
 
 Kind = Literal["chat", "completion"]
 Payload = str | list[dict[str, Any]]
@@ -110,9 +111,11 @@ class ContextPilotLLM(OwnedClient, FunctionCallingLLM):
 
     ``context_window``: ``None`` (default) takes the smallest ``max_model_len`` the
     endpoints report in ``GET /models`` (vLLM, SGLang), read on the first use of
-    :attr:`metadata`, once per LLM and with a short timeout
-    (:data:`MODEL_LIST_TIMEOUT_S`), else LlamaIndex's default (also over a given
-    client, whose endpoints the LLM does not see); a number is used as given.
+    :attr:`metadata`, once per LLM, from every endpoint at once within one short
+    deadline (:data:`MODEL_LIST_TIMEOUT_S`, or ``timeout`` if shorter: LlamaIndex
+    reads the metadata on the event loop in its async calls), else LlamaIndex's
+    default (also over a given client, whose endpoints the LLM does not see); a
+    number is used as given.
 
     ``is_function_calling_model``: ``False`` unless set, since no OpenAI-compatible
     server says in its model list whether its chat template and parser handle tools
