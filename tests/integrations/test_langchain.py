@@ -10,6 +10,7 @@ import importlib.util
 import random
 import runpy
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -447,6 +448,31 @@ def test_compressor_async_and_session_dedup(pilot: ContextPilot) -> None:
     assert ids(second) == ["doc-2", "doc-1"]
     assert annotation(second[1])["deduplicated"] is True
     assert compressor.compress_documents([], "c") == []
+
+
+@pytest.mark.parametrize("path", ["retriever", "compressor"])
+def test_the_async_paths_run_the_pilot_off_the_event_loop(
+    pilot: ContextPilot, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Tokenizing new documents, and a shared store's round trips, must not hold the
+    loop: the pilot's optimize here opens only while the loop is free to open it."""
+    optimize = pilot.optimize
+
+    async def scenario() -> Sequence[Document]:
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            loop.call_soon_threadsafe(gate.set)
+            assert gate.wait(5), "the pilot ran on the event loop"
+            return optimize(*args, **kwargs)
+
+        monkeypatch.setattr(pilot, "optimize", gated)
+        if path == "retriever":
+            return await wrap(pilot, {"a": docs("doc-0", "doc-1")}).ainvoke("a")
+        compressor = ContextPilotCompressor(pilot=pilot)
+        return await compressor.acompress_documents(docs("doc-0", "doc-1"), "a")
+
+    assert ids(asyncio.run(scenario())) == ["doc-0", "doc-1"]
 
 
 # -- format_documents ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.runnables.config import run_in_executor
 from typing_extensions import override
 
 from ._documents import optimize_documents
@@ -41,5 +42,6 @@ class ContextPilotCompressor(BaseDocumentCompressor, PilotSettings):
         query: str,
         callbacks: Callbacks | None = None,
     ) -> Sequence[Document]:
-        # No I/O: the pilot works in memory, so no executor hop is needed.
-        return self.compress_documents(documents, query, callbacks)
+        # In a worker thread: tokenizing new documents takes a while, and a pilot on a
+        # shared store (SQLite, Redis) waits for it; the event loop must not.
+        return await run_in_executor(None, self.compress_documents, documents, query, callbacks)

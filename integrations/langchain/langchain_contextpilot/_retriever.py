@@ -12,6 +12,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever, RetrieverLike
 from langchain_core.runnables import RunnableConfig, ensure_config, patch_config
+from langchain_core.runnables.config import run_in_executor
 from typing_extensions import override
 
 from ._documents import check_query, optimize_documents
@@ -96,8 +97,11 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
         query = check_query(query)
         child = patch_config(parent_config, callbacks=run_manager.get_child())
         documents = await self.base_retriever.ainvoke(query, child, **kwargs)
-        # The pilot is in-memory and fast (no I/O): called inline, not in a thread.
-        return optimize_documents(self.pilot, documents, query, self.pilot_options(conversation_id))
+        # In a worker thread: tokenizing new documents takes a while, and a pilot on a
+        # shared store (SQLite, Redis) waits for it; the event loop must not.
+        options = self.pilot_options(conversation_id)
+        pilot = self.pilot
+        return await run_in_executor(None, optimize_documents, pilot, documents, query, options)
 
     def _conversation_for_call(self, config: RunnableConfig, kwargs: dict[str, Any]) -> str | None:
         """The call's conversation id (``None``: the field's); pops the keywords."""
