@@ -192,3 +192,15 @@ def test_a_trace_that_fills_the_slots_of_the_replica_holding_its_prefixes() -> N
     ours, prefix = _held_out_against_prefix(requests)
     assert ours.ttft_p95_ms < 1.2 * prefix.ttft_p95_ms
     assert ours.e2e_p95_s < prefix.e2e_p95_s
+
+
+def test_prompts_of_no_tokens_leave_the_queue_model_once_nothing_is_queued() -> None:
+    """The queue model drops prompts while the view shows fewer queued tokens than it
+    holds; prompts of 0 tokens never made it hold more, so they stayed for ever."""
+    policy = CombinedPolicy(hold_wait_s=None)
+    replica = ReplicaState("r0", "m")  # queued_tokens 0: nothing waits there
+    for number in range(2_000):
+        request = RouteRequest(f"q{number}", 0)
+        decision = policy.choose(request, SimFleetView(float(number), (replica,)))
+        policy.observe(Outcome(request, decision, 0.01, 0.02))
+    assert len(policy._models["r0"].pending) <= 1  # the latest dispatch at most

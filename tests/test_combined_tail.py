@@ -53,7 +53,14 @@ def test_with_no_discount_the_weighting_is_the_mean_cost() -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [{"tail_quantile": 0.0}, {"tail_quantile": 1.0}, {"tail_discount": -0.1}]
+    "options",
+    [
+        {"tail_quantile": 0.0},
+        {"tail_quantile": 1.0},
+        {"tail_discount": -0.1},
+        {"duty_tau_s": float("nan")},  # NaN passes every range check: every cost NaN
+        {"tail_discount": float("nan")},
+    ],
 )
 def test_bad_tail_settings_are_refused(options: dict[str, float]) -> None:
     with pytest.raises(ConfigError):

@@ -116,7 +116,7 @@ def test_a_cancelled_request_corrects_nothing(make: Callable[..., Table]) -> Non
     assert longest(table, sent) == {"a": 2}
 
 
-@pytest.mark.parametrize(("capacity", "ttl_s"), [(0, 1.0), (1, 0.0)])
+@pytest.mark.parametrize(("capacity", "ttl_s"), [(0, 1.0), (1, 0.0), (1, float("nan"))])
 def test_bad_bounds_are_config_errors(
     make: Callable[..., Table], capacity: int, ttl_s: float
 ) -> None:

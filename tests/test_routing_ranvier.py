@@ -223,3 +223,14 @@ def test_decision_cost_is_measured() -> None:
 def test_decision_reports_cached_tokens_within_prompt() -> None:
     decision: Decision = RanvierPolicy().choose(request([1], [1]), fleet())
     assert 0 <= decision.predicted_cached_tokens <= 16
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"load_factor": float("nan")}, {"hash_load_factor": float("nan")}, {"load_factor": 0.5}],
+)
+def test_a_load_factor_that_is_not_a_number_at_least_one_is_refused(
+    options: dict[str, float],
+) -> None:
+    with pytest.raises(ConfigError):
+        RanvierConfig(**options)  # type: ignore[arg-type]

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from contextpilot_rag.errors import ConfigError, InvalidRouteRequestError
+from contextpilot_rag.errors import ConfigError, InvalidInputError, InvalidRouteRequestError
 from contextpilot_rag.routing import (
     POLICY_NAMES,
+    Decision,
+    Outcome,
     Policy,
     ReplicaState,
     RouteMemory,
@@ -94,3 +96,69 @@ def test_a_malformed_route_request_is_rejected(overrides: dict[str, object]) -> 
     fields.update(overrides)
     with pytest.raises(InvalidRouteRequestError):
         RouteRequest("q", **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"prompt_tokens": float("nan")},
+        {"expected_output_tokens": float("inf")},
+        {"block_tokens": float("nan")},
+        {"arrival_s": float("nan")},
+    ],
+)
+def test_a_route_request_with_a_non_finite_number_is_rejected(
+    overrides: dict[str, object],
+) -> None:
+    """NaN passes every ``< 0`` check: one such request made the combined policy's
+    queue model NaN for good (every later request went to one replica)."""
+    with pytest.raises(InvalidRouteRequestError):
+        RouteRequest("q", **{"prompt_tokens": 64, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"prefill_tokens_per_s": 0},
+        {"decode_tokens_per_s": 0.0},
+        {"rtt_s": float("nan")},
+        {"rtt_s": -0.1},
+        {"in_flight": -1},
+        {"decode_s_per_context_token": float("inf")},
+    ],
+)
+def test_a_replica_state_with_a_rate_of_zero_or_a_non_finite_number_is_refused(
+    overrides: dict[str, object],
+) -> None:
+    with pytest.raises(ConfigError):
+        ReplicaState("r0", "m", **overrides)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ttft_s", "e2e_s", "cached"),
+    [(float("nan"), 1.0, 0), (0.1, float("inf"), 0), (-0.1, 1.0, 0), (0.1, 1.0, -5)],
+)
+def test_an_outcome_with_a_non_finite_or_negative_measure_is_refused(
+    ttft_s: float, e2e_s: float, cached: int
+) -> None:
+    """One NaN latency made combined's decode scale, laar's response time and the
+    tuner's parent score NaN for good."""
+    request = RouteRequest("q", 64)
+    decision = Decision("r0", "m", "test")
+    with pytest.raises(InvalidInputError):
+        Outcome(request, decision, ttft_s, e2e_s, cached_tokens=cached)
+
+
+def test_the_prefix_policys_reasons_are_a_small_fixed_set() -> None:
+    """The reason is a metrics label: one value per matched depth made one series per
+    prompt length."""
+    policy = make_policy("prefix")
+    fleet = SimFleetView(0.0, (ReplicaState("r0", "m"), ReplicaState("r1", "m")))
+    reasons = set()
+    for n in range(1, 40):
+        hashes = tuple(range(1, n + 1))
+        request = RouteRequest(f"q{n}", 16 * n, block_hashes=hashes, boundaries=(n,))
+        decision = policy.choose(request, fleet)
+        reasons.add(decision.reason)
+        policy.observe(Outcome(request, decision, 0.1, 0.2))
+    assert len(reasons) <= 3 and "prefix-match" in reasons

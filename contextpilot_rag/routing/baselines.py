@@ -237,6 +237,7 @@ class PrefixCachePolicy(_NoFeedback):
             decision = _decide(self._fallback.pick(candidates), "prefix-imbalance:least-request")
         else:
             cached = min(matched * request.block_tokens, request.prompt_tokens)
-            decision = _decide(by_id[owner], f"prefix-match:{matched}", cached)
+            # a constant reason (a metrics label); the depth is in the cached tokens
+            decision = _decide(by_id[owner], "prefix-match", cached)
         owners.record(request.block_hashes, decision.replica_id)
         return decision

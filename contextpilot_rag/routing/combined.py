@@ -187,6 +187,9 @@ class CombinedConfig:
     eviction_horizon_s: float = 30.0
 
     def __post_init__(self) -> None:
+        nan = [f.name for f in fields(self) if _is_nan(getattr(self, f.name))]
+        if nan:  # NaN passes every range check below, and then every cost is NaN
+            raise ConfigError(f"CombinedConfig fields must be numbers, got NaN for {nan}")
         if self.externality_weight < 0 or self.queue_externality_weight < 0:
             raise ConfigError("externality_weight and queue_externality_weight must be >= 0")
         if not 0 < self.q_floor <= 1:
@@ -279,9 +282,10 @@ class _ReplicaModel:
         self.duty_at = 0.0
 
     def reconcile(self, queued_tokens: int, now: float) -> None:
-        """Drop the oldest pending prompts the fleet view shows as prefilled."""
+        """Drop the oldest pending prompts the fleet view shows as prefilled (all of
+        them when it shows none queued: prompts of 0 tokens included)."""
         pending = self.pending
-        while pending and self.pending_tokens > queued_tokens:
+        while pending and (self.pending_tokens > queued_tokens or not queued_tokens):
             tokens, seconds = pending.popleft()
             self.pending_tokens -= tokens
             self.pending_s -= seconds
@@ -396,7 +400,7 @@ class CombinedPolicy:
             state = models.get(replica_id) or self._model(replica_id)
             queued_tokens = replica.queued_tokens
             pending = state.pending
-            if state.pending_tokens > queued_tokens:
+            if pending and (state.pending_tokens > queued_tokens or not queued_tokens):
                 state.reconcile(queued_tokens, now)
             cached = 0
             if known_get is not None:
@@ -705,6 +709,10 @@ class _ReturnGaps:
         share = (self._returned + 1) / (len(self._outcomes) + 2)  # prompts that return
         returning = share * later
         return returning / (1.0 - share + returning)
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def _remove(ends: list[float], ends_at: float) -> None:

@@ -269,9 +269,9 @@ class RanvierConfig:
     capacity_tokens_per_replica: int | None = None
 
     def __post_init__(self) -> None:
-        if self.load_factor < 1.0:
+        if not self.load_factor >= 1.0:  # NaN included
             raise ConfigError(f"load_factor must be >= 1, got {self.load_factor}")
-        if self.hash_load_factor < 1.0:
+        if not self.hash_load_factor >= 1.0:
             raise ConfigError(f"hash_load_factor must be >= 1, got {self.hash_load_factor}")
         if self.load_slack < 0 or self.load_slack_tokens < 0:
             raise ConfigError("load_slack and load_slack_tokens must be >= 0")

@@ -46,7 +46,7 @@ class RouteTableBase(ABC, Generic[Entry]):
     def __init__(self, capacity: int, ttl_s: float, *, ranks: int = 1) -> None:
         if capacity < 1:
             raise ConfigError(f"{type(self).__name__} capacity must be >= 1, got {capacity}")
-        if ttl_s <= 0:
+        if not ttl_s > 0:  # NaN included: routes would never expire
             raise ConfigError(f"{type(self).__name__} ttl_s must be > 0, got {ttl_s}")
         self.capacity = capacity
         self.ttl_s = ttl_s

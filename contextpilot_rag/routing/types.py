@@ -15,11 +15,12 @@ engine's block size); for a Mooncake trace they are the trace's ``hash_ids``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..errors import ConfigError, InvalidRouteRequestError
+from ..errors import ConfigError, InvalidInputError, InvalidRouteRequestError
 
 if TYPE_CHECKING:
     from ..prompt import Prompt
@@ -73,11 +74,16 @@ class RouteRequest:
     may_hold: bool = False
 
     def __post_init__(self) -> None:
-        if self.prompt_tokens < 0 or self.block_tokens < 1 or self.expected_output_tokens < 0:
+        counts = (self.prompt_tokens, self.expected_output_tokens, self.block_tokens - 1)
+        if not (all(_finite_at_least(count, 0) for count in counts)):
             raise InvalidRouteRequestError(
                 f"request {self.request_id!r}: prompt_tokens and expected_output_tokens must "
-                f"be >= 0 and block_tokens >= 1, got {self.prompt_tokens}, "
+                f"be finite and >= 0 and block_tokens >= 1, got {self.prompt_tokens}, "
                 f"{self.expected_output_tokens}, {self.block_tokens}"
+            )
+        if not _finite_at_least(self.arrival_s, -math.inf):
+            raise InvalidRouteRequestError(
+                f"request {self.request_id!r}: arrival_s must be finite, got {self.arrival_s!r}"
             )
         if self.max_attempts < 1:
             raise InvalidRouteRequestError(
@@ -119,6 +125,22 @@ class ReplicaState:
             raise ConfigError(
                 f"replica {self.replica_id!r}: max_batch must be None or an integer >= 1, "
                 f"got {limit!r}"
+            )
+        at_least = (
+            (self.rtt_s, 0),
+            (self.in_flight, 0),
+            (self.queued_tokens, 0),
+            (self.decode_s_per_context_token, 0),
+            (self.prefill_chunk_tokens, 0),
+        )
+        rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s)
+        if not all(_finite_at_least(value, low) for value, low in at_least) or not all(
+            _finite_at_least(rate, 0) and rate > 0 for rate in rates
+        ):
+            raise ConfigError(
+                f"replica {self.replica_id!r}: rtt_s, in_flight, queued_tokens, "
+                "decode_s_per_context_token and prefill_chunk_tokens must be finite and "
+                ">= 0, and the prefill and decode rates finite and > 0"
             )
 
 
@@ -173,6 +195,19 @@ class Outcome:
     error: str | None = None
     cancelled: bool = False
 
+    def __post_init__(self) -> None:
+        # one NaN or infinite latency would poison every policy's running estimates
+        if not (_finite_at_least(self.ttft_s, 0) and _finite_at_least(self.e2e_s, 0)):
+            raise InvalidInputError(
+                f"outcome of {self.request.request_id!r}: ttft_s and e2e_s must be finite "
+                f"and >= 0, got {self.ttft_s!r}, {self.e2e_s!r}"
+            )
+        if not (_finite_at_least(self.cached_tokens, 0)):
+            raise InvalidInputError(
+                f"outcome of {self.request.request_id!r}: cached_tokens must be >= 0, "
+                f"got {self.cached_tokens!r}"
+            )
+
 
 @runtime_checkable
 class RouteMemory(Protocol):
@@ -210,3 +245,13 @@ class CacheFeedback(Protocol):
     routing client reports each answer's cached and total prompt tokens."""
 
     def observe_cache(self, prompt: Prompt, cached_tokens: int, prompt_tokens: int) -> object: ...
+
+
+def _finite_at_least(value: object, low: float) -> bool:
+    """Whether ``value`` is a number (not a bool), finite and at least ``low``."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= low
+    )
