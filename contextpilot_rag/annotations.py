@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from .blocks import ContextBlock
 from .errors import ConfigError
+from .escaping import CONTROL_TOKEN
 
-__all__ = ["NoteTemplates", "location_note", "order_note"]
+__all__ = ["NoteTemplates", "location_note", "order_note", "shown_note"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,15 @@ def location_note(
 
 def _label(block: ContextBlock, labels: Mapping[str, str] | None) -> str:
     return labels.get(block.id, block.label) if labels else block.label
+
+
+def shown_note(reported: object) -> str | None:
+    """A note as an outside record (document metadata an adapter wrote) reports it:
+    the text when the pilot could have made it — one line (every template's notes
+    are), no chat-template control token — else ``None``: a forged record cannot add
+    a question line or a turn marker to the prompt through a note."""
+    if not isinstance(reported, str) or not reported:
+        return None
+    if len(reported.splitlines()) != 1 or CONTROL_TOKEN.search(reported):
+        return None
+    return reported

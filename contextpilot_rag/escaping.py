@@ -47,11 +47,17 @@ CONTROL_TOKEN = re.compile(
 """Strings that a chat template or tokenizer treats as control tokens."""
 
 _LABEL_LINE = re.compile(r"\[[^\]\n]*\]")
-_INVISIBLE = re.compile(  # Unicode's format characters (category Cf): zero-width, bidi, tags
+_INVISIBLE = re.compile(  # what a reader does not see:
+    # Unicode's format characters (category Cf): zero-width, bidi, tags
     "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
-    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
-    "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
-    "\U000e0020-\U000e007f]"
+    "\u202a-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f"
+    # the other default-ignorable code points: variation selectors, fillers, U+034F
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0"
+    "\ufff0-\ufff8\U000e0000-\U000e0fff"
+    # control characters that break no line (those that do end it already)
+    "\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]"
 )
 
 
@@ -73,9 +79,11 @@ def _break(match: re.Match[str]) -> str:
 
 def _normalized(line: str) -> str:
     """What a reader sees of ``line``: compatibility forms folded (full-width
-    brackets), invisible format characters dropped, spaces collapsed, case folded."""
-    if not line.isascii():  # ASCII has neither compatibility forms nor format characters
+    brackets), invisible characters dropped, spaces collapsed, case folded."""
+    if not line.isascii():  # ASCII has no compatibility forms
         line = _INVISIBLE.sub("", unicodedata.normalize("NFKC", line))
+    elif not line.isprintable():
+        line = _INVISIBLE.sub("", line)
     return " ".join(line.split()).casefold()
 
 
@@ -112,7 +120,8 @@ class StructureGuard:
 
     def _imitates(self, line: str) -> bool:
         stripped = line.strip()
-        if stripped.isascii() and stripped[:1].lower() not in self._first_chars:
+        first = stripped[:1]
+        if stripped.isascii() and first.isprintable() and first.lower() not in self._first_chars:
             return False  # the common case, decided without normalizing
         visible = _normalized(line)
         if not visible:
@@ -126,3 +135,11 @@ def template_lead_in(template: str) -> str:
     """The literal text of a template before its first placeholder, first line only."""
     head = template.split("{", 1)[0]
     return head.strip().split("\n", 1)[0]
+
+
+def template_line_lead_ins(template: str) -> tuple[str, ...]:
+    """The literal start of every line of a template (up to a placeholder): a
+    multi-line template (``"Answer from the documents.\nQuestion: {query}"``) makes
+    each of its lines a structural line to protect, not only the first."""
+    heads = (line.split("{", 1)[0].strip() for line in template.splitlines())
+    return tuple(head for head in heads if head)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from .blocks import ContextBlock
+from .errors import InvalidInputError
 
 __all__ = ["RemainderOrder", "reorder_for_prefix"]
 
@@ -41,8 +42,12 @@ def reorder_for_prefix(
     order, then the others. Ids in ``matched_ids`` that are not among ``blocks``
     (system prompt, history) are skipped. ``popularity(id)``: how many earlier
     requests carried the block; ``tokens(id)``: its size, which weighs it (module
-    docstring; ``None``: every block alike)."""
+    docstring; ``None``: every block alike). Block ids must be distinct
+    (:class:`InvalidInputError` otherwise: a repeat has no one place in a permutation;
+    the pilot removes repeats first)."""
     by_id: dict[str, ContextBlock] = {block.id: block for block in blocks}
+    if len(by_id) != len(blocks):
+        raise InvalidInputError("reorder_for_prefix() needs blocks with distinct ids")
     head: list[ContextBlock] = []
     taken: set[str] = set()
     for block_id in matched_ids:

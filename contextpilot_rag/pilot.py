@@ -74,7 +74,7 @@ from .errors import (
     StoreError,
     UnknownConversationError,
 )
-from .escaping import StructureGuard, template_lead_in
+from .escaping import StructureGuard, template_lead_in, template_line_lead_ins
 from .index import ContextIndex, IndexConfig, IndexStats, MatchResult, RequestId
 from .index_sync import IndexLogConfig, IndexLogStats, IndexRecord, IndexSync, LoggedPlacement
 from .ordering import RemainderOrder, reorder_for_prefix
@@ -253,9 +253,14 @@ class PilotConfig:
 
     def structure_guard(self) -> StructureGuard:
         """The escaping of untrusted text for this layout (see :mod:`.escaping`)."""
-        templates = (self.notes.order, self.notes.location, self.question_template)
+        templates = (
+            self.notes.order,
+            self.notes.location,
+            self.question_template,
+            self.context_header,
+        )
         return StructureGuard(
-            (*map(template_lead_in, templates), template_lead_in(self.context_header))
+            lead_in for template in templates for lead_in in template_line_lead_ins(template)
         )
 
 

@@ -21,6 +21,7 @@ from contextpilot_rag import (
 )
 from contextpilot_rag.batch import (
     REFINE_UP_TO,
+    BatchMethod,
     check_plan,
     greedy_plan,
     grouped_schedule,
@@ -191,6 +192,29 @@ def test_joint_moves_free_two_requests_that_no_single_move_frees() -> None:
     joint = refine_sequences(sequences, weights, rank, pairs=1)
     assert joint[0][:3] == joint[1][:3] == [3, 4, 5]
     assert shared_tokens(joint, identity) == 3
+
+
+@pytest.mark.parametrize("method", ["auto", "greedy", "cluster"])
+@pytest.mark.parametrize(
+    ("requests", "weights"),
+    [
+        ([[0, 0, 1], [1, 0]], None),  # a repeated code
+        ([[-1, 0], [0, 1]], None),  # a negative code (the builders' padding value)
+        ([[-2, 0], [0]], None),
+        ([[0, 1], [1, 2]], [1.0, 1.0]),  # no weight for code 2
+        ([[0, 1]], [1.0, float("nan")]),
+    ],
+)
+def test_every_method_refuses_codes_its_orders_could_not_permute(
+    method: BatchMethod, requests: list[list[int]], weights: list[float] | None
+) -> None:
+    """Greedy returned orders that dropped a position (a repeat, a code equal to its
+    padding) or raised bare numpy and index errors."""
+    with pytest.raises(InvalidInputError):
+        plan_batch(requests, method=method, weights=weights)
+    if method == "greedy":
+        with pytest.raises(InvalidInputError):
+            greedy_plan(requests, weights=weights)
 
 
 def test_plan_batch_makes_the_joint_moves_single_moves_cannot() -> None:

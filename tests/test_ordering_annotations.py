@@ -13,6 +13,7 @@ from contextpilot_rag import (
     Tokenizer,
 )
 from contextpilot_rag.annotations import location_note, order_note
+from contextpilot_rag.errors import InvalidInputError
 from contextpilot_rag.ordering import reorder_for_prefix
 
 TEMPLATES = NoteTemplates()
@@ -40,6 +41,12 @@ def test_matched_blocks_come_first_in_cached_order() -> None:
 def test_matched_ids_outside_the_request_are_skipped() -> None:
     result = reorder_for_prefix([A, B, C], ["sys", "c", "tail"], remainder="retrieval")
     assert ids(result) == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize("matched", [["a"], []])
+def test_a_repeated_block_is_refused_rather_than_lost_or_kept_twice(matched: list[str]) -> None:
+    with pytest.raises(InvalidInputError, match="distinct"):
+        reorder_for_prefix([A, B, A], matched, remainder="retrieval")
 
 
 def test_remainder_follows_popularity_most_popular_first() -> None:

@@ -14,7 +14,15 @@ import numpy as np
 
 from ..errors import ConfigError
 from .greedy import greedy_plan
-from .plan import BatchPlan, Progress, check_plan, no_progress, orders_of, sequences_of
+from .plan import (
+    BatchPlan,
+    Progress,
+    check_plan,
+    check_requests,
+    no_progress,
+    orders_of,
+    sequences_of,
+)
 from .refine import Refiner, refine_sequences
 from .schedule import grouped_schedule, prefix_tree_schedule
 from .trie import PrefixTrie
@@ -93,6 +101,7 @@ def plan_batch(
         raise ConfigError(
             f"unknown batch schedule {schedule!r}; choose 'prefix-tree', 'grouped' or 'builder'"
         )
+    check_requests(requests, weights)
     if refine is None:
         refine = schedule != "builder" and len(requests) <= REFINE_UP_TO
     elif refine and schedule == "builder":

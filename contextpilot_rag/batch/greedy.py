@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .plan import BatchPlan, Progress, no_progress, orders_of
+from .plan import BatchPlan, Progress, check_requests, no_progress, orders_of
 
 __all__ = ["greedy_plan"]
 
@@ -198,6 +198,7 @@ def greedy_plan(
     ``requests[i]`` holds distinct non-negative block codes; ``weights[code]`` (e.g.
     the block's token count; default 1) weighs a split: the block whose sharing
     saves the most, (holders - 1) · weight, goes next."""
+    check_requests(requests, weights)
     if not requests:
         return BatchPlan((), ())
     builder = _Builder(requests, weights, progress)

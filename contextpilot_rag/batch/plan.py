@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "Progress", "check_plan", "no_progress", "orders_of", "sequences_of"]
+import numpy as np
+
+from ..errors import InvalidInputError
+
+__all__ = [
+    "BatchPlan",
+    "Progress",
+    "check_plan",
+    "check_requests",
+    "no_progress",
+    "orders_of",
+    "sequences_of",
+]
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """``progress(label, total)`` returns ``advance(n)``; used for long builds."""
@@ -55,3 +70,29 @@ def orders_of(
         position = {code: index for index, code in enumerate(request)}
         orders.append(tuple(position[code] for code in sequence))
     return tuple(orders)
+
+
+def check_requests(requests: Sequence[Sequence[int]], weights: Sequence[float] | None) -> None:
+    """Raise :class:`InvalidInputError` unless every request holds distinct
+    non-negative int codes and ``weights`` (when given) has a finite weight >= 0 for
+    every code: a planner given a repeated or negative code returned orders that were
+    not a permutation of the request."""
+    lengths = [len(request) for request in requests]
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(requests), np.int64, sum(lengths))
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInputError("block codes must be non-negative ints") from None
+    if flat.size and int(flat.min()) < 0:
+        raise InvalidInputError("block codes must be non-negative ints")
+    for number, (request, length) in enumerate(zip(requests, lengths, strict=True)):
+        if len(set(request)) != length:
+            raise InvalidInputError(
+                f"request {number} holds a block code twice; codes must be distinct"
+            )
+    if weights is None:
+        return
+    top = int(flat.max()) if flat.size else -1
+    if len(weights) <= top:
+        raise InvalidInputError(f"weights has {len(weights)} entries; codes go up to {top}")
+    if any(not (isinstance(w, numbers.Real) and math.isfinite(w) and w >= 0) for w in weights):
+        raise InvalidInputError("weights must be finite numbers >= 0")

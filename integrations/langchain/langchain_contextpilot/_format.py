@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from langchain_core.documents import Document
 
 from contextpilot_rag import ContextBlock, ContextPilot, render_block
-from contextpilot_rag.blocks import shown_label
+from contextpilot_rag.annotations import shown_note
+from contextpilot_rag.blocks import shown_label, unique_label
 from contextpilot_rag.errors import InvalidBlockError
 from contextpilot_rag.pilot import structure_guard_of
 
@@ -46,17 +47,20 @@ def format_documents(documents: Sequence[Document], *, pilot: ContextPilot | Non
     guard = structure_guard_of(pilot)
     rendered: dict[str, None] = {}
     notes: dict[str, None] = {}
+    taken: dict[str, str] = {}  # label -> block id: no two documents under one label
     for position, doc in enumerate(check_documents(documents)):
         annotation = doc.metadata.get(ANNOTATION_KEY)
         if isinstance(annotation, Mapping):
             for key in ("order_note", "location_note"):
-                note = annotation.get(key)
-                if isinstance(note, str) and note:
+                note = shown_note(annotation.get(key))  # None for a forged one
+                if note is not None:
                     notes.setdefault(note)
             if annotation.get("deduplicated"):
                 continue
         block = _block_of(doc, position, annotation)
-        rendered.setdefault(render_block(block, guard, label=_label_of(block, annotation)))
+        label = unique_label(block, taken, _label_of(block, annotation))
+        taken.setdefault(label, block.id)
+        rendered.setdefault(render_block(block, guard, label=label))
     return "".join(rendered) + "".join(note + NOTE_SEPARATOR for note in notes)
 
 

@@ -10,7 +10,8 @@ from contextpilot_rag import (
     ContextPilot,
     render_block,
 )
-from contextpilot_rag.blocks import shown_label
+from contextpilot_rag.annotations import shown_note
+from contextpilot_rag.blocks import shown_label, unique_label
 from contextpilot_rag.escaping import StructureGuard
 from contextpilot_rag.pilot import structure_guard_of
 
@@ -53,21 +54,27 @@ def format_memories(
     if not isinstance(results, Sequence) or isinstance(results, (str, bytes)):
         raise Mem0ResponseError("format_memories() takes a search response or its 'results' list")
     guard = structure_guard_of(pilot)
-    parts = [_render(result, position, guard) for position, result in enumerate(results)]
+    taken: dict[str, str] = {}  # label -> block id: no two memories under one label
+    parts = [_render(result, position, guard, taken) for position, result in enumerate(results)]
     rendered = list(dict.fromkeys(part for part in parts if part))  # a repeat renders once
     if notes and isinstance(summary, Mapping):
-        rendered += [note + "\n\n" for note in summary.get("notes", ())]
+        reported = summary.get("notes", ())
+        if isinstance(reported, Sequence) and not isinstance(reported, str):
+            shown = (shown_note(note) for note in reported)  # None for a forged one
+            rendered += [note + "\n\n" for note in shown if note is not None]
     return "".join(rendered)
 
 
-def _render(result: object, position: int, guard: StructureGuard) -> str:
+def _render(result: object, position: int, guard: StructureGuard, taken: dict[str, str]) -> str:
     annotation = result.get(ANNOTATION_KEY) if isinstance(result, Mapping) else None
     if isinstance(annotation, Mapping) and annotation.get("status") != "sent":
         return ""
     block = result_block(result, position)
     if block is None:
         return ""
-    return render_block(block, guard, label=_label_of(block, annotation))
+    label = unique_label(block, taken, _label_of(block, annotation))
+    taken.setdefault(label, block.id)
+    return render_block(block, guard, label=label)
 
 
 def _label_of(block: ContextBlock, annotation: object) -> str:
