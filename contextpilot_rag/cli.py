@@ -34,13 +34,11 @@ from .errors import (
     ConfigError,
     ContextPilotError,
     ProviderError,
-    StoreError,
-    UnknownConversationError,
 )
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .jsonl import process_lines
-from .pilot import ContextPilot
+from .pilot import ContextPilot, pilot_on_store
 from .serve.cli import add_serve_parser, run_serve
 from .stores.url import redacted
 
@@ -48,7 +46,6 @@ __all__ = ["main"]
 
 _COLUMNS = ("arm", "hit ratio", "prompt tokens", "computed tokens", "computed vs unmodified")
 _DEMO_DOCS_PER_REQUEST = 15
-_STORE_PROBE = "contextpilot-optimize:store-check"
 EXIT_BROKEN_PIPE = 141
 """``optimize`` when its reader went away (``| head``): 128 + SIGPIPE, as a shell
 reports a Unix tool the signal ended."""
@@ -193,16 +190,7 @@ def _optimize(args: argparse.Namespace) -> int:
 def _optimize_pilot(store: str | None) -> ContextPilot:
     """The pilot on ``store``, checked to answer (a store that does not is a
     ``ConfigError``; the pilot would else plan alone and fail each conversation)."""
-    pilot = ContextPilot(store=store)
-    if store is None:
-        return pilot
-    try:
-        pilot.conversation(_STORE_PROBE)
-    except UnknownConversationError:
-        return pilot
-    except StoreError as exc:
-        raise ConfigError(f"the store {redacted(store)} does not answer: {exc}") from None
-    return pilot
+    return ContextPilot() if store is None else pilot_on_store(None, store)
 
 
 def _optimize_input(path: str, files: contextlib.ExitStack) -> TextIO:

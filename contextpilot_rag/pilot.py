@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, Literal, NamedTuple, TypeVar
 
+from ._numbers import is_int, is_number
 from .annotations import NoteTemplates, location_note, order_note
 from .batch import BatchMethod, BatchSchedule, no_progress, plan_batch
 from .batch import Progress as BatchProgress
@@ -68,6 +69,7 @@ from .conversations import (
 )
 from .errors import (
     ConfigError,
+    ContextPilotError,
     ConversationConflictError,
     ConversationExpiredError,
     InvalidInputError,
@@ -80,7 +82,7 @@ from .index_sync import IndexLogConfig, IndexLogStats, IndexRecord, IndexSync, L
 from .ordering import RemainderOrder, reorder_for_prefix
 from .prompt import BlockBoundary, Prompt, PromptStats
 from .stores.index_log import index_log_of
-from .stores.url import resolve_store
+from .stores.url import redacted, resolve_store
 from .tenants import (
     SHARED_KEY_PREFIX,
     SaltDeriver,
@@ -97,11 +99,18 @@ from .tenants import (
 from .tokenizers import Tokenizer, default_tokenizer, get_tokenizer
 from .usage import parse_cache_usage
 
-__all__ = ["STORE_ATTEMPTS", "ContextPilot", "PilotConfig", "structure_guard_of"]
+__all__ = [
+    "STORE_ATTEMPTS",
+    "ContextPilot",
+    "PilotConfig",
+    "pilot_on_store",
+    "structure_guard_of",
+]
 
 logger = logging.getLogger(__name__)
 
 _V = TypeVar("_V")
+_STORE_PROBE = "contextpilot:store-check"  # a conversation id nobody uses
 _SEGMENT_CACHE_SIZE = 65_536
 _SEGMENT_CACHE_CHARS = 8_000_000  # of cached texts, per cache
 _CHARS_PER_TOKEN_BOUND = 16
@@ -197,14 +206,13 @@ class PilotConfig:
             raise ConfigError("PilotConfig.label_style must be 'short' or 'id'")
         for name in ("max_block_tokens", "max_block_chars", "max_history_turns"):
             value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value >= 1):
+            if value is not None and not (is_int(value) and value >= 1):
                 raise ConfigError(f"PilotConfig.{name} must be a positive int or None")
         for name in ("max_conversations", "block_registry_size"):
-            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
+            if not (is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 raise ConfigError(f"PilotConfig.{name} must be an int >= 1")
         ttl = self.conversation_ttl_s
-        number = isinstance(ttl, (int, float)) and not isinstance(ttl, bool)
-        if ttl is not None and not (number and 0 < ttl < math.inf):
+        if ttl is not None and not (is_number(ttl) and 0 < ttl < math.inf):
             raise ConfigError("PilotConfig.conversation_ttl_s must be a finite number > 0, or None")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
@@ -503,7 +511,6 @@ class ContextPilot:
         ``progress`` shows progress bars (stderr) for long builds."""
         batch = validate_batch(requests)
         for request in batch:
-            check_encodable("query", request.query)
             if request.conversation_id is not None:
                 _check_conversation_id(request.conversation_id, request.tenant)
             self._check_request_text("query", request.query)
@@ -687,8 +694,7 @@ class ContextPilot:
             raise InvalidInputError(
                 "observe_cache() needs 0 <= cached_tokens <= prompt_tokens and prompt_tokens >= 1"
             )
-        number = isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
-        if not (number and 0 <= tolerance <= 1):
+        if not (is_number(tolerance) and 0 <= tolerance <= 1):
             raise InvalidInputError(
                 f"observe_cache(): tolerance must be a number in [0, 1], got {tolerance!r}"
             )
@@ -1861,6 +1867,27 @@ class ContextPilot:
                 observed.popitem(last=False)
 
 
+def pilot_on_store(config: PilotConfig | None, store: str) -> ContextPilot:
+    """A pilot on the store at URL ``store``, checked to answer before any request (one
+    read of a conversation nobody has): a store that is down, or holds records this
+    version cannot read, is a :class:`ConfigError` naming it, its credentials redacted
+    (the commands that open one answer it as a configuration error)."""
+    try:
+        pilot = ContextPilot(config, store=store)
+        pilot.conversation(_STORE_PROBE)
+    except UnknownConversationError:
+        return pilot
+    except StoreError as exc:
+        raise ConfigError(
+            f"the store {redacted(store)} does not answer, or cannot be read: {exc}"
+        ) from None
+    except ContextPilotError:
+        raise
+    except Exception as exc:  # a store client's own error
+        raise ConfigError(f"the store {redacted(store)} does not answer: {exc!r}") from None
+    return pilot
+
+
 def structure_guard_of(pilot: ContextPilot | None) -> StructureGuard:
     """The escaping ``pilot`` renders untrusted text with (the default layout's for
     ``None``): what an adapter that re-renders blocks outside the pilot must use."""
@@ -1940,10 +1967,6 @@ class _TextCache(Generic[_V]):
     @property
     def chars(self) -> int:
         return self._chars
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _fixed_entries(

@@ -305,9 +305,9 @@ def _check_output_path(path: Path) -> None:
 
 
 def run_bench(args: argparse.Namespace, console: Console) -> int:
-    check_output_paths(args.json, args.markdown, args.plot)
     if args.suite == "cloud":
-        return run_cloud_bench(args, console)
+        return run_cloud_bench(args, console)  # it checks its outputs first
+    check_output_paths(args.json, args.markdown, args.plot)
     if args.live:
         raise ConfigError("--live measures the cloud suite: add --suite cloud")
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]

@@ -11,7 +11,6 @@ prompt does not end a long run.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from .._numbers import is_finite_at_least
 from ..errors import ConfigError
 
 __all__ = ["Completion", "Endpoint", "complete_all", "probe"]
@@ -42,8 +42,7 @@ class Endpoint:
         if not self.model:
             raise ConfigError("the endpoint needs a model name")
         timeout_s = self.timeout_s
-        number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-        if not number or not math.isfinite(timeout_s) or timeout_s <= 0:
+        if not is_finite_at_least(timeout_s, 0) or timeout_s <= 0:
             raise ConfigError(f"timeout_s must be a finite number > 0, got {self.timeout_s!r}")
 
     @property

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NewType
 
+from .._numbers import is_int, is_number
 from ..errors import ConfigError, DuplicateRequestError, InvalidInputError
 from .distance import DEFAULT_ALPHA, context_distance
 
@@ -51,22 +52,14 @@ class IndexConfig:
     def __post_init__(self) -> None:
         for name in ("capacity_tokens", "max_nodes"):
             value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value >= 1):
+            if value is not None and not (is_int(value) and value >= 1):
                 raise ConfigError(f"IndexConfig.{name} must be a positive int or None")
-        if self.ttl_s is not None and not (_is_number(self.ttl_s) and 0 < self.ttl_s < math.inf):
+        if self.ttl_s is not None and not (is_number(self.ttl_s) and 0 < self.ttl_s < math.inf):
             raise ConfigError("IndexConfig.ttl_s must be a finite number > 0, or None")
-        if not (_is_number(self.alpha) and 0 <= self.alpha < 1):
+        if not (is_number(self.alpha) and 0 <= self.alpha < 1):
             raise ConfigError("IndexConfig.alpha must be in [0, 1)")
-        if not (_is_int(self.search_budget) and self.search_budget >= 1):
+        if not (is_int(self.search_budget) and self.search_budget >= 1):
             raise ConfigError("IndexConfig.search_budget must be an int >= 1")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .._numbers import is_finite_at_least
 from ..errors import ConfigError, InvalidInputError, InvalidRouteRequestError
 
 if TYPE_CHECKING:
@@ -75,13 +76,13 @@ class RouteRequest:
 
     def __post_init__(self) -> None:
         counts = (self.prompt_tokens, self.expected_output_tokens, self.block_tokens - 1)
-        if not (all(_finite_at_least(count, 0) for count in counts)):
+        if not (all(is_finite_at_least(count, 0) for count in counts)):
             raise InvalidRouteRequestError(
                 f"request {self.request_id!r}: prompt_tokens and expected_output_tokens must "
                 f"be finite and >= 0 and block_tokens >= 1, got {self.prompt_tokens}, "
                 f"{self.expected_output_tokens}, {self.block_tokens}"
             )
-        if not _finite_at_least(self.arrival_s, -math.inf):
+        if not is_finite_at_least(self.arrival_s, -math.inf):
             raise InvalidRouteRequestError(
                 f"request {self.request_id!r}: arrival_s must be finite, got {self.arrival_s!r}"
             )
@@ -134,8 +135,8 @@ class ReplicaState:
             (self.prefill_chunk_tokens, 0),
         )
         rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s)
-        if not all(_finite_at_least(value, low) for value, low in at_least) or not all(
-            _finite_at_least(rate, 0) and rate > 0 for rate in rates
+        if not all(is_finite_at_least(value, low) for value, low in at_least) or not all(
+            is_finite_at_least(rate, 0) and rate > 0 for rate in rates
         ):
             raise ConfigError(
                 f"replica {self.replica_id!r}: rtt_s, in_flight, queued_tokens, "
@@ -197,12 +198,12 @@ class Outcome:
 
     def __post_init__(self) -> None:
         # one NaN or infinite latency would poison every policy's running estimates
-        if not (_finite_at_least(self.ttft_s, 0) and _finite_at_least(self.e2e_s, 0)):
+        if not (is_finite_at_least(self.ttft_s, 0) and is_finite_at_least(self.e2e_s, 0)):
             raise InvalidInputError(
                 f"outcome of {self.request.request_id!r}: ttft_s and e2e_s must be finite "
                 f"and >= 0, got {self.ttft_s!r}, {self.e2e_s!r}"
             )
-        if not (_finite_at_least(self.cached_tokens, 0)):
+        if not (is_finite_at_least(self.cached_tokens, 0)):
             raise InvalidInputError(
                 f"outcome of {self.request.request_id!r}: cached_tokens must be >= 0, "
                 f"got {self.cached_tokens!r}"
@@ -245,13 +246,3 @@ class CacheFeedback(Protocol):
     routing client reports each answer's cached and total prompt tokens."""
 
     def observe_cache(self, prompt: Prompt, cached_tokens: int, prompt_tokens: int) -> object: ...
-
-
-def _finite_at_least(value: object, low: float) -> bool:
-    """Whether ``value`` is a number (not a bool), finite and at least ``low``."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= low
-    )

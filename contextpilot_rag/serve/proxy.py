@@ -30,13 +30,12 @@ from typing import Any
 
 import anyio.to_thread
 
-from ..errors import ConfigError, ContextPilotError, StoreError, UnknownConversationError
+from ..errors import ConfigError, ContextPilotError
 from ..index_sync import IndexLogConfig
-from ..pilot import ContextPilot, PilotConfig
+from ..pilot import ContextPilot, PilotConfig, pilot_on_store
 from ..prompt import Prompt
 from ..routing.client import AsyncChatStream, ChatResult, ClientConfig, RoutingClient
 from ..routing.metrics import RoutingMetrics
-from ..stores.url import redacted
 from ..tenants import TenantConfig
 from .api_errors import ApiError, pilot_error_of, routing_error_of
 from .config import ServeConfig
@@ -49,7 +48,6 @@ __all__ = ["Proxy"]
 logger = logging.getLogger(__name__)
 
 OWNED_BY = "contextpilot-rag"
-_STORE_PROBE = "contextpilot-serve:store-check"
 
 
 @dataclass(frozen=True)
@@ -234,21 +232,9 @@ def _pilot(config: ServeConfig) -> ContextPilot:
     tenants = TenantConfig(cache_salt=config.cache_salt, salt_key=config.salt_key)
     index_log = IndexLogConfig(enabled=config.share_index)
     pilot_config = PilotConfig(tenants=tenants, index_log=index_log)
-    store = config.store
-    if store is None:
+    if config.store is None:
         return ContextPilot(pilot_config)
-    try:
-        pilot = ContextPilot(pilot_config, store=store)
-        pilot.conversation(_STORE_PROBE)
-    except UnknownConversationError:
-        return pilot
-    except StoreError as exc:  # down, or in a format this version cannot read
-        raise ConfigError(f"the store {redacted(store)} is not usable: {exc}") from None
-    except ContextPilotError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"the store {redacted(store)} does not answer: {exc!r}") from None
-    return pilot
+    return pilot_on_store(pilot_config, config.store)
 
 
 def _routing_metrics() -> RoutingMetrics | None:
