@@ -72,7 +72,8 @@ class Prompt:
     offsets where its content blocks after the first start (:meth:`content_parts`),
     computed on first use from ``split_specs`` (``None``: one block);
     ``cache_plan`` says where cache breakpoints pay and why (``None``: not planned);
-    ``prompt_cache_key`` is the OpenAI ``prompt_cache_key`` (a digest).
+    ``prompt_cache_key`` is the OpenAI ``prompt_cache_key`` (a digest), and
+    :attr:`prompt_cache_retention` the ``prompt_cache_retention`` the plan asks for.
     :meth:`to_anthropic` and :meth:`to_openai_request` shape the request."""
 
     messages: tuple[Mapping[str, str], ...]
@@ -176,18 +177,34 @@ class Prompt:
 
         return anthropic_kwargs(self)
 
+    @property
+    def prompt_cache_retention(self) -> str | None:
+        """The OpenAI ``prompt_cache_retention`` the cache plan was made for (``"24h"``
+        or ``"in_memory"``, chosen with ``CloudCacheConfig(ttl=...)``), or ``None``: no
+        retention chosen, and the request should name none."""
+        return None if self.cache_plan is None else self.cache_plan.retention
+
     def to_openai_request(
-        self, *, cache_control: bool = False, cache_key: bool | None = None
+        self,
+        *,
+        cache_control: bool = False,
+        cache_key: bool | None = None,
+        cache_retention: bool | None = None,
     ) -> dict[str, Any]:
         """Keyword arguments for an OpenAI-compatible ``chat.completions.create``:
-        ``messages`` and ``prompt_cache_key``. ``cache_control=True`` sends the messages
-        as content parts with the breakpoints of :attr:`cache_plan` marked, for LiteLLM
-        (which forwards them to Anthropic, Bedrock, Vertex). ``cache_key`` (default:
-        ``not cache_control``, since those providers refuse it) says whether to add
-        ``prompt_cache_key``; ``False`` for servers that refuse it."""
+        ``messages``, ``prompt_cache_key`` and, when the plan asks for one,
+        ``prompt_cache_retention`` (:attr:`prompt_cache_retention`).
+        ``cache_control=True`` sends the messages as content parts with the breakpoints
+        of :attr:`cache_plan` marked, for LiteLLM (which forwards them to Anthropic,
+        Bedrock, Vertex). ``cache_key`` and ``cache_retention`` (default: ``not
+        cache_control``, since those providers refuse them) say whether to add
+        ``prompt_cache_key`` and ``prompt_cache_retention``; ``False`` for servers that
+        refuse them."""
         from .cloud.requests import openai_kwargs
 
-        return openai_kwargs(self, cache_control=cache_control, cache_key=cache_key)
+        return openai_kwargs(
+            self, cache_control=cache_control, cache_key=cache_key, cache_retention=cache_retention
+        )
 
     @property
     def text(self) -> str:

@@ -148,6 +148,9 @@ def test_rules_are_data_with_per_model_minimums() -> None:
         {"ttl_s": {"5m": 300.0}, "write_multiplier": {"1h": 2.0}},
         {"read_multiplier": 0},
         {"model_min_tokens": {"m": -5}},
+        {"request_retention": {"24h": "24h"}},  # not a lifetime of ttl_s
+        {"request_retention": {"5m": ""}},
+        {"request_retention": {"5m": 5}},
     ],
 )
 def test_bad_rules_are_config_errors(bad: dict[str, object]) -> None:
@@ -748,6 +751,36 @@ def test_a_path_idle_past_the_cache_lifetime_no_longer_steers_the_order(
     assert pilot.config.index_for(config.index).ttl_s == (
         300.0 if cloud and index.ttl_s is None else index.ttl_s
     )
+
+
+@pytest.mark.parametrize(
+    ("ttl", "lifetime_s", "follows"),
+    [("5m", 300.0, False), ("in_memory", 300.0, False), ("24h", 3600.0, True)],
+)
+def test_an_extended_openai_retention_keeps_a_prefix_cached_past_ten_minutes(
+    tokenizer: Tokenizer, ttl: str, lifetime_s: float, follows: bool
+) -> None:
+    """OpenAI's in-memory retention drops a prefix idle 5–10 minutes; extended ("24h")
+    retention keeps it for longer (1–2 hours for most usage): planned with it, a path
+    idle for ten minutes still orders the next prompt."""
+    now = [0.0]
+    cloud = CloudCacheConfig(enabled=True, rules=OPENAI_RULES, ttl=ttl)
+    config = PilotConfig(cloud=cloud)
+    pilot = ContextPilot(config, tokenizer=tokenizer, clock=lambda: now[0])
+    docs = [ContextBlock(f"Passage {name} on prefix caching. " * 60, id=name) for name in "abcd"]
+    first = pilot.optimize(docs, "Q?")
+    now[0] += 600.0
+    again = pilot.optimize(docs[::-1], "Another question?")
+    assert (_ids(again) == _ids(first)) is follows
+    assert (again.stats.blocks_matched == len(docs)) is follows
+    assert cloud.ttl_s == lifetime_s == pilot.config.index_for(config.index).ttl_s
+
+
+def test_openai_lifetimes_plan_with_no_write_premium() -> None:
+    for ttl in ("5m", "in_memory", "24h"):
+        assert OPENAI_RULES.write_premium(ttl) == 0.0
+    assert plan_breakpoints([_candidate(reads=9)], OPENAI_RULES, ttl="24h").breakpoints == ()
+    assert rules_for("anthropic").request_retention == {}
 
 
 def _cache_blocks(prompt: Prompt, tokenizer: Tokenizer) -> list[CacheBlock]:

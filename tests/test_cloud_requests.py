@@ -10,7 +10,13 @@ import random
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
-from contextpilot_rag.cloud import CloudCacheConfig, cache_prefix_bytes
+from contextpilot_rag.cloud import (
+    ANTHROPIC_RULES,
+    OPENAI_RULES,
+    CloudCacheConfig,
+    ProviderRules,
+    cache_prefix_bytes,
+)
 from contextpilot_rag.errors import ConfigError
 
 LONG_SYSTEM = "You answer from the documents. " * 300
@@ -88,6 +94,61 @@ def test_openai_request_carries_the_cache_key_and_plain_messages(tokenizer: Toke
     assert request["prompt_cache_key"] == prompt.prompt_cache_key
     assert request["messages"] == prompt.to_openai()
     assert "prompt_cache_key" not in prompt.to_openai_request(cache_key=False)
+
+
+@pytest.mark.parametrize(("ttl", "sent"), [("24h", "24h"), ("in_memory", "in_memory")])
+def test_an_openai_plan_asks_for_the_retention_it_was_made_for(
+    tokenizer: Tokenizer, ttl: str, sent: str
+) -> None:
+    prompt = _pilot(tokenizer, rules=OPENAI_RULES, ttl=ttl).optimize(_docs("a"), "Q?")
+    assert prompt.prompt_cache_retention == sent
+    request = prompt.to_openai_request()
+    assert request["prompt_cache_retention"] == sent
+    assert request["prompt_cache_key"] == prompt.prompt_cache_key
+    assert "prompt_cache_retention" not in prompt.to_openai_request(cache_retention=False)
+    # the gateways that take markers forward to providers that refuse the field
+    assert "prompt_cache_retention" not in prompt.to_openai_request(cache_control=True)
+    assert "system" in prompt.to_anthropic()  # a lifetime with no marker is no error
+
+
+@pytest.mark.parametrize(
+    "cloud",
+    [
+        {"rules": OPENAI_RULES},  # "5m": the organization's default retention applies
+        {"rules": OPENAI_RULES, "enabled": False},
+        {"rules": ANTHROPIC_RULES, "ttl": "1h"},
+    ],
+)
+def test_a_request_names_no_retention_unless_one_was_chosen(
+    tokenizer: Tokenizer, cloud: dict[str, object]
+) -> None:
+    prompt = _pilot(tokenizer, **cloud).optimize(_docs("a"), "Q?")
+    assert prompt.prompt_cache_retention is None
+    assert "prompt_cache_retention" not in prompt.to_openai_request(cache_retention=True)
+
+
+@pytest.mark.parametrize(
+    "cloud",
+    [
+        {"rules": OPENAI_RULES, "ttl": "48h"},
+        {"rules": OPENAI_RULES, "ttl": ["24h"]},
+        {"rules": OPENAI_RULES, "ttl": None},
+        {"rules": ANTHROPIC_RULES, "ttl": "24h"},  # Anthropic has no such lifetime
+        {"rules": ProviderRules("p"), "ttl": "in_memory"},
+    ],
+)
+def test_a_retention_the_rules_do_not_offer_is_a_config_error(cloud: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        CloudCacheConfig(enabled=True, **cloud)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flag", ["24h", 1, "yes"])
+def test_a_retention_flag_that_is_not_a_bool_is_a_config_error(
+    tokenizer: Tokenizer, flag: object
+) -> None:
+    prompt = _pilot(tokenizer, rules=OPENAI_RULES, ttl="24h").optimize(_docs("a"), "Q?")
+    with pytest.raises(ConfigError, match="CloudCacheConfig"):
+        prompt.to_openai_request(cache_retention=flag)  # type: ignore[arg-type]
 
 
 def test_litellm_shape_has_the_same_parts_and_markers_as_anthropic(tokenizer: Tokenizer) -> None:

@@ -179,6 +179,29 @@ def test_the_combined_policy_predicts_no_hit_on_a_slot_overwritten_since() -> No
     assert decision.predicted_cached_tokens == 0  # a's prompt is gone from s0
 
 
+def test_routes_to_departed_replicas_do_not_end_the_probe_early() -> None:
+    locations = PrefixLocations()
+    prompt = req("q", list(range(8)))
+    for gone in ("gone-1", "gone-2"):  # removed from the fleet; their routes live on
+        locations.record(prompt.block_hashes, prompt.boundaries, gone, 0.0)
+    locations.record(prompt.block_hashes[:4], range(1, 5), "live", 0.0)
+    known = locations.cached_blocks(prompt, 1.0, {"live", "idle"})
+    assert known["live"] == 4 and "idle" not in known
+    assert locations.cached_blocks(prompt, 1.0, {"gone-1"}) == {"gone-1": 8, "gone-2": 8}
+
+
+def test_the_combined_policy_credits_a_prefix_that_departed_replicas_held_longer() -> None:
+    policy = CombinedPolicy()
+    blocks = list(range(8))
+    prompt = req("w", blocks)
+    for gone in ("gone-1", "gone-2"):
+        policy.locations.record(prompt.block_hashes, prompt.boundaries, gone, 0.0)
+    policy.locations.record(prompt.block_hashes[:4], range(1, 5), "live", 0.0)
+    view = Fleet(1.0, (ReplicaState("idle", "m"), ReplicaState("live", "m")))
+    decision = policy.choose(req("q", blocks), view)
+    assert decision.replica_id == "live" and decision.predicted_cached_tokens == 4 * 16
+
+
 def test_prompt_limits_are_validated() -> None:
     locations = PrefixLocations()
     for bad in (0, -1, 1.5, True, "1"):

@@ -302,6 +302,7 @@ class _OpenAIArm:
             ids,
             now_s=timed.at_s,
             prompt_cache_key=request.get("prompt_cache_key"),
+            retention=request.get("prompt_cache_retention"),
             model=self._model,
         ).input_tokens
         self.tally.add(usage, 0)
@@ -427,7 +428,7 @@ def _replay(
 
 def _pilot_config(provider: str, model: str, ttl: str = "5m") -> PilotConfig:
     rules = rules_for(provider)
-    lifetime = ttl if ttl in rules.ttl_s else "5m"  # OpenAI offers no choice
+    lifetime = ttl if ttl in rules.ttl_s else "5m"  # "1h" is Anthropic's: OpenAI plans "5m"
     return PilotConfig(cloud=CloudCacheConfig(enabled=True, rules=rules, model=model, ttl=lifetime))
 
 

@@ -106,7 +106,9 @@ class SkippedBreakpoint:
 class CachePlan:
     """Where a prompt's cache breakpoints go (at most ``rules.max_breakpoints``, in
     prompt order) and why; ``skipped`` the candidates left out, with reasons.
-    ``min_tokens`` is the model's minimum cacheable prefix."""
+    ``min_tokens`` is the model's minimum cacheable prefix; ``retention`` the request's
+    ``prompt_cache_retention`` that asks for the lifetime ``ttl`` (``None``: send none,
+    :attr:`~.rules.ProviderRules.request_retention`)."""
 
     provider: str
     model: str | None
@@ -114,6 +116,7 @@ class CachePlan:
     min_tokens: int
     breakpoints: tuple[Breakpoint, ...]
     skipped: tuple[SkippedBreakpoint, ...]
+    retention: str | None = None
 
     @property
     def positions(self) -> tuple[tuple[int, int], ...]:
@@ -178,7 +181,8 @@ def plan_breakpoints(
         kept = sorted([*kept, *extra], key=lambda b: b.candidate.prefix_tokens)
     kept, over = _within_limit(kept, rules.max_breakpoints)
     skipped.extend(over)
-    return CachePlan(rules.provider, model, ttl, min_tokens, tuple(kept), tuple(skipped))
+    retention = rules.request_retention.get(ttl)
+    return CachePlan(rules.provider, model, ttl, min_tokens, tuple(kept), tuple(skipped), retention)
 
 
 def _free_shared_ends(

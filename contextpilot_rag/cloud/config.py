@@ -16,8 +16,13 @@ class CloudCacheConfig:
     prompt (:attr:`Prompt.cache_plan`, :attr:`Prompt.prompt_cache_key`). ``rules``:
     the provider's cache rules (:data:`~.rules.ANTHROPIC_RULES` by default; any
     :class:`~.rules.ProviderRules`), ``model`` the model the prompts go to (its
-    minimum cacheable length), ``ttl`` the breakpoints' lifetime (``"5m"`` or
-    ``"1h"``). ``next_turn_probability``: the chance a conversation sends another turn
+    minimum cacheable length), ``ttl`` the cache lifetime planned with, one of
+    ``rules.ttl_s``: the breakpoints' (``"5m"`` or ``"1h"`` on Anthropic), or on OpenAI
+    ``"5m"`` (the in-memory lifetime, and the request asks for no retention),
+    ``"in_memory"`` or ``"24h"`` (the request's ``prompt_cache_retention`` asks for that
+    one: :attr:`~.breakpoints.CachePlan.retention`). It is also the horizon of what the
+    pilot learns: a prefix counts as cached, and a conversation's next turn as a read,
+    within it. ``next_turn_probability``: the chance a conversation sends another turn
     within the lifetime (``None``: the pilot learns it per turn number from the
     conversations it serves, starting from ``(t + 1) / (t + 2)`` after ``t`` earlier
     turns; :class:`~.continuation.ContinuationTracker`).
@@ -76,4 +81,5 @@ class CloudCacheConfig:
 
     @property
     def ttl_s(self) -> float:
+        """The lifetime :attr:`ttl` in seconds."""
         return self.rules.ttl_s[self.ttl]

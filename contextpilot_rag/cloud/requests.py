@@ -5,9 +5,10 @@
   blocks (:meth:`Prompt.content_parts`: each context block its own), with
   ``cache_control`` on the blocks where the prompt's :class:`~.breakpoints.CachePlan`
   put a breakpoint;
-- :func:`openai_kwargs`: ``messages`` (and ``prompt_cache_key``) for an OpenAI-compatible
-  client; with ``cache_control=True`` the messages carry the same content parts and
-  markers, which LiteLLM forwards to Anthropic, Bedrock and Vertex.
+- :func:`openai_kwargs`: ``messages`` (and ``prompt_cache_key``, and the
+  ``prompt_cache_retention`` the plan was made for) for an OpenAI-compatible client;
+  with ``cache_control=True`` the messages carry the same content parts and markers,
+  which LiteLLM forwards to Anthropic, Bedrock and Vertex.
 
 :func:`cache_prefix_bytes` serializes a request's text as the provider's cache sees
 it (every content block with its role, in order; the markers excluded, as they are
@@ -22,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInputError
+from ..errors import ConfigError, InvalidInputError
 
 if TYPE_CHECKING:
     from ..prompt import Prompt
@@ -60,7 +61,9 @@ def _content_messages(prompt: Prompt, marked: dict[int, set[int]]) -> list[tuple
     message without content; a marker on one moves to the last block kept before it
     (the same bytes end there), and a message left without blocks is left out (the
     API joins the consecutive same-role turns around it)."""
-    control = cache_control_of(prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m")
+    # the lifetime's marker only where there is one to place: OpenAI's lifetimes have none
+    ttl = prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m"
+    control = cache_control_of(ttl) if marked else {}
     out: list[tuple[str, list[Any]]] = []
     for index, message in enumerate(prompt.messages):
         blocks: list[Any] = []
@@ -95,16 +98,28 @@ def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
 
 
 def openai_kwargs(
-    prompt: Prompt, *, cache_control: bool = False, cache_key: bool | None = None
+    prompt: Prompt,
+    *,
+    cache_control: bool = False,
+    cache_key: bool | None = None,
+    cache_retention: bool | None = None,
 ) -> dict[str, Any]:
     """``messages`` for an OpenAI-compatible client, plus ``prompt_cache_key`` (when
-    ``cache_key`` and the prompt has one). ``cache_control``: every message as content
-    parts with the prompt's breakpoints marked (for LiteLLM and other gateways that
-    forward them; blank parts and messages left out as for Anthropic); otherwise plain
-    string contents. ``cache_key`` defaults to ``not cache_control``: the gateways that
-    take the markers forward to providers that refuse ``prompt_cache_key``. Without a
-    plan (``CloudCacheConfig(enabled=False)``, the default) there are no markers and no
-    key."""
+    ``cache_key`` and the prompt has one) and ``prompt_cache_retention`` (when
+    ``cache_retention`` and the prompt's plan asks for a retention:
+    ``CloudCacheConfig(ttl="24h")`` or ``"in_memory"`` on OpenAI's rules; never for
+    ``"5m"``, whose requests get the organization's default). ``cache_control``: every
+    message as content parts with the prompt's breakpoints marked (for LiteLLM and
+    other gateways that forward them; blank parts and messages left out as for
+    Anthropic); otherwise plain string contents. ``cache_key`` and ``cache_retention``
+    default to ``not cache_control``: the gateways that take the markers forward to
+    providers that refuse both fields. Without a plan (``CloudCacheConfig(enabled=False)``,
+    the default) there are no markers, no key and no retention."""
+    if cache_retention is not None and not isinstance(cache_retention, bool):
+        raise ConfigError(
+            f"cache_retention must be True, False or None, got {cache_retention!r}; the "
+            "retention is chosen with the lifetime planned with: CloudCacheConfig(ttl=...)"
+        )
     if cache_control:
         parts = _content_messages(prompt, _marked_parts(prompt))
         messages = [{"role": role, "content": blocks} for role, blocks in parts]
@@ -115,6 +130,10 @@ def openai_kwargs(
         cache_key = not cache_control
     if cache_key and prompt.prompt_cache_key is not None:
         kwargs["prompt_cache_key"] = prompt.prompt_cache_key
+    if cache_retention is None:
+        cache_retention = not cache_control
+    if cache_retention and prompt.prompt_cache_retention is not None:
+        kwargs["prompt_cache_retention"] = prompt.prompt_cache_retention
     return kwargs
 
 

@@ -19,7 +19,10 @@ from .model_names import match_model_name
 
 __all__ = ["ANTHROPIC_RULES", "OPENAI_RULES", "CacheTtl", "ProviderRules", "rules_for"]
 
-CacheTtl = Literal["5m", "1h"]
+CacheTtl = Literal["5m", "1h", "in_memory", "24h"]
+"""The lifetimes the built-in rules offer: Anthropic's ``"5m"`` and ``"1h"``; OpenAI's
+``"5m"`` (its in-memory lifetime, no retention asked for), ``"in_memory"`` and ``"24h"``
+(the ``prompt_cache_retention`` values, asked for by name)."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,11 @@ class ProviderRules:
     (by lifetime) and ``read_multiplier``: a cache write and read as multiples of the
     base input price. ``key_rate_per_minute``: the requests a minute one route (a prompt
     prefix with one ``prompt_cache_key``) takes before the provider spreads the rest over
-    other cache servers (``None``: no such limit, or no key). Guaranteed after
-    construction: counts >= 0, multipliers > 0, every lifetime priced, the key rate
-    ``None`` or >= 1."""
+    other cache servers (``None``: no such limit, or no key). ``request_retention``: per
+    lifetime, the request's ``prompt_cache_retention`` value that asks for it (a lifetime
+    not listed sends none, and gets the provider's default). Guaranteed after
+    construction: counts >= 0, multipliers > 0, every lifetime priced, every retention a
+    non-empty str for an offered lifetime, the key rate ``None`` or >= 1."""
 
     provider: str
     max_breakpoints: int = 4
@@ -53,6 +58,7 @@ class ProviderRules:
     )
     read_multiplier: float = 0.1
     key_rate_per_minute: int | None = None
+    request_retention: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -76,9 +82,23 @@ class ProviderRules:
             raise ConfigError(
                 f"ProviderRules.key_rate_per_minute must be an int >= 1 or None, got {rate!r}"
             )
+        self._check_request_retention()
         # private copies: a caller's later change to its dict cannot change the rules
-        for name in ("model_min_tokens", "ttl_s", "write_multiplier"):
+        for name in ("model_min_tokens", "ttl_s", "write_multiplier", "request_retention"):
             object.__setattr__(self, name, dict(getattr(self, name)))
+
+    def _check_request_retention(self) -> None:
+        for ttl, value in self.request_retention.items():
+            if ttl not in self.ttl_s:
+                raise ConfigError(
+                    f"ProviderRules.request_retention names {ttl!r}, which is not a lifetime "
+                    f"of ttl_s {sorted(self.ttl_s)}"
+                )
+            if not isinstance(value, str) or not value:
+                raise ConfigError(
+                    f"ProviderRules.request_retention[{ttl!r}] must be a non-empty str, "
+                    f"got {value!r}"
+                )
 
     def min_tokens(self, model: str | None) -> int:
         """The shortest cacheable prefix for ``model`` (the default for ``None`` or an
@@ -88,7 +108,7 @@ class ProviderRules:
 
     def check_ttl(self, ttl: str) -> float:
         """The lifetime ``ttl`` in seconds; :class:`ConfigError` if not offered."""
-        seconds = self.ttl_s.get(ttl)
+        seconds = self.ttl_s.get(ttl) if isinstance(ttl, str) else None
         if seconds is None:
             raise ConfigError(
                 f"{self.provider} offers cache lifetimes {sorted(self.ttl_s)}, not {ttl!r}"
@@ -132,15 +152,20 @@ OPENAI_RULES = ProviderRules(
     max_breakpoints=0,
     min_cacheable_tokens=1024,
     lookback_blocks=0,
-    ttl_s={"5m": 300.0},
-    write_multiplier={"5m": 1.0},
+    ttl_s={"5m": 300.0, "in_memory": 300.0, "24h": 3600.0},
+    write_multiplier={"5m": 1.0, "in_memory": 1.0, "24h": 1.0},
     read_multiplier=0.5,
     key_rate_per_minute=15,
+    request_retention={"in_memory": "in_memory", "24h": "24h"},
 )
 """OpenAI's automatic cache: no breakpoints, prompts of 1,024 tokens and more, no write
 premium, about 15 requests a minute per prefix and ``prompt_cache_key`` on one server;
 the read price varies by model (0.1×–0.5×), so money comes from the price table
-(:mod:`.prices`), not from ``read_multiplier``."""
+(:mod:`.prices`), not from ``read_multiplier``. Lifetimes: ``"in_memory"`` retention
+keeps a prefix 5–10 minutes idle (300 s, the short end); ``"24h"`` (extended) keeps it
+"up to" 24 hours, 1–2 hours for most usage (3,600 s, the short end). ``"5m"`` plans as
+``"in_memory"`` but asks for no retention: the organization's default applies, which is
+``"24h"`` without Zero Data Retention on models that offer both (``docs/cloud.md``)."""
 
 _BY_PROVIDER = {"anthropic": ANTHROPIC_RULES, "openai": OPENAI_RULES}
 

@@ -368,7 +368,8 @@ class CombinedPolicy:
         as one tight loop because it runs for every replica on every request."""
         now = fleet.now
         candidates = untried_models(request, candidate_replicas(request, fleet))
-        known = self.locations.cached_blocks(request, now, len(fleet.replicas))
+        candidate_ids = {replica.replica_id for replica in candidates}
+        known = self.locations.cached_blocks(request, now, candidate_ids)
         known_get = known.get if known else None
         config = self.config
         tokens, block_tokens = request.prompt_tokens, request.block_tokens

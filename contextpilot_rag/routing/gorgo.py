@@ -23,7 +23,7 @@ and then frozen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ..errors import ConfigError
 from .common import candidate_replicas
@@ -69,17 +69,21 @@ class PrefixLocations(RouteTableBase[_Holders]):
         self._peer, self._entries = self._ranks
 
     def cached_blocks(
-        self, request: RouteRequest, now: float, replicas: int | None = None
+        self, request: RouteRequest, now: float, replicas: Collection[str] | None = None
     ) -> dict[str, int]:
         """Longest known cached prefix (in blocks) of ``request`` per replica, probing
         its boundaries longest first; replicas absent from the result have nothing
-        cached. With ``replicas`` (the fleet size) the probe stops once every replica
-        has a match."""
+        cached. With ``replicas`` (the ids the caller reads; a set is fastest) the
+        probe stops once each of them has a match, and other replicas' shorter matches
+        may be missing. Only those named count: routes to replicas that have left the
+        fleet stay until they expire, and counting them stopped the probe before a
+        replica still in the fleet had its shorter match."""
         hashes = request.block_hashes
         lookup, oldest = self._entries.get, now - self.ttl_s
         peer = self._peer.get if self._peer else None
         found: dict[str, int] = {}
-        setdefault = found.setdefault
+        wanted: Collection[str] = () if replicas is None else replicas
+        unmatched = -1 if replicas is None else len(wanted)  # -1: probe every boundary
         for b in reversed(request.boundaries):  # validated: ascending, in 1..len(hashes)
             entry = lookup(hashes[b - 1])
             if entry is None or entry.stamp < oldest:
@@ -89,8 +93,11 @@ class PrefixLocations(RouteTableBase[_Holders]):
                 if entry is None or entry.stamp < oldest:
                     continue
             for replica_id in entry.replicas:
-                setdefault(replica_id, b)
-            if replicas is not None and len(found) >= replicas:
+                if replica_id not in found:
+                    found[replica_id] = b
+                    if unmatched > 0 and replica_id in wanted:
+                        unmatched -= 1
+            if not unmatched:
                 break
         return found
 

@@ -274,3 +274,33 @@ def test_openai_sdk_conversations_over_shared_documents_share_the_servers_cache(
     for conversation, key in keys:
         by_user.setdefault(conversation, set()).add(key)
     assert all(len(found) == 1 for found in by_user.values())
+
+
+@pytest.mark.parametrize(
+    ("ttl", "sent"), [("5m", None), ("in_memory", "in_memory"), ("24h", "24h")]
+)
+def test_openai_sdk_carries_the_planned_retention_and_a_24h_prefix_outlives_ten_minutes(
+    gpt: Any, server: CloudCacheServer, clock: FakeClock, ttl: str, sent: str | None
+) -> None:
+    """The pilot planned with OpenAI's extended retention sends
+    ``prompt_cache_retention="24h"``, and both it and the emulator still hold the prefix
+    ten minutes later; planned with ``"5m"`` (no retention sent: the emulator's default,
+    in memory) or ``"in_memory"``, both have dropped it."""
+    from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
+    from contextpilot_rag.cloud import OPENAI_RULES, CloudCacheConfig
+
+    cloud = CloudCacheConfig(enabled=True, rules=OPENAI_RULES, model=GPT, ttl=ttl)
+    pilot = ContextPilot(PilotConfig(cloud=cloud), clock=clock)
+    docs = [ContextBlock(f"Passage {n}. " + LONG[:2400], id=f"d{n}") for n in range(3)]
+    first = pilot.optimize(docs, "First question?")
+    gpt.chat.completions.create(model=GPT, **first.to_openai_request())
+    clock.advance(600.0)
+    again = pilot.optimize(docs[::-1], "Second question?")
+    response = gpt.chat.completions.create(model=GPT, **again.to_openai_request())
+    assert [request.body.get("prompt_cache_retention") for request in server.requests] == [
+        sent,
+        sent,
+    ]
+    kept = ttl == "24h"
+    assert ([b.id for b in again.blocks] == [b.id for b in first.blocks]) is kept
+    assert (response.usage.prompt_tokens_details.cached_tokens >= 1024) is kept

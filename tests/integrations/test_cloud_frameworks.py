@@ -283,7 +283,49 @@ def test_chat_openai_gets_plain_text_and_the_prompt_cache_key(
     assert handler.counts.observed == 2 and handler.counts.unmatched == 0
 
 
+def _openai_pilot(ttl: str) -> ContextPilot:
+    from contextpilot_rag.cloud import OPENAI_RULES
+
+    cloud = CloudCacheConfig(enabled=True, rules=OPENAI_RULES, model=GPT, ttl=ttl)
+    return ContextPilot(PilotConfig(cloud=cloud))
+
+
+def test_chat_openai_sends_the_retention_the_pilot_planned_with(server: CloudCacheServer) -> None:
+    chat_models = _need("langchain_openai")
+    from langchain_contextpilot import ContextPilotPromptBuilder, with_prompt_cache_key
+
+    gpt = chat_models.ChatOpenAI(
+        model=GPT, base_url=server.openai_base_url, api_key="test", max_retries=0
+    )
+    for ttl, sent in (("24h", "24h"), ("5m", None)):
+        builder = ContextPilotPromptBuilder(
+            pilot=_openai_pilot(ttl), provider="openai", system=SYSTEM
+        )
+        chain = builder | with_prompt_cache_key(gpt)
+        chain.invoke({"documents": _documents(0, 1), "question": "What is A?"})
+        body = server.requests[-1].body
+        assert body.get("prompt_cache_retention") == sent
+        assert body["prompt_cache_key"].startswith("cpk-")
+
+
 # LiteLLM
+
+
+def test_litellm_forwards_the_prompts_key_and_retention_to_openai(
+    server: CloudCacheServer,
+) -> None:
+    litellm = _need("litellm")
+    prompt = _openai_pilot("24h").optimize(_blocks(0, 1), "What is A?", system=SYSTEM)
+    litellm.completion(
+        model=f"openai/{GPT}",
+        api_base=server.openai_base_url,
+        api_key="test",
+        **prompt.to_openai_request(),
+    )
+    (request,) = server.requests
+    assert request.api == "openai"
+    assert request.body["prompt_cache_retention"] == "24h"
+    assert request.body["prompt_cache_key"] == prompt.prompt_cache_key
 
 
 def test_litellm_forwards_the_prompts_markers_to_anthropic_and_reports_cache_usage(

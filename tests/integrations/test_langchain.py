@@ -10,7 +10,6 @@ import importlib.util
 import random
 import runpy
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -19,6 +18,7 @@ from uuid import UUID
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from off_the_loop import refuse_the_pilot_on_the_loop
 from pydantic import Field
 
 from contextpilot_rag import (
@@ -456,17 +456,9 @@ def test_the_async_paths_run_the_pilot_off_the_event_loop(
 ) -> None:
     """Tokenizing new documents, and a shared store's round trips, must not hold the
     loop: the pilot's optimize here opens only while the loop is free to open it."""
-    optimize = pilot.optimize
 
     async def scenario() -> Sequence[Document]:
-        loop, gate = asyncio.get_running_loop(), threading.Event()
-
-        def gated(*args: Any, **kwargs: Any) -> Any:
-            loop.call_soon_threadsafe(gate.set)
-            assert gate.wait(5), "the pilot ran on the event loop"
-            return optimize(*args, **kwargs)
-
-        monkeypatch.setattr(pilot, "optimize", gated)
+        refuse_the_pilot_on_the_loop(pilot, monkeypatch)
         if path == "retriever":
             return await wrap(pilot, {"a": docs("doc-0", "doc-1")}).ainvoke("a")
         compressor = ContextPilotCompressor(pilot=pilot)

@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import pytest
+from off_the_loop import refuse_the_pilot_on_the_loop
 
 from contextpilot_rag import (
     ConfigError,
@@ -134,3 +135,18 @@ def test_async_transform_gives_the_sync_result(tokenizer: Tokenizer) -> None:
         got = asyncio.run(concurrent.atransform_documents(documents, query=query))
         assert ids(got) == ids(expected)
     assert asyncio.run(concurrent.atransform_documents([], query="c")) == []
+
+
+def test_async_transform_runs_the_pilot_off_the_event_loop(
+    pilot: ContextPilot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizing new documents, and a shared store's round trips, must not hold the
+    loop (as the retriever's ainvoke): the pilot's optimize here opens only while the
+    loop is free to open it."""
+
+    async def scenario() -> list[Document]:
+        refuse_the_pilot_on_the_loop(pilot, monkeypatch)
+        transformer = ContextPilotDocumentTransformer(pilot=pilot)
+        return await transformer.atransform_documents(docs("doc-0", "doc-1"), query="a")
+
+    assert ids(asyncio.run(scenario())) == ["doc-0", "doc-1"]

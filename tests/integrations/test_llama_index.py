@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from off_the_loop import refuse_the_pilot_on_the_loop
 
 from contextpilot_rag import (
     BlockConflictError,
@@ -312,6 +313,22 @@ def test_async_path_gives_the_sync_result(tokenizer: Tokenizer) -> None:
     for (query, doc_ids), async_out in zip(RETRIEVALS, async_results, strict=True):
         sync_out = sync.postprocess_nodes(retrieved(doc_ids), QueryBundle(query))
         assert dump(async_out) == dump(sync_out)
+
+
+def test_async_path_runs_the_pilot_off_the_event_loop(
+    pilot: ContextPilot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizing new nodes, and a shared store's round trips, must not hold the loop
+    of ``aquery`` / ``achat``: the pilot's optimize here opens only while the loop is
+    free to open it."""
+
+    async def scenario() -> list[NodeWithScore]:
+        refuse_the_pilot_on_the_loop(pilot, monkeypatch)
+        postprocessor = ContextPilotNodePostprocessor(pilot=pilot)
+        nodes = retrieved(["doc-0", "doc-1"])
+        return await postprocessor.apostprocess_nodes(nodes, QueryBundle("q"))
+
+    assert ids(asyncio.run(scenario())) == ["doc-0", "doc-1"]
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """The pilot's prompt as LangChain chat messages for hosted prompt caches: Anthropic
 ``cache_control`` markers where the pilot's cache plan put breakpoints (for
-``ChatAnthropic``), or plain text and ``prompt_cache_key`` (for ``ChatOpenAI``).
+``ChatAnthropic``), or plain text with ``prompt_cache_key`` and the plan's
+``prompt_cache_retention`` (for ``ChatOpenAI``).
 
 The core shapes the request (:meth:`Prompt.to_anthropic
 <contextpilot_rag.Prompt.to_anthropic>`, :meth:`Prompt.to_openai_request
 <contextpilot_rag.Prompt.to_openai_request>`); this module only wraps its messages.
 The last message carries :data:`MESSAGE_KEY` in ``additional_kwargs`` (the prompt's
-request id and cache key), which neither chat model sends and
+request id, cache key and retention), which neither chat model sends and
 :class:`ContextPilotCallbackHandler` pairs the model call with.
 """
 
@@ -62,6 +63,7 @@ class CachedPromptAnnotation(TypedDict):
     request_id: str
     prompt_cache_key: str | None
     conversation_id: str | None
+    prompt_cache_retention: str | None
 
 
 def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> list[BaseMessage]:
@@ -72,14 +74,14 @@ def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> l
     ``"cache_control"`` on the blocks where :attr:`Prompt.cache_plan
     <contextpilot_rag.Prompt.cache_plan>` put breakpoints: ``ChatAnthropic`` sends them
     as they are. ``"openai"``: plain string contents (OpenAI caches automatically);
-    send the prompt's cache key with :func:`with_prompt_cache_key`."""
+    send the prompt's cache key and retention with :func:`with_prompt_cache_key`."""
     messages: list[BaseMessage] = []
     if provider == "anthropic":
         request = prompt.to_anthropic()
         if request.get("system"):
             messages.append(SystemMessage(content=request["system"]))
     elif provider == "openai":
-        request = prompt.to_openai_request(cache_key=False)
+        request = prompt.to_openai_request(cache_key=False, cache_retention=False)
     else:
         raise InvalidInputError(f"provider must be 'anthropic' or 'openai', got {provider!r}")
     messages += [_MESSAGE_TYPES[m["role"]](content=m["content"]) for m in request["messages"]]
@@ -87,6 +89,7 @@ def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> l
         request_id=prompt.request_id,
         prompt_cache_key=prompt.prompt_cache_key,
         conversation_id=prompt.conversation_id,
+        prompt_cache_retention=prompt.prompt_cache_retention,
     )
     return messages
 
@@ -100,21 +103,33 @@ def annotation_of(messages: Sequence[BaseMessage]) -> CachedPromptAnnotation | N
                 request_id=annotation["request_id"],
                 prompt_cache_key=annotation.get("prompt_cache_key"),
                 conversation_id=annotation.get("conversation_id"),
+                prompt_cache_retention=_str_or_none(annotation.get("prompt_cache_retention")),
             )
     return None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def with_prompt_cache_key(
     model: Runnable[LanguageModelInput, BaseMessage],
 ) -> Runnable[list[BaseMessage], BaseMessage]:
-    """``model`` called with the ``prompt_cache_key`` of the built messages it gets
-    (``ChatOpenAI`` sends it as the request's ``prompt_cache_key``); messages without
-    one go to ``model`` as they are. Streams as ``model`` does."""
+    """``model`` called with the ``prompt_cache_key`` of the built messages it gets, and
+    the ``prompt_cache_retention`` their cache plan asks for (``ChatOpenAI`` sends both
+    as request fields); a field the messages lack is not sent. Streams as ``model``
+    does."""
 
     def bind_key(messages: list[BaseMessage]) -> Runnable[LanguageModelInput, BaseMessage]:
         annotation = annotation_of(messages)
-        key = annotation["prompt_cache_key"] if annotation is not None else None
-        return model if key is None else model.bind(prompt_cache_key=key)
+        if annotation is None:
+            return model
+        sent = {
+            "prompt_cache_key": annotation["prompt_cache_key"],
+            "prompt_cache_retention": annotation["prompt_cache_retention"],
+        }
+        fields = {name: value for name, value in sent.items() if value is not None}
+        return model.bind(**fields) if fields else model
 
     return RunnableLambda(bind_key, name="with_prompt_cache_key")
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.runnables.config import run_in_executor
 from typing_extensions import override
 
 from contextpilot_rag.errors import InvalidInputError
@@ -51,5 +52,6 @@ class ContextPilotDocumentTransformer(BaseDocumentTransformer, PilotSettings):
     async def atransform_documents(
         self, documents: Sequence[Document], **kwargs: Any
     ) -> list[Document]:
-        # No I/O: the pilot works in memory, so no executor hop is needed.
-        return self.transform_documents(documents, **kwargs)
+        # Off the event loop, as the retriever's ainvoke: tokenizing new documents takes a
+        # while, and a pilot on a shared store waits for its round trips.
+        return await run_in_executor(None, self.transform_documents, documents, **kwargs)

@@ -15,6 +15,7 @@ content), so the order the pilot chose becomes a shared token prefix in the engi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -181,8 +182,10 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        # In-memory CPU work of a millisecond or so: run it inline, no thread hop.
-        return self._optimize(nodes, query_bundle)
+        # Off the event loop: tokenizing new nodes takes a while, and a pilot on a shared
+        # store waits for its round trips. The thread copies the context, so the prompt
+        # event still reaches the dispatcher under the caller's span.
+        return await asyncio.to_thread(self._optimize, nodes, query_bundle)
 
     def _optimize(
         self, nodes: Sequence[NodeWithScore], query_bundle: QueryBundle | None
