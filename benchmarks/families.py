@@ -152,6 +152,7 @@ class Outcome:
     reference_note: str = ""
     seconds: float = 0.0  # ours: optimize_batch (batch) or every optimize call
     plan_s: float | None = None  # batch: plan_batch alone (block codes in)
+    popularity_alone: float | None = None  # online: hit ratio with together_window=0
 
     @property
     def lower_is_better(self) -> bool:
@@ -417,8 +418,8 @@ class SingleTurn:
         base = replay_streams((encode(p) for p in prompts), capacity)
         return cls(requests, encode, capacity, base, request_tokens(prompts, tokenizer))
 
-    def pilot(self, tokenizer: Tokenizer) -> ContextPilot:
-        config = PilotConfig(index=IndexConfig(capacity_tokens=self.capacity))
+    def pilot(self, tokenizer: Tokenizer, **options: Any) -> ContextPilot:
+        config = PilotConfig(index=IndexConfig(capacity_tokens=self.capacity), **options)
         return ContextPilot(config, tokenizer=tokenizer)
 
     def outcome(self, draw: Draw, prompts: Iterable[Prompt], **fields: Any) -> Outcome:
@@ -485,10 +486,14 @@ def run_online_draw(
     started = time.perf_counter()
     prompts = [pilot.optimize(b, q, system=workload.system_prompt) for b, q in side.requests]
     seconds = time.perf_counter() - started
+    alone = side.pilot(tokenizer, together_window=0)
+    alone_prompts = (alone.optimize(b, q, system=workload.system_prompt) for b, q in side.requests)
+    popularity_alone = replay_streams(map(side.encode, alone_prompts), side.capacity).hit_ratio
     reference, note = None, "not run"
     if reference_timeout_s is not None:
         reference, note = _online_reference(workload, tokenizer, side.capacity, reference_timeout_s)
-    return side.outcome(draw, prompts, reference=reference, reference_note=note, seconds=seconds)
+    measured = {"seconds": seconds, "popularity_alone": popularity_alone}
+    return side.outcome(draw, prompts, reference=reference, reference_note=note, **measured)
 
 
 def _online_reference(
@@ -752,6 +757,28 @@ def summary_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
     return rows
 
 
+def _ratio3(value: float) -> str:
+    return f"{value:.3f}x"
+
+
+def _generator(draw: Draw) -> str:
+    if draw.intents is not None:
+        return "intents (near-duplicates)"
+    return "independent draws" if draw.docs_per_topic is None else "topics"
+
+
+def together_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
+    """Online families, per generator: ours over ours ordering by popularity alone."""
+    rows = []
+    for family in FAMILIES:
+        online = [o for o in outcomes if o.draw.family == family and o.popularity_alone]
+        for generator in sorted({_generator(o.draw) for o in online}):
+            part = [o for o in online if _generator(o.draw) == generator]
+            ratios = [o.ours / o.popularity_alone for o in part if o.popularity_alone]
+            rows.append([family, generator, str(len(part)), _span(ratios, _ratio3)])
+    return rows
+
+
 def _words(draw: Draw) -> str:
     low, high = draw.doc_words
     documents = f"{low}–{high}"
@@ -865,6 +892,20 @@ def report_markdown(
             summary_rows(outcomes),
         ),
     ]  # fmt: skip
+    together = together_rows(outcomes)
+    if together:
+        lines += [
+            "",
+            "### Online: what follows the matched prefix",
+            "",
+            "Ours (the default, `PilotConfig.together_window=1024`: blocks most recent "
+            "requests with the matched prefix carried follow it first) over ours ordering "
+            "the rest by popularity alone (`together_window=0`), hit ratios on the same "
+            "workloads, both halves; min / median / max.",
+            "",
+            *markdown_table(("family", "generator", "workloads", "ours / popularity alone"),
+                            together),
+        ]  # fmt: skip
     if any(r.of_optimum for r in small):  # --small-instances 0: none run
         lines += [
             "",

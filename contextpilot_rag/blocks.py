@@ -304,9 +304,10 @@ class BlockRegistry:
     Three jobs: it caches labels, renderings and token counts (each block is labeled,
     rendered and tokenized once while it stays here), it catches an id reused for a
     different text across calls, and it counts how many requests carried each block
-    (its popularity). ``render(block, label)`` renders a block under a label given
+    (its popularity) and which of the last ``window`` requests carried it
+    (:meth:`together`). ``render(block, label)`` renders a block under a label given
     by ``label_style`` (:func:`block_label`). Bounded to ``capacity`` ids, least
-    recently used dropped first. Not thread-safe by itself.
+    recently used dropped first, and ``window`` requests. Not thread-safe by itself.
 
     Entries are keyed by block id, or by the ``keys`` a caller passes alongside the
     blocks (one per block): the pilot keys a tenant's private blocks apart from other
@@ -321,9 +322,12 @@ class BlockRegistry:
         capacity: int = 200_000,
         label_style: LabelStyle = "short",
         render: Callable[[ContextBlock, str], str] = _render_labeled,
+        window: int = 0,
     ) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ConfigError("block registry capacity must be a positive int")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ConfigError("block registry window must be an int >= 0")
         if label_style not in _LABEL_STYLES:
             raise ConfigError(f"label_style must be one of {_LABEL_STYLES}, got {label_style!r}")
         self._count = count_tokens
@@ -335,6 +339,11 @@ class BlockRegistry:
         self._requests_counted = 0  # requests committed or carried, for popularity shares
         # keys counted for other pilots' requests (count_carried), least recent first
         self._carried: OrderedDict[str, None] = OrderedDict()
+        # the last ``window`` requests' keys, one slot each (reused in turn), and per
+        # key the slots that carry it as the bits of an int
+        self._slots: list[tuple[str, ...]] = [()] * window
+        self._next_slot = 0
+        self._together: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -343,6 +352,32 @@ class BlockRegistry:
         """How many committed requests carried ``block_id`` (or the block of that
         key) while it stayed here."""
         return self._requests_with.get(block_id, 0)
+
+    def together(self, block_id: str) -> int:
+        """Which of the last ``window`` requests counted carried ``block_id`` (or the
+        block of that key): one bit per request, so ``together(a) & together(b)``
+        are those that carried both and ``int.bit_count`` counts them."""
+        return self._together.get(block_id, 0)
+
+    def _remember_together(self, keys: Iterable[str]) -> None:
+        """Put one request's keys in the oldest slot of the window, forgetting the
+        request there before."""
+        slots = self._slots
+        if not slots:
+            return
+        slot, together = self._next_slot, self._together
+        bit = 1 << slot
+        for key in slots[slot]:
+            left = together[key] & ~bit
+            if left:
+                together[key] = left
+            else:
+                del together[key]
+        kept = tuple(dict.fromkeys(keys))
+        for key in kept:
+            together[key] = together.get(key, 0) | bit
+        slots[slot] = kept
+        self._next_slot = (slot + 1) % len(slots)
 
     @property
     def requests_counted(self) -> int:
@@ -356,6 +391,8 @@ class BlockRegistry:
         counted forgotten first (with its count, unless it has an entry by then)."""
         counts, carried, stored = self._requests_with, self._carried, self._entries
         self._requests_counted += 1
+        keys = list(keys)
+        self._remember_together(keys)
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
             carried[key] = None
@@ -456,6 +493,7 @@ class BlockRegistry:
             else:
                 stored[block_id] = entry
             counts[block_id] = counts.get(block_id, 0) + 1
+        self._remember_together(ids)
         while len(self._entries) > self._capacity:
             dropped, _ = self._entries.popitem(last=False)
             counts.pop(dropped, None)

@@ -132,7 +132,10 @@ class PilotConfig:
     """Behaviour and bounds of a :class:`ContextPilot`.
 
     ``reorder``/``dedup``/``annotate`` switch the three optimizations. ``remainder``
-    orders the blocks that match no cached prefix. ``max_history_turns`` limits the
+    orders the blocks that match no cached prefix; with ``"popularity"``, those that
+    recent requests carrying the matched prefix mostly carried too go first, remembered
+    over the last ``together_window`` requests (0: popularity alone;
+    :mod:`~contextpilot_rag.ordering`). ``max_history_turns`` limits the
     turns rendered into a conversation's prompt (``None``: all) and the turns its store
     keeps (older answered ones are dropped, so a long conversation's record stays
     bounded); de-duplication only points at rendered turns. ``system_prompt`` is used
@@ -171,6 +174,7 @@ class PilotConfig:
     dedup: bool = True
     annotate: bool = True
     remainder: RemainderOrder = "popularity"
+    together_window: int = 1024
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     context_header: str = "Context documents:\n\n"
     question_template: str = "Question: {query}"
@@ -211,6 +215,8 @@ class PilotConfig:
         for name in ("max_conversations", "block_registry_size"):
             if not (is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 raise ConfigError(f"PilotConfig.{name} must be an int >= 1")
+        if not (is_int(self.together_window) and self.together_window >= 0):
+            raise ConfigError("PilotConfig.together_window must be an int >= 0")
         ttl = self.conversation_ttl_s
         if ttl is not None and not (is_number(ttl) and 0 < ttl < math.inf):
             raise ConfigError("PilotConfig.conversation_ttl_s must be a finite number > 0, or None")
@@ -426,6 +432,7 @@ class ContextPilot:
             capacity=self.config.block_registry_size,
             label_style=self.config.label_style,
             render=self._render_block,
+            window=self.config.together_window,
         )
         self._lock = threading.RLock()
         self._request_numbers = itertools.count(1)
@@ -1003,11 +1010,15 @@ class ContextPilot:
         def popularity(block_id: str) -> int:
             return self._registry.popularity(registry_keys[block_id])
 
+        def together(block_id: str) -> int:
+            return self._registry.together(registry_keys[block_id])
+
         order = functools.partial(
             reorder_for_prefix,
             remainder=self.config.remainder,
             popularity=popularity,
             tokens=tokens_of.__getitem__,
+            together=together,
         )
         shared = [block for block in kept if block.shared]
         if salted:
@@ -1392,6 +1403,7 @@ class ContextPilot:
             remainder="retrieval" if after_history else self.config.remainder,
             popularity=self._registry.popularity,
             tokens=tokens_of.__getitem__,
+            together=self._registry.together,
         )
 
     def _notes(

@@ -143,3 +143,41 @@ def test_a_block_renders_to_the_same_bytes_at_any_position(tokenizer: Tokenizer)
         return content[boundary.char_start : boundary.char_end]
 
     assert target_text(first) == target_text(last) == render_block(target)
+
+
+def test_the_registry_remembers_which_recent_requests_carried_each_block() -> None:
+    from contextpilot_rag.blocks import BlockRegistry
+
+    registry = BlockRegistry(len, window=3)
+    registry.count_carried(["a", "b"])
+    registry.count_carried(["b", "c", "b"])  # a repeat counts once
+    registry.count_carried(["a", "c"])
+    assert (registry.together("a") & registry.together("c")).bit_count() == 1
+    assert registry.together("b").bit_count() == 2
+    registry.count_carried(["d"])  # the oldest request, the first, is forgotten
+    assert [registry.together(key).bit_count() for key in "abcd"] == [1, 1, 2, 1]
+    registry.count_carried(["d"])
+    registry.count_carried(["d"])
+    # only the window's requests are held: nothing of the forgotten ones remains
+    assert [registry.together(key) for key in "abc"] == [0, 0, 0]
+    assert len(registry._together) == 1  # the bound is the point
+    assert registry.popularity("a") == 2  # popularity counts are not windowed
+
+
+def test_a_registry_without_a_window_remembers_no_requests() -> None:
+    from contextpilot_rag.blocks import BlockRegistry
+
+    registry = BlockRegistry(len)
+    registry.count_carried(["a", "b"])
+    assert registry.together("a") == 0 and registry.popularity("a") == 1
+
+
+@pytest.mark.parametrize("window", [-1, 1.5, True, "8"])
+def test_a_bad_window_is_a_config_error(window: object) -> None:
+    from contextpilot_rag import ConfigError
+    from contextpilot_rag.blocks import BlockRegistry
+
+    with pytest.raises(ConfigError, match="window"):
+        BlockRegistry(len, window=window)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="together_window"):
+        PilotConfig(together_window=window)  # type: ignore[arg-type]

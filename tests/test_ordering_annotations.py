@@ -122,6 +122,73 @@ def test_the_pilot_puts_the_longer_of_two_equally_popular_blocks_first(
     assert [block.id for block in prompt.blocks][:2] == ["b-long", "a-short"]
 
 
+def _carried_by(requests: list[str]) -> dict[str, int]:
+    """Per block, the bits of the recent requests (strings of block names) carrying it."""
+    bits: dict[str, int] = {}
+    for number, request in enumerate(requests):
+        for name in request:
+            bits[name] = bits.get(name, 0) | 1 << number
+    return bits
+
+
+def test_blocks_carried_with_the_matched_prefix_follow_it_before_popular_ones() -> None:
+    # a and c came together in 3 of the 4 recent requests with a; d is more popular
+    # overall but came with a once: after the matched a, c goes first
+    together = _carried_by(["ac", "acd", "ac", "ad", "de", "de", "bd"])
+    popularity = {name: bin(bits).count("1") for name, bits in together.items()}
+    result = reorder_for_prefix(
+        [A, B, C, D],
+        ["a"],
+        popularity=popularity.__getitem__,
+        together=lambda i: together.get(i, 0),
+    )
+    assert ids(result) == ["a", "c", "d", "b"]
+    # popularity alone: d (4 requests) before c (3)
+    alone = reorder_for_prefix([A, B, C, D], ["a"], popularity=popularity.__getitem__)
+    assert ids(alone) == ["a", "d", "c", "b"]
+
+
+def test_a_weak_tie_to_the_matched_prefix_leaves_the_popularity_order() -> None:
+    # c came with a in 2 of 4 requests (under FOLLOW_SHARE): popularity decides
+    together = _carried_by(["ac", "ac", "ad", "ab", "de", "de", "d"])
+    popularity = {name: bin(bits).count("1") for name, bits in together.items()}
+    result = reorder_for_prefix(
+        [A, B, C, D], ["a"], popularity=popularity.__getitem__, together=together.__getitem__
+    )
+    assert ids(result) == ["a", "d", "c", "b"]
+
+
+def test_without_a_matched_prefix_nothing_follows_together() -> None:
+    together = _carried_by(["cb", "cb", "cb", "d", "d", "d", "d"])
+    popularity = {"a": 0, "b": 3, "c": 3, "d": 4}
+    result = reorder_for_prefix(
+        [A, B, C, D], [], popularity=popularity.__getitem__, together=together.__getitem__
+    )
+    assert ids(result) == ["d", "b", "c", "a"]
+
+
+def test_the_pilot_orders_what_follows_the_matched_prefix_by_what_came_with_it(
+    tokenizer: Tokenizer,
+) -> None:
+    # The two earlier requests with z cached the path z, c, x (c and x were new, so
+    # the retriever's order stood), those with d the paths b, d and y, d. The last
+    # request has z, d and x but not c: it matches z alone, and d and x were carried
+    # by two requests each. Popularity alone ties
+    # them and puts d first (by id); both requests that carried z carried x too, so x
+    # follows z and the next request with z and x reads both from cache.
+    X, Z = doc("x"), doc("z")
+    Y = doc("y")
+
+    def last_order(window: int) -> list[str]:
+        pilot = ContextPilot(PilotConfig(together_window=window), tokenizer=tokenizer)
+        for blocks in ([Z, C, X], [X, Z, A, C], [B, D], [Y, D]):
+            pilot.optimize(blocks, "Q?")
+        return ids(pilot.optimize([D, Z, X], "Q?").blocks)
+
+    assert last_order(1024) == ["z", "x", "d"]
+    assert last_order(0) == ["z", "d", "x"]
+
+
 def test_retrieval_remainder_ignores_popularity() -> None:
     result = reorder_for_prefix([A, B, C, D], ["b"], remainder="retrieval", popularity={"d": 9}.get)
     assert ids(result) == ["b", "a", "c", "d"]
