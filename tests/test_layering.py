@@ -125,6 +125,20 @@ def test_importing_the_package_leaves_rich_and_httpx_out() -> None:
     assert result.stdout.strip() == ""
 
 
+def test_importing_the_package_loads_no_framework_or_model_library() -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import contextpilot_rag
+        heavy = {(*BLOCKED[2:], "torch", "transformers", "tokenizers")!r}
+        print(",".join(sorted({{m for m in sys.modules if m.partition(".")[0] in heavy}})))
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == ""
+
+
 def test_the_facade_and_the_client_still_import_on_first_use() -> None:
     code = textwrap.dedent(
         """

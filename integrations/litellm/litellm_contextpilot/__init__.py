@@ -16,6 +16,16 @@
 See ``integrations/litellm/README.md`` and ``docs/integrations/litellm.md``.
 """
 
+import importlib.util
+
+# LiteLLM comes only with the `litellm` extra (its pinned bounds): without it, say which
+# install is missing rather than fail deep inside a submodule
+if importlib.util.find_spec("litellm") is None:
+    raise ModuleNotFoundError(
+        "litellm-contextpilot needs LiteLLM: pip install 'litellm-contextpilot[litellm]'",
+        name="litellm",
+    )
+
 from ._field import FIELD, PilotRequest, read_pilot_request
 from ._fleet import FleetConfig
 from ._hook import ContextPilotHook
