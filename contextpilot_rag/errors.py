@@ -125,11 +125,14 @@ class RoutingError(ContextPilotError, RuntimeError):
 class EndpointError(ContextPilotError, RuntimeError):
     """An endpoint rejected the request itself (an HTTP 4xx other than 401, 403, 404
     and 429, which are the endpoint's faults and tried elsewhere): the caller's error,
-    not retried elsewhere. ``status``: the HTTP status."""
+    not retried elsewhere. ``status``: the HTTP status; ``reason``: the start of the
+    endpoint's answer, credentials scrubbed, without the endpoint's URL (what a proxy
+    may pass on to its client)."""
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
 
 
 class ProviderError(ContextPilotError, RuntimeError):

@@ -488,6 +488,25 @@ def test_an_answer_and_a_rejection_hide_the_credentials_too() -> None:
     assert "s3cretpw" not in str(bad.value)
 
 
+def test_an_engine_echoing_the_basic_auth_header_shows_no_credentials() -> None:
+    token = base64.b64encode(b"user:s3cret@pw").decode()  # decodes to the password
+    echo = [f"bad header Basic {token}; raw s3cret%40pw".encode()]
+    rejection, refusal = Reply(echo, status=400, headers={}), Reply(echo, status=401, headers={})
+    with ScriptServer(rejection, refusal) as server:
+        url = server.base_url.replace("http://", "http://user:s3cret%40pw@")
+        client = RoutingClient([Endpoint(url)], model="m", max_attempts=1)
+        with pytest.raises(EndpointError) as rejected:
+            client.chat(QUESTION)
+        with pytest.raises(RoutingError) as refused:
+            client.chat(QUESTION)
+    text = shown(rejected.value, refused.value, refused.value.attempts)
+    assert "bad header Basic ***" in text
+    assert not [secret for secret in (token, "s3cret%40pw", "s3cret@pw") if secret in text]
+    assert rejected.value.reason.startswith("bad header") and "127.0.0.1" not in (
+        rejected.value.reason
+    )
+
+
 def test_an_api_key_alone_is_sent_as_a_bearer_token(good: ScriptServer) -> None:
     client = RoutingClient([Endpoint(good.base_url, api_key="sk-s3cretkey")], model="m")
     client.chat(QUESTION)

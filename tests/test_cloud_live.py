@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +212,40 @@ def test_a_failing_api_stops_the_run_with_a_provider_error() -> None:
     failed = r"seed [12], system breakpoint, request 1: Connection error"
     with pytest.raises(ProviderError, match=failed):
         run_live_suite(_workloads(), options)
+
+
+class _KeyEchoingAPI(BaseHTTPRequestHandler):
+    """An API (or a gateway before one) that quotes the key it was sent in its 401."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = self.headers.get("x-api-key") or self.headers.get("Authorization")
+        self.send_error(401, explain=f"key {key} is not valid")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_an_api_error_quoting_the_key_is_reported_without_it(provider: str) -> None:
+    api = ThreadingHTTPServer(("127.0.0.1", 0), _KeyEchoingAPI)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    try:
+        base_url = f"http://127.0.0.1:{api.server_address[1]}"
+        options = LiveOptions(provider, base_url=base_url, **{**FAST, "api_key": "sk-L1veKey"})
+        with pytest.raises(ProviderError, match=r"(?s)request 1: .*401.*key .*\*\*\*") as failed:
+            run_live_suite(_workloads(), options)
+    finally:
+        api.shutdown()
+        api.server_close()
+    assert "sk-L1veKey" not in str(failed.value)
+
+
+def test_a_base_url_with_credentials_is_refused(server: CloudCacheServer) -> None:
+    url = server.openai_base_url.replace("http://", "http://gateway:G4tewayPw@")
+    with pytest.raises(ConfigError, match="carries credentials") as refused:
+        LiveOptions("openai", base_url=url, **FAST)
+    assert "G4tewayPw" not in str(refused.value) and "***@127.0.0.1" in str(refused.value)
 
 
 def test_a_spend_past_the_budget_stops_sending(

@@ -5,7 +5,9 @@ driven by the official ``openai`` SDK (``extra_body``) and by raw HTTP."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import logging
 import os
 import runpy
 import socket
@@ -583,12 +585,14 @@ def test_a_stream_broken_after_its_first_text_ends_with_an_error_event_and_no_an
 
 
 class _WrongKey(BaseHTTPRequestHandler):
-    """An engine configured with another API key: it refuses every request (401)."""
+    """An engine configured with another API key: it refuses every request (401, or its
+    server's ``status``), quoting the ``Authorization`` header it got, as some do."""
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"error": {"message": "invalid API key", "code": "invalid_api_key"}})
-        self.send_response(401)
+        quoted = f"invalid API key {self.headers.get('Authorization')} for org internal-7"
+        body = json.dumps({"error": {"message": quoted, "code": "invalid_api_key"}})
+        self.send_response(getattr(self.server, "status", 401))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -614,6 +618,73 @@ def test_a_replica_that_refuses_every_request_is_routed_around(
         server.stop()
         wrong_key.shutdown()
         wrong_key.server_close()
+
+
+@pytest.mark.parametrize(("status", "answered"), [(401, (502, 503)), (400, (400,))])
+def test_a_client_never_sees_the_engines_credentials_or_urls(
+    status: int, answered: tuple[int, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _WrongKey)
+    engine.status = status  # type: ignore[attr-defined]
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    port = engine.server_address[1]
+    server = start_proxy([f"http://fleet:Upstr3amPw@127.0.0.1:{port}/v1"])
+    token = base64.b64encode(b"fleet:Upstr3amPw").decode()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for stream in (False, True):
+                response = post(server, "/chat/completions", chat_body(stream=stream))
+                assert response.status_code in answered, response.text
+                shown = response.text + caplog.text
+                assert "Upstr3amPw" not in shown and token not in shown
+                assert f":{port}" not in response.text  # nor where the engine is
+        if status == 400:  # the engine's refusal of the request itself is passed on
+            assert "org internal-7" in response.text and "HTTP 400" in response.text
+        else:  # an engine's fault is the proxy operator's: told in the log only
+            assert "org internal-7" not in response.text and "org internal-7" in caplog.text
+    finally:
+        server.stop()
+        engine.shutdown()
+        engine.server_close()
+
+
+def test_documents_questions_and_answers_are_in_no_log_record_or_metric(
+    proxy: BackgroundServer, sdk: openai.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        for turn in range(2):
+            ask(sdk, f"Which river, PRIVATE-QUESTION {turn}?", conversation_id="c")
+    metrics = httpx.get(f"{root(proxy)}/metrics").text
+    ours = [r for r in caplog.records if not r.name.startswith("openai")]  # not the client's
+    logged = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in ours)
+    assert ours and "answer" in metrics  # something was logged and counted
+    for text in ("PRIVATE-QUESTION", PARIS[:40], BERLIN[:40]):
+        assert text not in logged and text not in metrics
+
+
+def test_a_serve_config_shows_no_key_or_credentials() -> None:
+    config = ServeConfig(
+        endpoints=("http://fleet:Upstr3amPw@10.0.0.1:8000/v1",),
+        model=MODEL,
+        api_key=KEY,
+        store="redis://:St0rePw@10.0.0.5:6379/0",
+        salt_key="salt-" + KEY,
+    )
+    shown = repr(config) + str(config)
+    assert "10.0.0.1:8000" in shown and "10.0.0.5:6379" in shown
+    assert not [secret for secret in ("Upstr3amPw", "St0rePw", KEY) if secret in shown]
+    with pytest.raises(ConfigError) as bad:
+        ServeConfig(endpoints=("ftp://fleet:Upstr3amPw@host/v1",), model=MODEL)
+    assert "Upstr3amPw" not in str(bad.value)
+
+
+def test_a_malformed_store_url_is_refused_without_its_password(
+    engines: list[OpenAICompatibleServer],
+) -> None:
+    url = "redis://:St0rePw@127.0.0.1:0/0"  # port 0
+    with pytest.raises(ConfigError) as caught:
+        start_proxy([engines[0].base_url], store=url)
+    assert "port 0" in str(caught.value) and "St0rePw" not in str(caught.value)
 
 
 def test_a_failed_request_leaves_the_index_off_the_event_loop(

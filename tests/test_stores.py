@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -44,6 +46,7 @@ from contextpilot_rag.stores import (
     open_store,
     parse_store_url,
 )
+from contextpilot_rag.stores.sqlite_routes import SQLiteRouteStore
 
 Messages = list[dict[str, str]]
 TurnSpec = tuple[tuple[tuple[str, str], ...], str, str]  # ((block id, text), ...), query, answer
@@ -411,6 +414,60 @@ def test_a_bad_store_url_is_a_config_error_before_anything_exists(
     with pytest.raises(ConfigError):
         ContextPilot(store=url)
     assert list(tmp_path.iterdir()) == []  # no database file was created
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:St0rePw@localhost:0/0",
+        "redis://app:St0rePw@localhost:99999/0",
+        "rediss://:St0rePw@localhost:6379/zero",
+        "redis://:St0rePw@localhost:6379/0?db=1",
+        "redis://:St0rePw@localhost:6379/0?timeout_s=-1",
+        "redis://:St0rePw@localhost:6379/0#fragment",
+        "redis://:St0re/Pw@localhost:6379/0",  # unencoded: the "/" ends the host
+        "redis://:St0re#Pw@localhost:6379/0",
+        "redis://:St0rePw@/0",
+        "redis://localhost:6379/0?password=St0rePw",
+        "redis://localhost:6379/0?St0rePw",
+        "postgres://app:St0rePw@localhost/db",
+    ],
+)
+def test_a_bad_store_url_is_refused_without_showing_its_password(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ContextPilot(store=url)
+    assert "localhost" in str(caught.value) or "***@/0" in str(caught.value)
+    assert "St0re" not in str(caught.value) and "Pw" not in str(caught.value)
+
+
+def test_a_parsed_store_url_shows_no_password() -> None:
+    parsed = parse_store_url("redis://app:St0rePw@localhost:6380/2?timeout_s=0.5")
+    assert "St0rePw" in parsed.target  # what the client connects with ...
+    assert "St0rePw" not in repr(parsed)  # ... is not what a log shows
+    assert repr(parsed).startswith("StoreURL(backend='redis', target='redis://***@localhost")
+
+
+def test_a_new_sqlite_store_file_is_private_to_its_owner(tmp_path: Path) -> None:
+    old_umask = os.umask(0o022)  # the usual default: new files readable by all
+    try:
+        pilot = ContextPilot(store=f"sqlite:///{tmp_path}/conversations.db")
+        document = ContextBlock("a private document", id="d")
+        prompt = pilot.optimize([document], "a private question", conversation_id="c")
+        pilot.record_answer(prompt, "a private answer")
+        SQLiteRouteStore(tmp_path / "routes.db").close()
+    finally:
+        os.umask(old_umask)
+    files = sorted(tmp_path.iterdir())
+    assert {f.name for f in files} >= {"conversations.db", "conversations.db-wal", "routes.db"}
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {f.name: 0o600 for f in files}
+
+
+def test_an_existing_sqlite_store_file_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    path.touch(mode=0o640)
+    path.chmod(0o640)  # the operator's choice (a group of readers)
+    SQLiteConversationStore(path).close()
+    assert path.stat().st_mode & 0o777 == 0o640
 
 
 def test_a_store_of_the_wrong_type_is_a_config_error() -> None:

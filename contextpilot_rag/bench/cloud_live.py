@@ -32,7 +32,10 @@ own tokenizer, plus ``max_tokens`` of output per request) must fit ``max_usd``, 
 spends more than ``max_usd`` anyway stops with a
 :class:`~contextpilot_rag.errors.ProviderError`, as does any request the API fails.
 The API key is read by the SDK from its environment variable (``ANTHROPIC_API_KEY``,
-``OPENAI_API_KEY``) unless given; it is never printed or stored.
+``OPENAI_API_KEY``) unless given; it is never printed or stored: an API error that
+quotes it is reported with ``***`` in its place, and a ``base_url`` with credentials
+in it (``https://user:pass@gateway/v1``) is refused, since the SDKs' HTTP client logs
+every request's URL and the report names the URL.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from ..cloud import DEFAULT_PRICES, ModelPrice, input_cost
 from ..errors import ConfigError, ContextPilotError, ProviderError
 from ..experiment import baseline_config
 from ..prompt import Prompt
+from ..routing.client.endpoints import display_url
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens, parse_input_tokens
 from .cloud_suite import (
@@ -135,6 +139,11 @@ class LiveOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} must be a non-empty str or None")
+        if self.base_url is not None and display_url(self.base_url) != self.base_url:
+            raise ConfigError(  # the SDKs' HTTP client logs every request's URL
+                f"base_url {display_url(self.base_url)!r} carries credentials: give the key "
+                "as api_key (or its environment variable), not in the URL"
+            )
         for name in ("max_usd", "time_scale", "timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -311,12 +320,17 @@ def _scale_that_fits(
     return low, least
 
 
-def _client(options: LiveOptions) -> Any:
-    """The provider's SDK client (imported here: the ``cloud`` extra)."""
+def _api_key(options: LiveOptions) -> str:
+    """The key the run sends: ``options.api_key``, else its environment variable."""
     variable = API_KEY_VARIABLES[options.provider]
     key = options.api_key or os.environ.get(variable)
     if not key:
         raise ConfigError(f"no API key: set {variable} (or pass api_key)")
+    return key
+
+
+def _client(options: LiveOptions, key: str) -> Any:
+    """The provider's SDK client (imported here: the ``cloud`` extra)."""
     try:
         if options.provider == "anthropic":
             import anthropic
@@ -456,7 +470,8 @@ def run_live_suite(
                 f"so max_usd must be at least that"
             )
         raise ConfigError(f"{over} or lower the workload scale (--scale) to {fits:g}")
-    send = _sender(options, _client(options))
+    key = _api_key(options)
+    send = _sender(options, _client(options, key))
     jobs = sorted(
         (job for arms in planned for arm in arms for job in arm.jobs),
         key=lambda job: (job.due_s, job.order),
@@ -470,7 +485,10 @@ def run_live_suite(
         if isinstance(dispatch.failure, ProviderError):
             raise ProviderError(f"{dispatch.failure} ({spent})")
         where = _describe(dispatch.failed_job, workloads, planned)
-        raise ProviderError(f"{where}: {dispatch.failure} ({spent})") from dispatch.failure
+        # an API (or a gateway) that quotes the request's key in its error must not
+        # put the key in this message: it reaches the terminal and the logs
+        said = str(dispatch.failure).replace(key, "***")
+        raise ProviderError(f"{where}: {said} ({spent})") from dispatch.failure
     runs = tuple(
         _live_run(workload, arms, options)
         for workload, arms in zip(workloads, planned, strict=True)

@@ -91,22 +91,27 @@ def pilot_error_of(exc: ContextPilotError) -> ApiError:
 def routing_error_of(exc: ContextPilotError, *, fleet_down: bool) -> ApiError:
     """The answer for an error of the routing client. ``fleet_down``: every replica's
     circuit breaker is open, so a :class:`RoutingError` is HTTP 503 (come back later)
-    rather than 502 (this request failed upstream)."""
+    rather than 502 (this request failed upstream).
+
+    A client learns that the fleet failed, not how: the engines' URLs and their error
+    answers (a 401's body may quote the proxy's engine credentials) stay in the proxy's
+    log. An engine's refusal of the request itself (:class:`EndpointError`) passes on
+    its status and the start of its answer, without the engine's URL."""
     if isinstance(exc, RoutingError):
         if fleet_down:
-            message = f"no replica of the fleet is available: {exc}"
+            message = "no replica of the fleet is available; try again later"
             return ApiError(
                 503, message, type="server_error", code="fleet_unavailable", headers=_RETRY
             )
-        message = f"the fleet failed to answer: {exc}"
+        message = "the fleet failed to answer this request"
         return ApiError(502, message, type="server_error", code="upstream_error")
     if isinstance(exc, NoReplicaAvailableError):
-        return ApiError(
-            503, str(exc), type="server_error", code="fleet_unavailable", headers=_RETRY
-        )
+        message = "no replica of the fleet is available; try again later"
+        return ApiError(503, message, type="server_error", code="fleet_unavailable", headers=_RETRY)
     if isinstance(exc, EndpointError):  # the engine refused the request itself
         status = exc.status if 400 <= exc.status < 500 else 502
-        return ApiError(status, str(exc), code="upstream_rejected")
+        message = f"the engine refused the request (HTTP {exc.status}): {exc.reason}"
+        return ApiError(status, message, code="upstream_rejected")
     if isinstance(exc, (InvalidInputError, InvalidRouteRequestError)):  # a parameter
         return ApiError.invalid(str(exc))
     return pilot_error_of(exc)  # the pilot's errors (a shared store's among them)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import ConfigError
+from ..routing.client.endpoints import display_url
 from ..routing.registry import POLICY_NAMES
+from ..stores.url import redacted
 from ..tenants import SALT_KEY_ENV, SaltPolicy, TenantConfig
 
 __all__ = ["API_KEY_ENV", "SALT_KEY_ENV", "ServeConfig"]
@@ -62,7 +64,8 @@ class ServeConfig:
         object.__setattr__(self, "endpoints", tuple(endpoints))
         for url in self.endpoints:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"an endpoint must be an http:// or https:// URL, got {url!r}")
+                shown = display_url(url) if isinstance(url, str) else url
+                raise ConfigError(f"an endpoint must be an http:// or https:// URL, got {shown!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model must be a non-empty string (the model the fleet serves)")
         if self.policy not in POLICY_NAMES:
@@ -96,6 +99,13 @@ class ServeConfig:
             return ipaddress.ip_address(self.host.strip("[]")).is_loopback
         except ValueError:
             return False
+
+    def __repr__(self) -> str:  # the dataclass's, without keys or credentials
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["endpoints"] = tuple(display_url(url) for url in self.endpoints)
+        if self.store is not None:
+            shown["store"] = redacted(self.store)
+        return f"ServeConfig({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def to_json(self) -> str:
         """The config as JSON (the API key and salt key included: keep it out of logs)."""

@@ -221,7 +221,7 @@ class Proxy:
         if turn.prompt is not None:
             await anyio.to_thread.run_sync(self.pilot.evict, [turn.prompt.request_id])
         fleet_down = not any(state.healthy for state in self.client.replicas)
-        logger.info("routing failed: %s", exc)
+        logger.warning("routing failed: %s", exc)  # the client is told less
         return routing_error_of(exc, fleet_down=fleet_down)
 
 

@@ -5,6 +5,7 @@ store guards its connections with its own locks), SQLite's errors as the typed o
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,7 +18,10 @@ __all__ = ["connect", "open_database", "store_errors", "transaction"]
 
 def connect(path: Path, *, store: str, timeout_s: float) -> sqlite3.Connection:
     """A connection to ``path`` that waits ``timeout_s`` for a lock (set SQLite's
-    ``busy_timeout`` to match); ``store`` names the store in errors."""
+    ``busy_timeout`` to match); ``store`` names the store in errors. A file that does
+    not exist yet is created readable and writable by its owner only (SQLite gives its
+    ``-wal`` and ``-shm`` files the same mode); an existing file keeps its mode."""
+    _create_private(path)
     try:
         db = sqlite3.connect(
             path,
@@ -28,6 +32,19 @@ def connect(path: Path, *, store: str, timeout_s: float) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot open {store}: {exc}") from exc
     return db
+
+
+def _create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 unless it exists: the stores hold
+    documents, questions and answers, which the default umask (022) would leave
+    readable by every user of the host. An error is left for SQLite to report."""
+    if str(path) in ("", ":memory:"):  # SQLite's names for databases in no file
+        return
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # it exists (another process may just have created it), or cannot be
+        return
+    os.close(descriptor)
 
 
 def open_database(

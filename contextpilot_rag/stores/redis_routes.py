@@ -219,7 +219,7 @@ class RedisRouteStore:
         self._redis.close()
 
     def __repr__(self) -> str:
-        return f"RedisRouteStore({self._client!r}, key_prefix={self._prefix!r})"
+        return f"RedisRouteStore(key_prefix={self._prefix!r})"
 
     def _server_time(self, now_ms: bytes | str, sent_ms: float) -> None:
         """Learn the server clock's offset from this host's (a script's ``TIME``,

@@ -30,6 +30,7 @@ _OPTIONS: Mapping[str, tuple[str, ...]] = {
     "redis": ("key_prefix", "timeout_s"),
     "sqlite": ("busy_timeout_s",),
 }
+_SHOWN_OPTIONS = frozenset(name for names in _OPTIONS.values() for name in names)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class StoreURL:
     def number(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
 
+    def __repr__(self) -> str:  # the dataclass's, with the target's credentials redacted
+        options = dict(self.options)
+        return f"StoreURL(backend={self.backend!r}, target={redacted(self.target)!r}, {options=})"
+
 
 def parse_store_url(url: str) -> StoreURL:
     """Check ``url`` and say what it names; a malformed one is a ConfigError."""
@@ -52,15 +57,15 @@ def parse_store_url(url: str) -> StoreURL:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ConfigError(f"bad store URL {url!r}: {exc}") from exc
+        raise _bad(url, str(exc)) from exc
     if parts.fragment:
-        raise ConfigError(f"bad store URL {url!r}: a store URL has no #fragment")
+        raise _bad(url, "a store URL has no #fragment")
     if parts.scheme in ("redis", "rediss"):
         return _redis_url(url, parts)
     if parts.scheme == "sqlite":
         return _sqlite_url(url, parts.netloc, parts.path, parts.query)
     raise ConfigError(
-        f"unknown store URL {url!r}: use redis://HOST:PORT/DB, rediss://…, "
+        f"unknown store URL {redacted(url)!r}: use redis://HOST:PORT/DB, rediss://…, "
         "sqlite:///PATH, or store=None for memory"
     )
 
@@ -120,60 +125,59 @@ def _redis_url(url: str, parts: SplitResult) -> StoreURL:
     try:
         port = parts.port
     except ValueError:
-        raise ConfigError(f"bad store URL {url!r}: the port is not 0..65535") from None
+        raise _bad(url, "the port is not 0..65535") from None
     if not parts.hostname:
-        raise ConfigError(f"bad store URL {url!r}: no host (redis://HOST:PORT/DB)")
+        raise _bad(url, "no host (redis://HOST:PORT/DB)")
     if port == 0:
-        raise ConfigError(f"bad store URL {url!r}: port 0 names no server")
+        raise _bad(url, "port 0 names no server")
     path = parts.path
     if path not in ("", "/") and not (path.startswith("/") and path[1:].isdigit()):
-        raise ConfigError(f"bad store URL {url!r}: the database is a number (/0, /1, …)")
+        raise _bad(url, "the database is a number (/0, /1, …)")
     options = _options(url, parts.query, "redis")
     if "timeout_s" in options:
         _positive(url, "timeout_s", options["timeout_s"])
     if "key_prefix" in options and not options["key_prefix"]:
-        raise ConfigError(f"bad store URL {url!r}: key_prefix must not be empty")
+        raise _bad(url, "key_prefix must not be empty")
     target = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
     return StoreURL("redis", target, options)
 
 
 def _sqlite_url(url: str, netloc: str, path: str, query: str) -> StoreURL:
     if netloc:
-        raise ConfigError(
-            f"bad store URL {url!r}: sqlite URLs have no host; write sqlite:///relative.db "
-            "or sqlite:////absolute/path.db"
+        raise _bad(
+            url,
+            "sqlite URLs have no host; write sqlite:///relative.db or sqlite:////absolute/path.db",
         )
     file = unquote(path[1:]) if path.startswith("/") else ""
     if not file or file.endswith("/"):
-        raise ConfigError(f"bad store URL {url!r}: no database file (sqlite:///PATH)")
+        raise _bad(url, "no database file (sqlite:///PATH)")
     if file == ":memory:":
-        raise ConfigError(
-            f"bad store URL {url!r}: an in-memory SQLite database is not shared; "
-            "use store=None for a store in this process"
+        raise _bad(
+            url,
+            "an in-memory SQLite database is not shared; "
+            "use store=None for a store in this process",
         )
     options = _options(url, query, "sqlite")
     if "busy_timeout_s" in options:
         _positive(url, "busy_timeout_s", options["busy_timeout_s"])
     if not Path(file).parent.is_dir():
-        raise ConfigError(f"bad store URL {url!r}: no directory {str(Path(file).parent)!r}")
+        raise _bad(url, f"no directory {str(Path(file).parent)!r}")
     return StoreURL("sqlite", file, options)
 
 
 def _options(url: str, query: str, backend: str) -> dict[str, str]:
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as exc:
-        raise ConfigError(f"bad store URL {url!r}: {exc}") from exc
+    except ValueError:  # its message quotes the field, which may be a secret
+        raise _bad(url, "the query is not NAME=VALUE pairs joined by &") from None
     allowed = _OPTIONS[backend]
     options: dict[str, str] = {}
     for name, value in pairs:
         if name not in allowed:
-            raise ConfigError(
-                f"bad store URL {url!r}: unknown option {name!r} for {backend} "
-                f"(known: {', '.join(allowed)})"
-            )
+            known = ", ".join(allowed)
+            raise _bad(url, f"unknown option {name!r} for {backend} (known: {known})")
         if name in options:
-            raise ConfigError(f"bad store URL {url!r}: option {name!r} given twice")
+            raise _bad(url, f"option {name!r} given twice")
         options[name] = value
     return options
 
@@ -184,13 +188,34 @@ def _positive(url: str, name: str, value: str) -> None:
     except ValueError:
         number = math.nan
     if not (math.isfinite(number) and number > 0):
-        raise ConfigError(f"bad store URL {url!r}: {name} must be a number > 0, got {value!r}")
+        raise _bad(url, f"{name} must be a number > 0, got {value!r}")
+
+
+def _bad(url: str, problem: str) -> ConfigError:
+    """The error for a malformed ``url``: it names the URL without its credentials."""
+    return ConfigError(f"bad store URL {redacted(url)!r}: {problem}")
 
 
 def redacted(url: str) -> str:
-    """``url`` with its credentials (``user:password@``) shown as ``***@``, for
-    messages and logs."""
+    """``url`` as messages and logs may show it: its credentials (``user:password@``)
+    as ``***@``, and the values of query parameters other than this library's options
+    (``?password=…``, a bare ``?token``) as ``***``. An unencoded password may hold
+    ``/``, ``?`` or ``#``, so everything before a URL's last ``@`` is hidden
+    (``sqlite:`` URLs, whose paths may hold ``@``, have no credentials)."""
     scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    _, at, host = authority.rpartition("@")
-    return f"{scheme}{sep}***@{host}{slash}{path}" if at else url
+    if not sep:
+        scheme, rest = "", url
+    if scheme.lower() != "sqlite":
+        _, at, host = rest.rpartition("@")
+        rest = f"***@{host}" if at else rest
+    base, question, query = rest.partition("?")
+    if question:
+        query = "&".join(_shown_parameter(pair) for pair in query.split("&"))
+    return f"{scheme}{sep}{base}{question}{query}"
+
+
+def _shown_parameter(pair: str) -> str:
+    name, equals, _ = pair.partition("=")
+    if name in _SHOWN_OPTIONS:
+        return pair
+    return f"{name}=***" if equals else "***"

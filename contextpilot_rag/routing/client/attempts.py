@@ -318,7 +318,8 @@ class _Call:
         if status in _ENDPOINT_FAULT_STATUS:
             raise AttemptFailed(f"HTTP {status} from {plan.url}: {text[:200]}")
         self.dispatcher.finish(plan, None, f"HTTP {status}", cancelled=True, result="rejected")
-        raise EndpointError(f"{plan.url} answered HTTP {status}: {text[:200]}", status)
+        reason = text[:200]
+        raise EndpointError(f"{plan.url} answered HTTP {status}: {reason}", status, reason)
 
     def deliver(self, plan: Plan, reply: Reply, piece: str) -> str:
         """Take ``piece`` of the answer; the text new to the caller (may be empty).

@@ -18,7 +18,7 @@ from urllib.parse import unquote
 from ...errors import ConfigError
 from ..types import ReplicaState
 
-__all__ = ["Credentials", "Endpoint", "Replica", "replicas_of", "retry_after_s"]
+__all__ = ["Credentials", "Endpoint", "Replica", "display_url", "replicas_of", "retry_after_s"]
 
 _MIN_RATE_TOKENS = 64  # shorter prefills say more about overheads than about the rate
 _RATE_ALPHA = 0.3
@@ -113,13 +113,17 @@ class Credentials:
         self.headers: dict[str, str] = {}
         if endpoint.api_key:
             self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
-        user, _, password = userinfo.partition(":")
-        user, password = unquote(user), unquote(password)
+        raw_user, _, raw_password = userinfo.partition(":")
+        user, password = unquote(raw_user), unquote(raw_password)
+        token = ""
         if userinfo:
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
             self.headers["Authorization"] = f"Basic {token}"
-        found = (userinfo, password or user, endpoint.api_key or "")
-        self.secrets = tuple(s for s in sorted(set(found), key=len, reverse=True) if len(s) > 2)
+        # an engine that echoes the request's Authorization header echoes the basic-auth
+        # token, which decodes to the password
+        found = (userinfo, password or user, raw_password or raw_user, token, endpoint.api_key)
+        shown = {secret for secret in found if secret and len(secret) > 2}
+        self.secrets = tuple(sorted(shown, key=len, reverse=True))
 
     @staticmethod
     def of(endpoint: Endpoint) -> Credentials:
@@ -130,6 +134,12 @@ class Credentials:
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return text
+
+
+def display_url(url: str) -> str:
+    """``url`` with its credentials (``user:password@``) shown as ``***@``: how
+    errors, logs and reprs name an endpoint URL that is not (yet) an :class:`Endpoint`."""
+    return _split_credentials(url)[0]
 
 
 def _split_credentials(url: str) -> tuple[str, str, str]:
