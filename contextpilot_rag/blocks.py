@@ -343,6 +343,7 @@ class BlockRegistry:
         # key the slots that carry it as the bits of an int
         self._slots: list[tuple[str, ...]] = [()] * window
         self._next_slot = 0
+        self._recent = 0  # requests in the window: min(requests remembered, window)
         self._together: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -359,6 +360,11 @@ class BlockRegistry:
         are those that carried both and ``int.bit_count`` counts them."""
         return self._together.get(block_id, 0)
 
+    @property
+    def recent(self) -> int:
+        """How many requests :meth:`together` covers: those counted, up to ``window``."""
+        return self._recent
+
     def _remember_together(self, keys: Iterable[str]) -> None:
         """Put one request's keys in the oldest slot of the window, forgetting the
         request there before."""
@@ -367,32 +373,36 @@ class BlockRegistry:
             return
         slot, together = self._next_slot, self._together
         bit = 1 << slot
-        for key in slots[slot]:
-            left = together[key] & ~bit
+        for key in slots[slot]:  # each holds the bit: clear it (xor is cheaper than & ~)
+            left = together[key] ^ bit
             if left:
                 together[key] = left
             else:
                 del together[key]
         kept = tuple(dict.fromkeys(keys))
+        get = together.get
         for key in kept:
-            together[key] = together.get(key, 0) | bit
+            together[key] = get(key, 0) | bit
         slots[slot] = kept
         self._next_slot = (slot + 1) % len(slots)
+        self._recent = min(self._recent + 1, len(slots))
 
     @property
     def requests_counted(self) -> int:
         """How many requests :meth:`commit` and :meth:`count_carried` counted."""
         return self._requests_counted
 
-    def count_carried(self, keys: Iterable[str]) -> None:
+    def count_carried(self, keys: Iterable[str], *, together: bool = True) -> None:
         """Count a request another pilot committed (replayed from a shared store's
-        index log) in the popularity of ``keys``. A key without an entry here is
-        counted too; at most ``capacity`` such keys are remembered, the least recently
-        counted forgotten first (with its count, unless it has an entry by then)."""
+        index log) in the popularity of ``keys`` (and with ``together``, in
+        :meth:`together`). A key without an entry here is counted too; at most
+        ``capacity`` such keys are remembered, the least recently counted forgotten
+        first (with its count, unless it has an entry by then)."""
         counts, carried, stored = self._requests_with, self._carried, self._entries
         self._requests_counted += 1
         keys = list(keys)
-        self._remember_together(keys)
+        if together:
+            self._remember_together(keys)
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
             carried[key] = None
@@ -481,9 +491,12 @@ class BlockRegistry:
         blocks: Sequence[ContextBlock],
         entries: Sequence[RegisteredBlock],
         keys: Sequence[str] | None = None,
+        *,
+        together: bool = True,
     ) -> None:
         """Store (or refresh) the entries :meth:`resolve` returned for one request,
-        under ``keys`` (default: the block ids)."""
+        under ``keys`` (default: the block ids); with ``together``, remember the request
+        in :meth:`together`'s window."""
         counts, stored = self._requests_with, self._entries
         self._requests_counted += 1
         ids = [block.id for block in blocks] if keys is None else keys
@@ -493,7 +506,8 @@ class BlockRegistry:
             else:
                 stored[block_id] = entry
             counts[block_id] = counts.get(block_id, 0) + 1
-        self._remember_together(ids)
+        if together:
+            self._remember_together(ids)
         while len(self._entries) > self._capacity:
             dropped, _ = self._entries.popitem(last=False)
             counts.pop(dropped, None)

@@ -21,14 +21,15 @@ retrieve most of one set of documents, each with a few others that are popular
 anyway. Ordered by popularity alone, those popular strangers go first and cut the
 shared prefix where the next paraphrase lacks them. So when the request matched a
 cached prefix, the blocks that follow it are first chosen by what the recent requests
-carrying that prefix carried (``together``: which recent requests carried a block):
-the block most of them carried (times its tokens), then among those that carried
-that one too, and so on, while the chosen block was carried by at least
-:data:`FOLLOW_SHARE` of them (and :data:`FOLLOW_AFTER` requests). A weaker tie says
-nothing popularity does not, and following it makes equal requests start apart, so
-the rest go by popularity as above. On the benchmark families
-(``benchmarks/families.py``) this raises the hit ratio of near-duplicate request
-streams and leaves the others where they were.
+carrying that prefix carried (``together``: which of the last ``recent`` requests
+carried a block): the block most of them carried (times its tokens), then among those
+that carried that one too, and so on, while the chosen block was carried by at least
+:data:`FOLLOW_SHARE` of them (and :data:`FOLLOW_AFTER` requests), and by
+:data:`FOLLOW_LIFT` times the share of all recent requests that carried it. A weaker
+tie says nothing popularity does not (a block most requests carry is carried by most
+of any prefix's too), and following it makes equal requests start apart, so the rest
+go by popularity as above. The ``families`` section of ``docs/benchmarks.md``
+measures it against popularity alone per kind of stream.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ def reorder_for_prefix(
     popularity: Callable[[str], int] | None = None,
     tokens: Callable[[str], int] | None = None,
     together: Callable[[str], int] | None = None,
+    recent: int = 0,
 ) -> tuple[ContextBlock, ...]:
     """A permutation of ``blocks``: those named in ``matched_ids`` first, in that
     order, then the others. Ids in ``matched_ids`` that are not among ``blocks``
     (system prompt, history) are skipped. ``popularity(id)``: how many earlier
     requests carried the block; ``tokens(id)``: its size, which weighs it (module
-    docstring; ``None``: every block alike); ``together(id)``: which recent requests
-    carried it, as the bits of an int (``None``: popularity alone). Block ids must be
-    distinct
+    docstring; ``None``: every block alike); ``together(id)``: which of the last
+    ``recent`` requests carried it, as the bits of an int (``None`` or ``recent`` 0:
+    popularity alone). Block ids must be distinct
     (:class:`InvalidInputError` otherwise: a repeat has no one place in a permutation;
     the pilot removes repeats first)."""
     by_id: dict[str, ContextBlock] = {block.id: block for block in blocks}
@@ -74,8 +76,8 @@ def reorder_for_prefix(
     rest = [block for block in blocks if block.id not in taken]
     followed: list[ContextBlock] = []
     if remainder == "popularity" and popularity is not None:
-        if together is not None and head:
-            followed = _follow_together(head, rest, together, tokens)
+        if together is not None and recent > 0 and head:
+            followed = _follow_together(head, rest, together, recent, tokens)
             rest = [block for block in rest if block not in followed]
         rest = _by_popularity(rest, popularity, tokens)
     return (*head, *followed, *rest)
@@ -90,11 +92,17 @@ near-duplicates, 0.7 gained less on those with them)."""
 FOLLOW_AFTER = 2
 """The fewest recent requests that must carry the prefix and the block."""
 
+FOLLOW_LIFT = 3
+"""How many times its share of all recent requests a block's share of those carrying
+the prefix must be (without it, streams of independent draws lost up to 1.5% on the
+benchmark families: their most popular blocks come with any prefix)."""
+
 
 def _follow_together(
     head: Sequence[ContextBlock],
     rest: Sequence[ContextBlock],
     together: Callable[[str], int],
+    recent: int,
     tokens: Callable[[str], int] | None,
 ) -> list[ContextBlock]:
     """The blocks of ``rest`` that follow ``head`` by what recent requests carried
@@ -111,8 +119,11 @@ def _follow_together(
         best: tuple[int, str] | None = None
         chosen = None
         for block in left:
-            carried = (carriers & together(block.id)).bit_count()
+            bits = together(block.id)
+            carried = (carriers & bits).bit_count()
             if carried < FOLLOW_AFTER or carried < FOLLOW_SHARE * total:
+                continue
+            if carried * recent < FOLLOW_LIFT * total * bits.bit_count():
                 continue
             score = (-carried * (1 if tokens is None else tokens(block.id)), block.id)
             if best is None or score < best:

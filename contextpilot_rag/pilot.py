@@ -134,8 +134,8 @@ class PilotConfig:
     ``reorder``/``dedup``/``annotate`` switch the three optimizations. ``remainder``
     orders the blocks that match no cached prefix; with ``"popularity"``, those that
     recent requests carrying the matched prefix mostly carried too go first, remembered
-    over the last ``together_window`` requests (0: popularity alone;
-    :mod:`~contextpilot_rag.ordering`). ``max_history_turns`` limits the
+    over the last ``together_window`` requests without a tenant (0: popularity alone,
+    as for a tenant's requests; :mod:`~contextpilot_rag.ordering`). ``max_history_turns`` limits the
     turns rendered into a conversation's prompt (``None``: all) and the turns its store
     keeps (older answered ones are dropped, so a long conversation's record stays
     bounded); de-duplication only points at rendered turns. ``system_prompt`` is used
@@ -777,7 +777,7 @@ class ContextPilot:
                     index = self._tenant_indexes.get(record.tenant)
                 if request_id not in index:
                     index.insert(place.path, place.tokens, request_id)
-            self._registry.count_carried(record.counted)
+            self._registry.count_carried(record.counted, together=record.tenant is None)
 
     def index_stats(self, *, tenant: str | None = None) -> IndexStats:
         """The context index's size: the index of requests without a tenant, or
@@ -1010,15 +1010,14 @@ class ContextPilot:
         def popularity(block_id: str) -> int:
             return self._registry.popularity(registry_keys[block_id])
 
-        def together(block_id: str) -> int:
-            return self._registry.together(registry_keys[block_id])
-
+        # popularity alone: which recent requests came together is remembered for
+        # requests without a tenant only (one window for all tenants would let each
+        # one's traffic change another's order)
         order = functools.partial(
             reorder_for_prefix,
             remainder=self.config.remainder,
             popularity=popularity,
             tokens=tokens_of.__getitem__,
-            together=together,
         )
         shared = [block for block in kept if block.shared]
         if salted:
@@ -1404,6 +1403,7 @@ class ContextPilot:
             popularity=self._registry.popularity,
             tokens=tokens_of.__getitem__,
             together=self._registry.together,
+            recent=self._registry.recent,
         )
 
     def _notes(
@@ -1822,7 +1822,8 @@ class ContextPilot:
     def _record(self, plan: _Plan) -> None:
         """Commit a stored plan to the block registry and the context index."""
         request_id = RequestId(plan.prompt.request_id)
-        self._registry.commit(plan.blocks, plan.entries, plan.keys)
+        untenanted = plan.prompt.tenant is None  # a tenant's orders use popularity alone
+        self._registry.commit(plan.blocks, plan.entries, plan.keys, together=untenanted)
         if self.config.cloud.enabled:
             now = self._clock()
             for prefix in plan.cached_prefixes:

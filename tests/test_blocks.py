@@ -154,8 +154,10 @@ def test_the_registry_remembers_which_recent_requests_carried_each_block() -> No
     registry.count_carried(["a", "c"])
     assert (registry.together("a") & registry.together("c")).bit_count() == 1
     assert registry.together("b").bit_count() == 2
+    assert registry.recent == 3
     registry.count_carried(["d"])  # the oldest request, the first, is forgotten
     assert [registry.together(key).bit_count() for key in "abcd"] == [1, 1, 2, 1]
+    assert registry.recent == 3  # the window's size, once full
     registry.count_carried(["d"])
     registry.count_carried(["d"])
     # only the window's requests are held: nothing of the forgotten ones remains
@@ -170,6 +172,7 @@ def test_a_registry_without_a_window_remembers_no_requests() -> None:
     registry = BlockRegistry(len)
     registry.count_carried(["a", "b"])
     assert registry.together("a") == 0 and registry.popularity("a") == 1
+    assert registry.recent == 0
 
 
 @pytest.mark.parametrize("window", [-1, 1.5, True, "8"])

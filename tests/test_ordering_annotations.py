@@ -11,6 +11,7 @@ from contextpilot_rag import (
     NoteTemplates,
     PilotConfig,
     Tokenizer,
+    ordering,
 )
 from contextpilot_rag.annotations import location_note, order_note
 from contextpilot_rag.errors import InvalidInputError
@@ -24,6 +25,7 @@ def doc(name: str) -> ContextBlock:
 
 
 A, B, C, D, E = (doc(name) for name in "abcde")
+X, Y, Z = (doc(name) for name in "xyz")
 
 
 def ids(blocks: tuple[ContextBlock, ...]) -> list[str]:
@@ -131,62 +133,94 @@ def _carried_by(requests: list[str]) -> dict[str, int]:
     return bits
 
 
-def test_blocks_carried_with_the_matched_prefix_follow_it_before_popular_ones() -> None:
-    # a and c came together in 3 of the 4 recent requests with a; d is more popular
-    # overall but came with a once: after the matched a, c goes first
-    together = _carried_by(["ac", "acd", "ac", "ad", "de", "de", "bd"])
-    popularity = {name: bin(bits).count("1") for name, bits in together.items()}
-    result = reorder_for_prefix(
+def _follow(
+    requests: list[str], matched: list[str], tokens: dict[str, int] | None = None
+) -> tuple[list[str], list[str]]:
+    """A, B, C, D reordered after ``matched`` with and without what ``requests`` (the
+    recent ones) carried together; popularity counted over the same requests."""
+    together = _carried_by(requests)
+    popularity = {name: together.get(name, 0).bit_count() for name in "abcd"}
+    options = {
+        "popularity": popularity.__getitem__,
+        "tokens": None if tokens is None else tokens.__getitem__,
+    }
+    followed = reorder_for_prefix(
         [A, B, C, D],
-        ["a"],
-        popularity=popularity.__getitem__,
+        matched,
         together=lambda i: together.get(i, 0),
+        recent=len(requests),
+        **options,  # type: ignore[arg-type]
     )
-    assert ids(result) == ["a", "c", "d", "b"]
-    # popularity alone: d (4 requests) before c (3)
-    alone = reorder_for_prefix([A, B, C, D], ["a"], popularity=popularity.__getitem__)
-    assert ids(alone) == ["a", "d", "c", "b"]
+    alone = reorder_for_prefix([A, B, C, D], matched, **options)  # type: ignore[arg-type]
+    return ids(followed), ids(alone)
+
+
+def test_blocks_carried_with_the_matched_prefix_follow_it_before_popular_ones() -> None:
+    # c came in 3 of the 4 recent requests with a and in none of the other 8; d is more
+    # popular (7 requests) but came with a in 2: after the matched a, c goes first
+    requests = ["ac", "acd", "ac", "ad", "de", "de", "bd", "d", "d", "e", "b", "e"]
+    followed, alone = _follow(requests, ["a"])
+    assert followed == ["a", "c", "d", "b"]
+    assert alone == ["a", "d", "c", "b"]
 
 
 def test_a_weak_tie_to_the_matched_prefix_leaves_the_popularity_order() -> None:
     # c came with a in 2 of 4 requests (under FOLLOW_SHARE): popularity decides
-    together = _carried_by(["ac", "ac", "ad", "ab", "de", "de", "d"])
-    popularity = {name: bin(bits).count("1") for name, bits in together.items()}
-    result = reorder_for_prefix(
-        [A, B, C, D], ["a"], popularity=popularity.__getitem__, together=together.__getitem__
-    )
-    assert ids(result) == ["a", "d", "c", "b"]
+    followed, alone = _follow(["ac", "ac", "ad", "ab", "de", "de", "d"], ["a"])
+    assert followed == alone == ["a", "d", "c", "b"]
+
+
+def test_a_block_most_requests_carry_does_not_follow_a_prefix_for_coming_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # every request with a carried b, but so did 7 of all 9: b comes with anything, and
+    # the longer c (weighed by its tokens) keeps its place ahead of it
+    requests = ["ab", "ab", "ab", "bc", "bc", "bc", "bc", "c", "c"]
+    tokens = {"a": 10, "b": 10, "c": 100, "d": 10}
+    assert _follow(requests, ["a"], tokens) == (["a", "c", "b", "d"], ["a", "c", "b", "d"])
+    monkeypatch.setattr(ordering, "FOLLOW_LIFT", 0)
+    assert _follow(requests, ["a"], tokens)[0] == ["a", "b", "c", "d"]
 
 
 def test_without_a_matched_prefix_nothing_follows_together() -> None:
-    together = _carried_by(["cb", "cb", "cb", "d", "d", "d", "d"])
-    popularity = {"a": 0, "b": 3, "c": 3, "d": 4}
-    result = reorder_for_prefix(
-        [A, B, C, D], [], popularity=popularity.__getitem__, together=together.__getitem__
-    )
-    assert ids(result) == ["d", "b", "c", "a"]
+    followed, alone = _follow(["cb", "cb", "cb", "d", "d", "d", "d", "a", "a", "a"], [])
+    assert followed == alone == ["d", "a", "b", "c"]
+
+
+def _last_order(tokenizer: Tokenizer, window: int, filler_tenant: str | None = None) -> list[str]:
+    """The order of [d, z, x] after the requests the test below describes, four of them
+    (one new block each) sent under ``filler_tenant``, or left out with ``"-"``."""
+    pilot = ContextPilot(PilotConfig(together_window=window), tokenizer=tokenizer)
+    for blocks in ([Z, C, X], [X, Z, A, C], [B, D], [Y, D]):
+        pilot.optimize(blocks, "Q?")
+    if filler_tenant != "-":
+        for number in range(4):
+            pilot.optimize([doc(f"f{number}")], "Q?", tenant=filler_tenant)
+    return ids(pilot.optimize([D, Z, X], "Q?").blocks)
 
 
 def test_the_pilot_orders_what_follows_the_matched_prefix_by_what_came_with_it(
     tokenizer: Tokenizer,
 ) -> None:
     # The two earlier requests with z cached the path z, c, x (c and x were new, so
-    # the retriever's order stood), those with d the paths b, d and y, d. The last
-    # request has z, d and x but not c: it matches z alone, and d and x were carried
-    # by two requests each. Popularity alone ties
-    # them and puts d first (by id); both requests that carried z carried x too, so x
-    # follows z and the next request with z and x reads both from cache.
-    X, Z = doc("x"), doc("z")
-    Y = doc("y")
+    # the retriever's order stood), those with d the paths b, d and y, d; four more
+    # carried one new block each. The last request has z, d and x but not c: it
+    # matches z alone, and d and x were carried by two of the eight requests each.
+    # Popularity alone ties them and puts d first (by id); both requests that carried z
+    # carried x too, so x follows z and the next request with z and x reads both.
+    assert _last_order(tokenizer, 1024) == ["z", "x", "d"]
+    assert _last_order(tokenizer, 0) == ["z", "d", "x"]
+    # without the four others x came with a third of the requests, as often as with z
+    # (FOLLOW_LIFT): no tie beyond popularity
+    assert _last_order(tokenizer, 1024, "-") == ["z", "d", "x"]
 
-    def last_order(window: int) -> list[str]:
-        pilot = ContextPilot(PilotConfig(together_window=window), tokenizer=tokenizer)
-        for blocks in ([Z, C, X], [X, Z, A, C], [B, D], [Y, D]):
-            pilot.optimize(blocks, "Q?")
-        return ids(pilot.optimize([D, Z, X], "Q?").blocks)
 
-    assert last_order(1024) == ["z", "x", "d"]
-    assert last_order(0) == ["z", "d", "x"]
+def test_a_tenants_requests_do_not_change_what_follows_for_requests_without_one(
+    tokenizer: Tokenizer,
+) -> None:
+    # the four others sent by a tenant: requests without a tenant are ordered as if
+    # they had not been (each tenant's order uses popularity alone)
+    assert _last_order(tokenizer, 1024, "acme") == _last_order(tokenizer, 1024, "-")
 
 
 def test_retrieval_remainder_ignores_popularity() -> None:
