@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import reprlib
 import string
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ from .errors import (
 from .escaping import CONTROL_TOKEN, StructureGuard
 
 __all__ = [
+    "MAX_ID_CHARS",
     "RESERVED_ID_PREFIX",
     "BlockId",
     "BlockRegistry",
@@ -56,6 +58,21 @@ LabelStyle = Literal["short", "id"]
 _LABEL_STYLES: tuple[LabelStyle, ...] = ("short", "id")
 RESERVED_ID_PREFIX = "\x00"
 """Block ids may not start with this: the pilot's own index and registry keys do."""
+MAX_ID_CHARS = 4096
+"""The longest block or conversation id: ids are keys of the pilot's state and stores
+and are quoted in errors, which a 10 MB id made 10 MB long (a URL fits easily)."""
+
+
+def check_id_length(name: str, value: str, error: type[Exception]) -> None:
+    """Raise ``error`` if ``value`` (the id ``name``) is longer than
+    :data:`MAX_ID_CHARS`, quoting only its start."""
+    if len(value) > MAX_ID_CHARS:
+        raise error(
+            f"{name} has {len(value):,} characters, over the {MAX_ID_CHARS:,} an id may "
+            f"have; it starts {value[:40]!r}"
+        )
+
+
 _ID_HEX_CHARS = 16
 _LABEL_HEX_CHARS = 8
 _SHORT_ID_CHARS = 12  # an id up to this long is its own label in the "short" style
@@ -127,16 +144,18 @@ class ContextBlock:
         if self.id is None:
             object.__setattr__(self, "id", digest)
         elif not isinstance(self.id, str) or not self.id:
-            raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {self.id!r}")
-        elif self.id.startswith(RESERVED_ID_PREFIX):
+            shown = reprlib.repr(self.id)  # whatever it is, a bounded part of it
+            raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {shown}")
+        else:
+            check_id_length("ContextBlock.id", self.id, InvalidBlockError)
+        if self.id.startswith(RESERVED_ID_PREFIX):
             # the pilot's own keys (a tenant's blocks, the system prompt, a request's
             # tail) start so: an id of that form could reach another tenant's state
             raise InvalidBlockError(
                 f"ContextBlock.id must not start with {RESERVED_ID_PREFIX!r} (reserved), "
-                f"got {self.id!r}"
+                f"got {self.id[:40]!r}"
             )
-        else:
-            check_encodable("ContextBlock.id", self.id, InvalidBlockError)
+        check_encodable("ContextBlock.id", self.id, InvalidBlockError)
         if self.score is not None and (
             isinstance(self.score, bool) or not isinstance(self.score, (int, float))
         ):

@@ -46,6 +46,7 @@ from .blocks import (
     LabelStyle,
     RegisteredBlock,
     check_encodable,
+    check_id_length,
     content_id,
     is_list_like,
     render_block,
@@ -2022,6 +2023,7 @@ def _check_conversation_id(conversation_id: object, tenant: str | None) -> None:
     form of a tenant's store key (it would reach that tenant's conversation)."""
     _check_text("conversation_id", conversation_id, allow_empty=False)
     assert isinstance(conversation_id, str)
+    check_id_length("conversation_id", conversation_id, InvalidInputError)
     if tenant is None and is_tenant_key(conversation_id):
         raise InvalidInputError(
             "conversation_id starts with the reserved prefix of tenants' conversations "

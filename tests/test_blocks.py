@@ -184,3 +184,27 @@ def test_a_bad_window_is_a_config_error(window: object) -> None:
         BlockRegistry(len, window=window)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="together_window"):
         PilotConfig(together_window=window)  # type: ignore[arg-type]
+
+
+def test_an_id_longer_than_an_id_may_be_is_refused_without_being_quoted_whole() -> None:
+    from contextpilot_rag.blocks import MAX_ID_CHARS
+
+    ContextBlock("text", id="u" * MAX_ID_CHARS)  # a long URL fits
+    with pytest.raises(InvalidBlockError, match="over the 4,096") as refused:
+        ContextBlock("text", id="u" * 10_000_000)
+    assert len(str(refused.value)) < 200
+    with pytest.raises(InvalidBlockError) as refused:
+        ContextBlock("text", id=b"x" * 10_000_000)  # type: ignore[arg-type]
+    assert len(str(refused.value)) < 200
+
+
+def test_a_conversation_id_longer_than_an_id_may_be_is_refused_before_any_state(
+    tokenizer: Tokenizer,
+) -> None:
+    from contextpilot_rag import InvalidInputError
+
+    pilot = ContextPilot(tokenizer=tokenizer)
+    with pytest.raises(InvalidInputError, match="conversation_id has") as refused:
+        pilot.optimize([ContextBlock("text", id="a")], "q", conversation_id="c" * 10_000_000)
+    assert len(str(refused.value)) < 200
+    assert pilot.index_stats().requests == 0
