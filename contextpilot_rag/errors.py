@@ -25,6 +25,7 @@ __all__ = [
     "InvalidDecisionError",
     "InvalidInputError",
     "InvalidRouteRequestError",
+    "MissingExtraError",
     "NoReplicaAvailableError",
     "OversizeBlockError",
     "ProviderError",
@@ -42,6 +43,12 @@ class ContextPilotError(Exception):
 
 class ConfigError(ContextPilotError, ValueError):
     """A configuration value is out of range or of the wrong type."""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """An optional dependency a feature needs is not installed; the message names the
+    extra that installs it (``pip install "contextpilot-rag[bm25]"``). Also an
+    :class:`ImportError`, as a failed import is."""
 
 
 class InvalidInputError(ContextPilotError, TypeError):

@@ -205,6 +205,21 @@ def test_repeats_must_be_a_whole_number_of_passes(repeats: object) -> None:
     assert server.requests == []  # refused before anything was sent
 
 
+@pytest.mark.parametrize("command", [["bench", "--suite", "engine"], ["demo"]])
+def test_without_rank_bm25_the_real_engine_runs_exit_2_before_any_engine_is_looked_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    import sys
+
+    from contextpilot_rag import engines
+    from contextpilot_rag.cli import main
+
+    monkeypatch.setitem(sys.modules, "rank_bm25", None)  # not installed
+    monkeypatch.setattr(engines, "installed_engine", lambda *a, **k: pytest.fail("looked up"))
+    assert main(command) == 2
+    assert "contextpilot-rag[bm25]" in " ".join(capsys.readouterr().out.split())
+
+
 def test_bench_refuses_zero_repeats_before_any_engine_is_looked_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -22,6 +22,7 @@ from contextpilot_rag import (
     content_id,
 )
 from contextpilot_rag.bench.workloads import online_workload
+from contextpilot_rag.errors import MissingExtraError
 from contextpilot_rag.retrievers import (
     BM25Retriever,
     FaissRetriever,
@@ -315,8 +316,9 @@ def test_missing_backend_names_the_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)
     factory = BM25Retriever if extra == "bm25" else FaissRetriever
-    with pytest.raises(ImportError, match=rf"contextpilot-rag\[{extra}\]"):
+    with pytest.raises(ImportError, match=rf"contextpilot-rag\[{extra}\]") as missing:
         factory(BLOCKS)
+    assert isinstance(missing.value, MissingExtraError)  # a ConfigError: the CLI's exit 2
 
 
 def test_package_imports_without_the_backends() -> None:

@@ -304,6 +304,14 @@ def _check_output_path(path: Path) -> None:
         raise ConfigError(f"cannot write {path}: {folder} is not writable")
 
 
+def _check_bm25() -> None:
+    """:class:`MissingExtraError` (exit 2) when rank-bm25, which the real-engine
+    workloads retrieve with, is not installed."""
+    from ..retrievers._optional import import_optional
+
+    import_optional("rank_bm25", "bm25")
+
+
 def run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.suite == "cloud":
         return run_cloud_bench(args, console)  # it checks its outputs first
@@ -312,6 +320,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--live measures the cloud suite: add --suite cloud")
     workloads = [w.strip() for w in str(args.workloads).split(",") if w.strip()]
     check_repeats(args.repeats)
+    _check_bm25()  # before an engine starts: the workloads retrieve with BM25
     with engine_session(args, console) as engine, rich_step_progress() as progress:
         result = run_suite(
             engine,
@@ -424,6 +433,7 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     from .langchain_path import langchain_available
 
     check_output_paths(Path(args.plot))
+    _check_bm25()
     if not langchain_available():
         console.print(
             "[red]The real-engine demo runs a LangChain chain: install langchain-openai and "
