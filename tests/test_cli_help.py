@@ -74,3 +74,18 @@ def test_a_usage_error_exits_two(capsys: pytest.CaptureFixture[str]) -> None:
         main(["optimize", "--no-such-option"])
     assert stopped.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_command() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "contextpilot_rag", "optimize", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage: contextpilot-rag optimize" in done.stdout

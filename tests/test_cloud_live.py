@@ -239,6 +239,7 @@ def test_an_api_error_quoting_the_key_is_reported_without_it(provider: str) -> N
         api.shutdown()
         api.server_close()
     assert "sk-L1veKey" not in str(failed.value)
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__  # nor chained
 
 
 def test_a_base_url_with_credentials_is_refused(server: CloudCacheServer) -> None:

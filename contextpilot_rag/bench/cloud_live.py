@@ -487,8 +487,9 @@ def run_live_suite(
         where = _describe(dispatch.failed_job, workloads, planned)
         # an API (or a gateway) that quotes the request's key in its error must not
         # put the key in this message: it reaches the terminal and the logs
+        # (nor as the chained cause, whose text a traceback prints)
         said = str(dispatch.failure).replace(key, "***")
-        raise ProviderError(f"{where}: {said} ({spent})") from dispatch.failure
+        raise ProviderError(f"{where}: {said} ({spent})") from None
     runs = tuple(
         _live_run(workload, arms, options)
         for workload, arms in zip(workloads, planned, strict=True)
