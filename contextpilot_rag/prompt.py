@@ -190,6 +190,7 @@ class Prompt:
         cache_control: bool = False,
         cache_key: bool | None = None,
         cache_retention: bool | None = None,
+        extra_body: bool = False,
     ) -> dict[str, Any]:
         """Keyword arguments for an OpenAI-compatible ``chat.completions.create``:
         ``messages``, ``prompt_cache_key`` and, when the plan asks for one,
@@ -199,11 +200,16 @@ class Prompt:
         Bedrock, Vertex). ``cache_key`` and ``cache_retention`` (default: ``not
         cache_control``, since those providers refuse them) say whether to add
         ``prompt_cache_key`` and ``prompt_cache_retention``; ``False`` for servers that
-        refuse them."""
+        refuse them. ``extra_body=True`` sends those two in ``extra_body``, for clients
+        that drop top-level fields they do not name (LiteLLM 1.84 drops both)."""
         from .cloud.requests import openai_kwargs
 
         return openai_kwargs(
-            self, cache_control=cache_control, cache_key=cache_key, cache_retention=cache_retention
+            self,
+            cache_control=cache_control,
+            cache_key=cache_key,
+            cache_retention=cache_retention,
+            extra_body=extra_body,
         )
 
     @property

@@ -151,6 +151,24 @@ def test_a_retention_flag_that_is_not_a_bool_is_a_config_error(
         prompt.to_openai_request(cache_retention=flag)  # type: ignore[arg-type]
 
 
+def test_extra_body_carries_the_cache_fields_for_clients_that_drop_unnamed_ones(
+    tokenizer: Tokenizer,
+) -> None:
+    prompt = _pilot(tokenizer, rules=OPENAI_RULES, ttl="24h").optimize(_docs("a"), "Q?")
+    request = prompt.to_openai_request(extra_body=True)
+    assert request["extra_body"] == {
+        "prompt_cache_key": prompt.prompt_cache_key,
+        "prompt_cache_retention": "24h",
+    }
+    assert "prompt_cache_key" not in request and "prompt_cache_retention" not in request
+    assert request["messages"] == prompt.to_openai()
+    # nothing to carry: no extra_body at all
+    assert "extra_body" not in prompt.to_openai_request(extra_body=True, cache_key=False,
+                                                        cache_retention=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="extra_body"):
+        prompt.to_openai_request(extra_body="yes")  # type: ignore[arg-type]
+
+
 def test_litellm_shape_has_the_same_parts_and_markers_as_anthropic(tokenizer: Tokenizer) -> None:
     pilot = _pilot(tokenizer)
     pilot.optimize(_docs("a", "b"), "Q1?")

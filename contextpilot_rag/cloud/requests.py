@@ -103,6 +103,7 @@ def openai_kwargs(
     cache_control: bool = False,
     cache_key: bool | None = None,
     cache_retention: bool | None = None,
+    extra_body: bool = False,
 ) -> dict[str, Any]:
     """``messages`` for an OpenAI-compatible client, plus ``prompt_cache_key`` (when
     ``cache_key`` and the prompt has one) and ``prompt_cache_retention`` (when
@@ -114,7 +115,12 @@ def openai_kwargs(
     Anthropic); otherwise plain string contents. ``cache_key`` and ``cache_retention``
     default to ``not cache_control``: the gateways that take the markers forward to
     providers that refuse both fields. Without a plan (``CloudCacheConfig(enabled=False)``,
-    the default) there are no markers, no key and no retention."""
+    the default) there are no markers, no key and no retention. ``extra_body=True``
+    puts the two fields in ``extra_body`` (which the OpenAI SDK merges into the request
+    body) for clients that drop top-level fields they do not name: LiteLLM 1.84 drops
+    both."""
+    if not isinstance(extra_body, bool):
+        raise ConfigError(f"extra_body must be True or False, got {extra_body!r}")
     if cache_retention is not None and not isinstance(cache_retention, bool):
         raise ConfigError(
             f"cache_retention must be True, False or None, got {cache_retention!r}; the "
@@ -134,7 +140,14 @@ def openai_kwargs(
         cache_retention = not cache_control
     if cache_retention and prompt.prompt_cache_retention is not None:
         kwargs["prompt_cache_retention"] = prompt.prompt_cache_retention
+    if extra_body:
+        fields = {name: kwargs.pop(name) for name in _CACHE_FIELDS if name in kwargs}
+        if fields:
+            kwargs["extra_body"] = fields
     return kwargs
+
+
+_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention")
 
 
 def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ...]]:

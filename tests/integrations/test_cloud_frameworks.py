@@ -8,6 +8,7 @@ simulated time."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -316,11 +317,12 @@ def test_litellm_forwards_the_prompts_key_and_retention_to_openai(
 ) -> None:
     litellm = _need("litellm")
     prompt = _openai_pilot("24h").optimize(_blocks(0, 1), "What is A?", system=SYSTEM)
+    # a LiteLLM that does not name the fields (1.84, the lowest the plug-in allows) drops
+    # them at the top level: extra_body carries them through any version
+    named = "prompt_cache_retention" in inspect.signature(litellm.completion).parameters
+    kwargs = prompt.to_openai_request(extra_body=not named)
     litellm.completion(
-        model=f"openai/{GPT}",
-        api_base=server.openai_base_url,
-        api_key="test",
-        **prompt.to_openai_request(),
+        model=f"openai/{GPT}", api_base=server.openai_base_url, api_key="test", **kwargs
     )
     (request,) = server.requests
     assert request.api == "openai"
