@@ -877,6 +877,23 @@ def test_engine_token_ids_raises_a_typed_error_for_a_bad_answer(response: httpx.
         )
 
 
+def test_engine_token_ids_errors_name_the_engine_without_its_credentials() -> None:
+    def refuse(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, text="bad key")
+
+    url = "http://admin:S3cretPw@engine:8030/v1"
+    with (
+        httpx.Client(transport=httpx.MockTransport(refuse)) as client,
+        pytest.raises(EndpointError) as refused,
+    ):
+        engine_token_ids(url, "m", [{"role": "user", "content": "x"}], client=client)
+    assert "S3cretPw" not in str(refused.value)
+    assert "http://***@engine:8030/tokenize answered 401" in str(refused.value)
+    with pytest.raises(InvalidInputError) as bad:
+        engine_token_ids("ftp://admin:S3cretPw@engine/", "m", [], client=client)
+    assert "S3cretPw" not in str(bad.value)
+
+
 def test_the_pure_modules_need_neither_the_extra_nor_httpx() -> None:
     code = (
         "import sys; import contextpilot_rag.kv_events as k; "

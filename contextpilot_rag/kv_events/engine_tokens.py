@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from ..errors import EndpointError, InvalidInputError
+from ..routing.client.endpoints import display_url
 
 __all__ = ["engine_token_ids"]
 
@@ -40,7 +41,8 @@ def engine_token_ids(
     error status or without a token list, and httpx's errors when it cannot be
     reached. ``client``: an httpx client to reuse (none: a short-lived one)."""
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise InvalidInputError(f"base_url must be an http(s) URL, got {base_url!r}")
+        shown = display_url(base_url) if isinstance(base_url, str) else type(base_url).__name__
+        raise InvalidInputError(f"base_url must be an http(s) URL, got {shown!r}")
     if not isinstance(model, str) or not model:
         raise InvalidInputError("model must be a non-empty str")
     if isinstance(messages, (str, bytes)) or not all(isinstance(m, Mapping) for m in messages):
@@ -51,19 +53,18 @@ def engine_token_ids(
             response = own.post(_tokenize_url(base_url), json=body)
     else:
         response = client.post(_tokenize_url(base_url), json=body, timeout=timeout_s)
+    where = display_url(_tokenize_url(base_url))  # errors name it without credentials
     if response.status_code >= 400:
         raise EndpointError(
-            f"{_tokenize_url(base_url)} answered {response.status_code}: {response.text[:200]}",
+            f"{where} answered {response.status_code}: {response.text[:200]}",
             response.status_code,
         )
     try:
         tokens = response.json()["tokens"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise EndpointError(
-            f"{_tokenize_url(base_url)} sent no token list", response.status_code
-        ) from exc
+        raise EndpointError(f"{where} sent no token list", response.status_code) from exc
     if not isinstance(tokens, list) or not all(
         isinstance(token, int) and not isinstance(token, bool) for token in tokens
     ):
-        raise EndpointError(f"{_tokenize_url(base_url)} sent a malformed token list", 200)
+        raise EndpointError(f"{where} sent a malformed token list", 200)
     return tokens
