@@ -102,6 +102,23 @@ def check_encodable(
             ) from None
 
 
+def _check_given_id(block_id: object) -> None:
+    """A caller's block id: a non-empty, encodable str of at most :data:`MAX_ID_CHARS`
+    characters that does not start with :data:`RESERVED_ID_PREFIX`."""
+    if not isinstance(block_id, str) or not block_id:
+        shown = reprlib.repr(block_id)  # whatever it is, a bounded part of it
+        raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {shown}")
+    check_id_length("ContextBlock.id", block_id, InvalidBlockError)
+    if block_id.startswith(RESERVED_ID_PREFIX):
+        # the pilot's own keys (a tenant's blocks, the system prompt, a request's
+        # tail) start so: an id of that form could reach another tenant's state
+        raise InvalidBlockError(
+            f"ContextBlock.id must not start with {RESERVED_ID_PREFIX!r} (reserved), "
+            f"got {block_id[:40]!r}"
+        )
+    check_encodable("ContextBlock.id", block_id, InvalidBlockError)
+
+
 @dataclass(frozen=True, eq=False)
 class ContextBlock:
     """One retrieved document, chunk or memory.
@@ -143,19 +160,8 @@ class ContextBlock:
         object.__setattr__(self, "digest", digest)
         if self.id is None:
             object.__setattr__(self, "id", digest)
-        elif not isinstance(self.id, str) or not self.id:
-            shown = reprlib.repr(self.id)  # whatever it is, a bounded part of it
-            raise InvalidBlockError(f"ContextBlock.id must be a non-empty str, got {shown}")
-        else:
-            check_id_length("ContextBlock.id", self.id, InvalidBlockError)
-        if self.id.startswith(RESERVED_ID_PREFIX):
-            # the pilot's own keys (a tenant's blocks, the system prompt, a request's
-            # tail) start so: an id of that form could reach another tenant's state
-            raise InvalidBlockError(
-                f"ContextBlock.id must not start with {RESERVED_ID_PREFIX!r} (reserved), "
-                f"got {self.id[:40]!r}"
-            )
-        check_encodable("ContextBlock.id", self.id, InvalidBlockError)
+        else:  # a given id is checked; the digest needs no check
+            _check_given_id(self.id)
         if self.score is not None and (
             isinstance(self.score, bool) or not isinstance(self.score, (int, float))
         ):

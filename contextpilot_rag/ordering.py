@@ -118,7 +118,7 @@ def _follow_together(
         if total < FOLLOW_AFTER:
             break
         best: tuple[int, str] | None = None
-        chosen = None
+        chosen, chosen_bits = None, 0
         for block in left:
             bits = together(block.id)
             carried = (carriers & bits).bit_count()
@@ -128,12 +128,12 @@ def _follow_together(
                 continue
             score = (-carried * (1 if tokens is None else tokens(block.id)), block.id)
             if best is None or score < best:
-                best, chosen = score, block
+                best, chosen, chosen_bits = score, block, bits
         if chosen is None:
             break
         followed.append(chosen)
         left.remove(chosen)
-        carriers &= together(chosen.id)
+        carriers &= chosen_bits
     return followed
 
 
