@@ -10,12 +10,13 @@ minimum cacheable prefix is four times the default, a system prompt of thousands
 tokens (agents), few long documents instead of many short ones, short ones (memories,
 facts) whose prompts stay under the minimum, documents of many lengths (the reorder
 weighs a block by its tokens), the one-hour cache lifetime (whose write a single read
-does not repay). Each variant here
-changes one of these on the same families (seeds 0–2, ``--scale`` of their size) and
-replays baseline and ours through the emulated caches exactly as the ``cloud`` section
-does (``contextpilot_rag.bench.cloud_suite.run_cloud_workload``). Checked: ours costs
-no more than the baseline on any workload (no-overlap: at most 2% more, the target of
-the ``cloud`` section). Deterministic (seeded workloads, simulated time): one run.
+does not repay), OpenAI's ``gpt-5.6`` models (which cache only at breakpoints and charge
+for writes). Each variant here changes one of these on the same families (seeds 0–2,
+``--scale`` of their size) and replays baseline and ours through the emulated caches
+exactly as the ``cloud`` section does
+(``contextpilot_rag.bench.cloud_suite.run_cloud_workload``). Checked: ours costs no
+more than the baseline on any workload (no-overlap: at most 2% more, the target of the
+``cloud`` section). Deterministic (seeded workloads, simulated time): one run.
 Emulated from the providers' published rules, not measured on their servers.
 """
 
@@ -143,6 +144,16 @@ VARIANTS = (
         ("anthropic", "openai"),
         dict(DEFAULT_MODELS),
         _varied_documents,
+    ),
+    Variant(
+        "OpenAI's breakpoints (`gpt-5.6-terra`: cached only at a breakpoint, writes 1.25×;"
+        " baseline: the request as it comes, or a system-prompt breakpoint besides OpenAI's"
+        " own and a key per user)",
+        "gpt-5.6 breakpoints",
+        ALL,
+        ("openai",),
+        {**DEFAULT_MODELS, "openai": "gpt-5.6-terra"},
+        _same,
     ),
     Variant(
         'the one-hour lifetime (`"ttl": "1h"` on every breakpoint, baseline and ours)',

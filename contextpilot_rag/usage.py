@@ -266,10 +266,13 @@ def parse_input_tokens(report: object) -> InputTokens:
     :func:`parse_cache_usage` reads, found the same way): Anthropic's
     ``input_tokens`` / ``cache_read_input_tokens`` / ``cache_creation_input_tokens``
     (and ``cache_creation.ephemeral_5m_input_tokens`` / ``ephemeral_1h_input_tokens``),
-    LangChain's ``input_token_details.cache_read`` / ``cache_creation``, LiteLLM's
-    ``cache_creation_input_tokens`` beside OpenAI's fields; elsewhere every cached
-    token is a read and nothing a write. Raises :class:`InvalidInputError` as
-    :func:`parse_cache_usage` does."""
+    LangChain's ``input_token_details.cache_read`` / ``cache_creation``, OpenAI's
+    ``cache_write_tokens`` (``prompt_tokens_details`` in Chat Completions,
+    ``input_tokens_details`` in Responses; ``gpt-5.6`` and later) as 5-minute-priced
+    writes, LiteLLM's ``cache_creation_input_tokens`` beside OpenAI's fields; elsewhere
+    every cached token is a read and nothing a write. Raises :class:`InvalidInputError`
+    as :func:`parse_cache_usage` does, and for OpenAI writes that with the cached tokens
+    exceed the prompt."""
     for node in _carried(report):
         for reader in _INPUT_READERS:
             details = reader(node)
@@ -343,23 +346,50 @@ def _langchain_input(node: object) -> InputTokens | None:
 
 
 def _openai_input(node: object) -> InputTokens | None:
-    """OpenAI's fields; LiteLLM adds Anthropic's ``cache_creation_input_tokens``, counted
-    in its ``prompt_tokens``, and their 5-minute / 1-hour split under
+    """OpenAI's fields, with the cache writes of ``gpt-5.6`` and later
+    (``prompt_tokens_details.cache_write_tokens``); LiteLLM adds Anthropic's
+    ``cache_creation_input_tokens``, counted in its ``prompt_tokens`` (newer releases
+    mirror it in ``cache_write_tokens``), and their 5-minute / 1-hour split under
     ``prompt_tokens_details.cache_creation_token_details``."""
     usage = _openai(node)
     if usage is None:
         return None
-    written = min(
-        _count_or_zero(node, "cache_creation_input_tokens"),
-        usage.prompt_tokens - usage.cached_tokens,
-    )
     details = _field(node, "prompt_tokens_details")
+    litellm_written = _field(node, "cache_creation_input_tokens")
+    if litellm_written is None:
+        written = _fitting_writes(details, usage)
+    else:  # as LiteLLM has always been read: cut to what is not a read
+        room = usage.prompt_tokens - usage.cached_tokens
+        written = min(_check_count("cache_creation_input_tokens", litellm_written), room)
     _, hour = _write_split(details, written, "cache_creation_token_details")
     hour = min(hour, written)
     uncached = usage.prompt_tokens - usage.cached_tokens - written
     return InputTokens(
         uncached, usage.cached_tokens, written - hour, hour, _output(node, "completion_tokens")
     )
+
+
+def _openai_responses_input(node: object) -> InputTokens | None:
+    """The Responses API's ``input_tokens`` with ``input_tokens_details.cached_tokens``
+    and ``cache_write_tokens``."""
+    usage = _openai_responses(node)
+    if usage is None:
+        return None
+    written = _fitting_writes(_field(node, "input_tokens_details"), usage)
+    uncached = usage.prompt_tokens - usage.cached_tokens - written
+    return InputTokens(uncached, usage.cached_tokens, written, 0, _output(node, "output_tokens"))
+
+
+def _fitting_writes(details: object, usage: CacheUsage) -> int:
+    """OpenAI's ``cache_write_tokens`` under ``details`` (0 when absent), which with the
+    cached tokens must fit in the prompt."""
+    written = _count_or_zero(details, "cache_write_tokens")
+    if usage.cached_tokens + written > usage.prompt_tokens:
+        raise InvalidInputError(
+            f"usage reports {usage.cached_tokens} cached_tokens and {written} "
+            f"cache_write_tokens of only {usage.prompt_tokens} prompt tokens"
+        )
+    return written
 
 
 def _gemini_input(node: object) -> InputTokens | None:
@@ -372,6 +402,7 @@ def _gemini_input(node: object) -> InputTokens | None:
 
 _INPUT_READERS: tuple[Callable[[object], InputTokens | None], ...] = (
     _openai_input,
+    _openai_responses_input,
     _langchain_input,
     _anthropic_input,
     _gemini_input,

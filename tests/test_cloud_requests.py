@@ -12,10 +12,12 @@ import pytest
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Tokenizer
 from contextpilot_rag.cloud import (
     ANTHROPIC_RULES,
+    OPENAI_BREAKPOINT_RULES,
     OPENAI_RULES,
     CloudCacheConfig,
     ProviderRules,
     cache_prefix_bytes,
+    rules_for,
 )
 from contextpilot_rag.errors import ConfigError
 
@@ -304,3 +306,121 @@ def test_split_ignores_label_and_question_lines_inside_untrusted_text(
     parts = prompt.content_parts(len(prompt.messages) - 1)
     assert len(parts) == 3 and parts[1].startswith("[b]\nDocument b.")
     assert parts[2] == "Question: Real?"
+
+
+def _assert_openai_accepts(request: dict[str, object]) -> list[dict[str, object]]:
+    """What OpenAI refuses of ``gpt-5.6`` markers: one on an assistant message, a
+    value other than explicit; returns the marked parts (at most 4 written)."""
+    messages = request["messages"]
+    assert isinstance(messages, list)
+    marked = []
+    for message in messages:
+        for part in message["content"]:
+            assert part["type"] == "text" and part["text"].strip()
+            assert "cache_control" not in part
+            if "prompt_cache_breakpoint" in part:
+                assert message["role"] != "assistant"
+                assert part["prompt_cache_breakpoint"] == {"mode": "explicit"}
+                marked.append(part)
+    assert len(marked) <= 4
+    return marked
+
+
+def test_a_gpt_56_plan_sends_openai_breakpoints_and_explicit_mode(tokenizer: Tokenizer) -> None:
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, model="gpt-5.6-terra")
+    pilot.optimize(_docs("a", "b", "c"), "Q1?")
+    prompt = pilot.optimize(_docs("a", "b", "d"), "Q2?")
+    plan = prompt.cache_plan
+    assert plan is not None and plan.ttl == "30m" and plan.marker == "prompt_cache_breakpoint"
+    assert [kept.kind for kept in plan.breakpoints] == ["system", "shared_blocks"]
+    request = prompt.to_openai_request()
+    assert request["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert request["prompt_cache_key"] == prompt.prompt_cache_key is not None
+    marked = _assert_openai_accepts(request)
+    assert marked[0]["text"] == LONG_SYSTEM
+    content = request["messages"][1]["content"]
+    assert [n for n, part in enumerate(content) if "prompt_cache_breakpoint" in part] == [1]
+    # the same bytes and marked ends as Anthropic's shape of the same plan would have
+    data, ends = cache_prefix_bytes(request)
+    assert len(ends) == 2 and data.endswith(b'"Question: Q2?"]\n')
+    # extra_body carries the options with the key
+    body = prompt.to_openai_request(extra_body=True)
+    assert body["extra_body"]["prompt_cache_options"] == request["prompt_cache_options"]
+    assert "prompt_cache_options" not in body
+
+
+def test_a_gpt_56_plan_is_refused_in_anthropic_markers(tokenizer: Tokenizer) -> None:
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES)
+    prompt = pilot.optimize(_docs("a", "b"), "Q?")
+    with pytest.raises(ConfigError, match="prompt_cache_breakpoint"):
+        prompt.to_anthropic()
+    with pytest.raises(ConfigError, match="ANTHROPIC_RULES"):
+        prompt.to_openai_request(cache_control=True)
+
+
+@pytest.mark.parametrize("answer", ["A1, from the documents.", ""])
+def test_a_breakpoint_at_an_answer_moves_to_the_question_before_it(
+    tokenizer: Tokenizer, answer: str
+) -> None:
+    """OpenAI takes no breakpoint on an assistant message: the history's breakpoint,
+    at the end of the previous answer, goes to the end of the previous user message
+    (the prefix the previous turn's tail wrote), and the bytes before it are those
+    the previous turn sent."""
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, next_turn_probability=0.9)
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, answer)
+    second = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
+    assert second.cache_plan is not None
+    assert [kept.kind for kept in second.cache_plan.breakpoints] == ["system", "history", "tail"]
+    request = second.to_openai_request()
+    marked = _assert_openai_accepts(request)
+    assert len(marked) == 3 and marked[1]["text"].endswith("Question: Q1?")
+    data, ends = cache_prefix_bytes(first.to_openai_request())
+    assert cache_prefix_bytes(request)[0].startswith(data[: ends[-1]])
+
+
+def test_rules_for_a_gpt_56_model_and_the_lifetime_by_default() -> None:
+    assert rules_for("openai", "gpt-5.6-terra") is OPENAI_BREAKPOINT_RULES
+    assert rules_for("openai", "gpt-5.6-sol-2026-07-09") is OPENAI_BREAKPOINT_RULES
+    assert rules_for("openai", "gpt-5.4") is OPENAI_RULES
+    assert rules_for("openai") is OPENAI_RULES
+    assert rules_for("anthropic", "gpt-5.6-terra") is ANTHROPIC_RULES
+    assert CloudCacheConfig(rules=OPENAI_BREAKPOINT_RULES).ttl == "30m"
+    assert CloudCacheConfig().ttl == "5m" and CloudCacheConfig(rules=OPENAI_RULES).ttl == "5m"
+    with pytest.raises(ConfigError, match="30m"):
+        CloudCacheConfig(rules=OPENAI_BREAKPOINT_RULES, ttl="5m")
+    with pytest.raises(ConfigError, match="model"):
+        rules_for("openai", 5.6)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("marker", "cache_point"), ("unmarked_roles", ["assistant"]), ("unmarked_roles", ("",))],
+)
+def test_bad_marker_rules_are_config_errors(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ProviderRules(provider="x", **{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_gpt_56_conversation_never_rewrites_a_cached_prefix(
+    tokenizer: Tokenizer, seed: int
+) -> None:
+    rng = random.Random(seed)
+    pool = _docs(*"abcdefghij", words=150)
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, next_turn_probability=0.9)
+    previous: tuple[bytes, tuple[int, ...]] | None = None
+    checked = 0
+    for turn in range(6):
+        prompt = pilot.optimize(
+            _conversation_blocks(rng, pool), f"Question {turn}?", conversation_id="c"
+        )
+        request = prompt.to_openai_request()
+        _assert_openai_accepts(request)
+        data, ends = cache_prefix_bytes(request)
+        if previous is not None and previous[1]:
+            assert data.startswith(previous[0][: previous[1][-1]])
+            checked += 1
+        previous = (data, ends)
+        pilot.record_answer(prompt, rng.choice([f"Answer {turn}.", ""]))
+    assert checked >= 3

@@ -102,7 +102,99 @@ def test_the_openai_responses_api_usage_and_response_are_read() -> None:
     assert parse_cache_usage(usage) == CacheUsage(640, 1000)
     response = Response.model_construct(id="r", output=[], usage=usage)
     assert parse_cache_usage(response) == CacheUsage(640, 1000)
-    assert parse_input_tokens(response) == InputTokens(360, 640)
+    assert parse_input_tokens(response) == InputTokens(360, 640, 0, 0, 20)
+
+
+# -- cache writes of OpenAI's breakpoint models (gpt-5.6 and later) ------------------------
+
+OPENAI_WRITES_USAGE = {
+    "prompt_tokens": 3000,
+    "completion_tokens": 5,
+    "total_tokens": 3005,
+    "prompt_tokens_details": {"cached_tokens": 1024, "cache_write_tokens": 1500},
+}
+
+
+def test_openai_cache_writes_are_billed_as_writes_beside_the_reads() -> None:
+    assert parse_input_tokens(OPENAI_WRITES_USAGE) == InputTokens(476, 1024, 1500, 0, 5)
+    assert parse_input_tokens({"usage": OPENAI_WRITES_USAGE}).prompt_tokens == 3000
+    assert parse_cache_usage(OPENAI_WRITES_USAGE) == CacheUsage(1024, 3000)
+
+
+def test_the_openai_sdks_chat_completion_carries_cache_write_tokens() -> None:
+    pytest.importorskip("openai")
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletion
+
+    usage = CompletionUsage.model_validate(OPENAI_WRITES_USAGE)
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cache_write_tokens == 1500  # a field of the SDK
+    response = ChatCompletion.model_validate(
+        {"id": "r", "choices": [], "created": 0, "model": "gpt-5.6-terra"}
+        | {"object": "chat.completion", "usage": OPENAI_WRITES_USAGE}
+    )
+    assert parse_input_tokens(usage) == InputTokens(476, 1024, 1500, 0, 5)
+    assert parse_input_tokens(response) == InputTokens(476, 1024, 1500, 0, 5)
+
+
+def test_the_openai_responses_api_reports_cache_writes_too() -> None:
+    pytest.importorskip("openai")
+    from openai.types.responses import Response, ResponseUsage
+
+    usage = ResponseUsage.model_validate(
+        {
+            "input_tokens": 1000,
+            "input_tokens_details": {"cached_tokens": 640, "cache_write_tokens": 300},
+            "output_tokens": 20,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 1020,
+        }
+    )
+    response = Response.model_construct(id="r", output=[], usage=usage)
+    assert parse_input_tokens(usage) == InputTokens(60, 640, 300, 0, 20)
+    assert parse_input_tokens(response) == InputTokens(60, 640, 300, 0, 20)
+
+
+def test_litellm_writes_mirrored_in_cache_write_tokens_keep_their_1_hour_split() -> None:
+    report = {
+        "prompt_tokens": 2000,
+        "prompt_tokens_details": {
+            "cached_tokens": 1000,
+            "cache_write_tokens": 800,
+            "cache_creation_token_details": {
+                "ephemeral_5m_input_tokens": 300,
+                "ephemeral_1h_input_tokens": 500,
+            },
+        },
+        "cache_creation_input_tokens": 800,
+    }
+    assert parse_input_tokens(report) == InputTokens(200, 1000, 300, 500)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        {
+            "prompt_tokens": 1000,
+            "prompt_tokens_details": {"cached_tokens": 640, "cache_write_tokens": 361},
+        },
+        {
+            "prompt_tokens": 1000,
+            "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": -1},
+        },
+        {
+            "prompt_tokens": 1000,
+            "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 9.0},
+        },
+        {
+            "input_tokens": 1000,
+            "input_tokens_details": {"cached_tokens": 640, "cache_write_tokens": 361},
+        },
+    ],
+)
+def test_openai_writes_that_do_not_fit_the_prompt_are_refused(report: object) -> None:
+    with pytest.raises(InvalidInputError, match="cache_write_tokens"):
+        parse_input_tokens(report)
 
 
 @pytest.mark.parametrize(

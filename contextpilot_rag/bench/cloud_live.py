@@ -255,7 +255,7 @@ def _plan(
         unmodified = list(_prompts(workload, plain, tokenizer))
         ours = list(_prompts(workload, _pilot_config(provider, model), tokenizer))
         arms: list[_Arm] = []
-        for a, (name, shape, pilot) in enumerate(_arm_shapes(provider)):
+        for a, (name, shape, pilot) in enumerate(_arm_shapes(provider, model=model)):
             line = f"[run {run_id}, {workload.family} seed {workload.seed}, arm {a + 1}]\n"
             salted = _salted(shape, line, provider)
             arm = _Arm(name, _arm(provider, name, salted, model, tokens), price)
@@ -527,7 +527,7 @@ def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOption
         for job in arm.jobs:
             assert job.usage is not None  # every job was answered (no failure)
             arm.measured.add(job.usage, job.breakpoints)
-    names = _practices(options.provider)
+    names = _practices(options.provider, options.chosen_model)
 
     def run_of(tallies: Sequence[_Tally]) -> CloudRun:
         return CloudRun(

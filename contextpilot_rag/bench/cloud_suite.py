@@ -40,6 +40,7 @@ from ..sim.provider_cache import (
     AnthropicCacheModel,
     CacheBlock,
     ManualClock,
+    OpenAIBreakpointCacheModel,
     OpenAICacheModel,
 )
 from ..sim.replay import synthetic_answer
@@ -52,6 +53,7 @@ __all__ = [
     "ANTHROPIC_BASELINES",
     "DEFAULT_MODELS",
     "OPENAI_BASELINES",
+    "OPENAI_BREAKPOINT_BASELINES",
     "OURS",
     "PROVIDERS",
     "ArmCost",
@@ -68,6 +70,14 @@ DEFAULT_MODELS: Mapping[str, str] = {"anthropic": "claude-sonnet-4-6", "openai":
 OURS = "contextpilot"
 ANTHROPIC_BASELINES = ("system breakpoint", "system + last message breakpoints")
 OPENAI_BASELINES = ("no prompt_cache_key", "per-user prompt_cache_key")
+OPENAI_BREAKPOINT_BASELINES = (
+    "implicit breakpoint",
+    "system breakpoint + implicit, per-user prompt_cache_key",
+)
+"""On ``gpt-5.6`` and later (:data:`~contextpilot_rag.cloud.OPENAI_BREAKPOINT_RULES`):
+the request as it comes (OpenAI's implicit breakpoint at the latest message), or an
+explicit breakpoint at the end of the system prompt besides it and a key per user (what
+OpenAI's guide advises for a stable prefix)."""
 
 Progress = Callable[[str, int], Callable[[], None]]
 
@@ -240,17 +250,34 @@ def _anthropic_cache_blocks(
 ) -> list[CacheBlock]:
     """The cache blocks of Anthropic ``messages.create`` keyword arguments (``system``,
     ``messages``), as the API caches them: one per content block, in order."""
-    blocks: list[CacheBlock] = []
     messages = [("system", request.get("system", ()))]
     messages += [(message["role"], message["content"]) for message in request["messages"]]
+
+    def ttl_of(part: Mapping[str, Any]) -> float | None:
+        marker = part.get("cache_control")
+        return None if marker is None else ttl_s[marker.get("ttl", "5m")]
+
+    return _cache_blocks(messages, tokens, ttl_of)[0]
+
+
+def _cache_blocks(
+    messages: Iterable[tuple[str, Any]],
+    tokens: _TokenCache,
+    ttl_of: Callable[[Mapping[str, Any]], float | None],
+) -> tuple[list[CacheBlock], int]:
+    """One cache block per text part of each (role, content) (a string content is one
+    part), keyed by role, place and text, its breakpoint's lifetime from ``ttl_of``;
+    and the index of the block that ends the latest user or tool message (-1: none)."""
+    blocks: list[CacheBlock] = []
+    latest = -1
     for role, content in messages:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         for number, part in enumerate(parts):
-            marker = part.get("cache_control")
-            ttl = None if marker is None else ttl_s[marker.get("ttl", "5m")]
             key = f"{role}\n{number == 0}\n{part['text']}"
-            blocks.append(CacheBlock(key, len(tokens.ids(part["text"])), ttl))
-    return blocks
+            blocks.append(CacheBlock(key, len(tokens.ids(part["text"])), ttl_of(part)))
+        if role in ("user", "tool") and parts:
+            latest = len(blocks) - 1
+    return blocks, latest
 
 
 @dataclass(frozen=True)
@@ -288,15 +315,20 @@ class _AnthropicArm:
 class _OpenAIArm:
     def __init__(self, name: str, shape: Shape, model: str, tokens: _TokenCache) -> None:
         self._shape, self._model, self._tokens = shape, model, tokens
+        self.rules = rules_for("openai", model)
         self._cache = OpenAICacheModel()
+        self._marked_cache = OpenAIBreakpointCacheModel(self.rules)
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
     def send(self, prompt: Prompt, timed: TimedRequest) -> _Replayed:
         return self.send_body(self._shape(prompt, timed), timed)
 
     def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
-        """Replay one request's keyword arguments at ``timed.at_s`` (no breakpoints:
-        OpenAI's cache is automatic)."""
+        """Replay one request's keyword arguments at ``timed.at_s``: on the automatic
+        cache (no breakpoints), or on ``gpt-5.6``'s (its ``prompt_cache_breakpoint``
+        markers, and the implicit one unless ``prompt_cache_options`` asks for none)."""
+        if self.rules.max_breakpoints:
+            return self._send_marked(request, timed)
         ids = _openai_ids(request, self._tokens)
         usage = self._cache.request(
             ids,
@@ -308,6 +340,23 @@ class _OpenAIArm:
         self.tally.add(usage, 0)
         return _Replayed(0, usage, ids=ids)
 
+    def _send_marked(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
+        blocks, implicit = _openai_cache_blocks(request, self._tokens, self.rules.ttl_s)
+        marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
+        if marked > self.rules.max_breakpoints:
+            raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
+        options = request.get("prompt_cache_options") or {}
+        explicit = options.get("mode") == "explicit" or implicit < 0
+        usage = self._marked_cache.request(
+            blocks,
+            now_s=timed.at_s,
+            prompt_cache_key=request.get("prompt_cache_key"),
+            model=self._model,
+            implicit_block=None if explicit else implicit,
+        ).tokens
+        self.tally.add(usage, marked)
+        return _Replayed(marked, usage, blocks=blocks)
+
 
 def _arm(
     provider: str, name: str, shape: Shape, model: str, tokens: _TokenCache
@@ -316,6 +365,19 @@ def _arm(
     if provider == "anthropic":
         return _AnthropicArm(name, shape, model, tokens)
     return _OpenAIArm(name, shape, model, tokens)
+
+
+def _openai_cache_blocks(
+    request: Mapping[str, Any], tokens: _TokenCache, ttl_s: Mapping[str, float]
+) -> tuple[list[CacheBlock], int]:
+    """The cache blocks of an OpenAI request's ``messages``, ``prompt_cache_breakpoint``
+    marking a breakpoint with the rules' lifetime, and the index of the block that ends
+    the latest user or tool message (where OpenAI's implicit breakpoint goes)."""
+    ttl = next(iter(ttl_s.values()))
+    messages = [(message["role"], message["content"]) for message in request["messages"]]
+    return _cache_blocks(
+        messages, tokens, lambda part: ttl if part.get("prompt_cache_breakpoint") else None
+    )
 
 
 def _openai_ids(request: Mapping[str, Any], tokens: _TokenCache) -> array[int]:
@@ -350,9 +412,18 @@ def _unmodified_anthropic(mark_last: bool, ttl: str = "5m") -> Shape:
     return shape
 
 
-def _unmodified_openai(per_user_key: bool) -> Shape:
+def _unmodified_openai(per_user_key: bool, mark_system: bool = False) -> Shape:
+    """The unmodified messages, with a key per user when ``per_user_key``, and an
+    explicit ``gpt-5.6`` breakpoint at the end of the system prompt when
+    ``mark_system``."""
+
     def shape(prompt: Prompt, timed: TimedRequest) -> dict[str, Any]:
-        request: dict[str, Any] = {"messages": prompt.to_openai()}
+        messages: list[dict[str, Any]] = prompt.to_openai()
+        if mark_system and messages and messages[0]["role"] == "system":
+            text = messages[0]["content"]
+            part = {"type": "text", "text": text, "prompt_cache_breakpoint": {"mode": "explicit"}}
+            messages[0] = {"role": "system", "content": [part]}
+        request: dict[str, Any] = {"messages": messages}
         if per_user_key:
             request["prompt_cache_key"] = timed.user
         return request
@@ -372,19 +443,32 @@ _OURS_SHAPES: Mapping[str, Shape] = {"anthropic": _to_anthropic, "openai": _to_o
 """How the pilot's prompt is sent, per provider."""
 
 
-def _practices(provider: str) -> tuple[str, ...]:
-    """The names of ``provider``'s two common practices, the baseline's candidates."""
-    return ANTHROPIC_BASELINES if provider == "anthropic" else OPENAI_BASELINES
+def _practices(provider: str, model: str | None = None) -> tuple[str, ...]:
+    """The names of ``provider``'s two common practices (for ``model``), the
+    baseline's candidates."""
+    if provider == "anthropic":
+        return ANTHROPIC_BASELINES
+    if _has_breakpoints(provider, model):
+        return OPENAI_BREAKPOINT_BASELINES
+    return OPENAI_BASELINES
 
 
-def _arm_shapes(provider: str, ttl: str = "5m") -> list[tuple[str, Shape, bool]]:
-    """(name, shape, sends the pilot's prompts) of every arm on ``provider``: the two
-    common practices on the unmodified prompts, then ours."""
+def _has_breakpoints(provider: str, model: str | None) -> bool:
+    return provider == "openai" and rules_for(provider, model).max_breakpoints > 0
+
+
+def _arm_shapes(
+    provider: str, ttl: str = "5m", model: str | None = None
+) -> list[tuple[str, Shape, bool]]:
+    """(name, shape, sends the pilot's prompts) of every arm on ``provider`` (for
+    ``model``): the two common practices on the unmodified prompts, then ours."""
     if provider == "anthropic":
         shapes = [_unmodified_anthropic(mark_last, ttl) for mark_last in (False, True)]
+    elif _has_breakpoints(provider, model):
+        shapes = [_unmodified_openai(False), _unmodified_openai(True, mark_system=True)]
     else:
         shapes = [_unmodified_openai(per_user) for per_user in (False, True)]
-    practices = zip(_practices(provider), shapes, strict=True)
+    practices = zip(_practices(provider, model), shapes, strict=True)
     return [
         *((name, shape, False) for name, shape in practices),
         (OURS, _OURS_SHAPES[provider], True),
@@ -427,8 +511,8 @@ def _replay(
 
 
 def _pilot_config(provider: str, model: str, ttl: str = "5m") -> PilotConfig:
-    rules = rules_for(provider)
-    lifetime = ttl if ttl in rules.ttl_s else "5m"  # "1h" is Anthropic's: OpenAI plans "5m"
+    rules = rules_for(provider, model)
+    lifetime = ttl if ttl in rules.ttl_s else ""  # "1h" is Anthropic's: OpenAI plans its own
     return PilotConfig(cloud=CloudCacheConfig(enabled=True, rules=rules, model=model, ttl=lifetime))
 
 
@@ -439,7 +523,7 @@ def _baseline_arms(
         _arm(provider, name, shape, models[provider], tokens)
         for provider in PROVIDERS
         if provider in providers
-        for name, shape, ours in _arm_shapes(provider, ttl)
+        for name, shape, ours in _arm_shapes(provider, ttl, models[provider])
         if not ours
     ]
 
@@ -488,14 +572,14 @@ def _run(
     ours: _AnthropicArm | _OpenAIArm,
     tokens: _TokenCache,
 ) -> CloudRun:
-    names = _practices(provider)
+    names = _practices(provider, model)
     arms = [arm.tally.result() for arm in baselines if arm.tally.name in names]
     least = least_input_cost(workload, ours.tally.price, tokens.count)
     chat, own = least_chat_append_costs(
         workload,
         ours.tally.price,
         tokens.count,
-        min_prefix_tokens=rules_for(provider).min_tokens(model),
+        min_prefix_tokens=rules_for(provider, model).min_tokens(model),
     )
     return CloudRun(
         workload.family,

@@ -8,11 +8,20 @@ from .breakpoints import Breakpoint, CachePlan, ReuseCandidate, SkippedBreakpoin
 from .config import CloudCacheConfig
 from .prices import DEFAULT_PRICES, InputCost, ModelPrice, PriceTable, input_cost
 from .requests import cache_prefix_bytes
-from .rules import ANTHROPIC_RULES, OPENAI_RULES, ProviderRules, rules_for
+from .rules import (
+    ANTHROPIC_RULES,
+    OPENAI_BREAKPOINT_MODELS,
+    OPENAI_BREAKPOINT_RULES,
+    OPENAI_RULES,
+    ProviderRules,
+    rules_for,
+)
 
 __all__ = [
     "ANTHROPIC_RULES",
     "DEFAULT_PRICES",
+    "OPENAI_BREAKPOINT_MODELS",
+    "OPENAI_BREAKPOINT_RULES",
     "OPENAI_RULES",
     "Breakpoint",
     "CachePlan",

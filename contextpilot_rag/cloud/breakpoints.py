@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import InvalidInputError
-from .rules import ProviderRules
+from .rules import Marker, ProviderRules
 
 __all__ = [
     "KINDS",
@@ -108,7 +108,9 @@ class CachePlan:
     prompt order) and why; ``skipped`` the candidates left out, with reasons.
     ``min_tokens`` is the model's minimum cacheable prefix; ``retention`` the request's
     ``prompt_cache_retention`` that asks for the lifetime ``ttl`` (``None``: send none,
-    :attr:`~.rules.ProviderRules.request_retention`)."""
+    :attr:`~.rules.ProviderRules.request_retention`); ``marker`` the content-block field
+    that carries the breakpoints and ``unmarked_roles`` the roles that may carry none
+    (the rules', :attr:`~.rules.ProviderRules.marker`)."""
 
     provider: str
     model: str | None
@@ -117,6 +119,8 @@ class CachePlan:
     breakpoints: tuple[Breakpoint, ...]
     skipped: tuple[SkippedBreakpoint, ...]
     retention: str | None = None
+    marker: Marker = "cache_control"
+    unmarked_roles: tuple[str, ...] = ()
 
     @property
     def positions(self) -> tuple[tuple[int, int], ...]:
@@ -182,7 +186,17 @@ def plan_breakpoints(
     kept, over = _within_limit(kept, rules.max_breakpoints)
     skipped.extend(over)
     retention = rules.request_retention.get(ttl)
-    return CachePlan(rules.provider, model, ttl, min_tokens, tuple(kept), tuple(skipped), retention)
+    return CachePlan(
+        rules.provider,
+        model,
+        ttl,
+        min_tokens,
+        tuple(kept),
+        tuple(skipped),
+        retention,
+        rules.marker,
+        rules.unmarked_roles,
+    )
 
 
 def _free_shared_ends(

@@ -17,10 +17,13 @@ class CloudCacheConfig:
     the provider's cache rules (:data:`~.rules.ANTHROPIC_RULES` by default; any
     :class:`~.rules.ProviderRules`), ``model`` the model the prompts go to (its
     minimum cacheable length), ``ttl`` the cache lifetime planned with, one of
-    ``rules.ttl_s``: the breakpoints' (``"5m"`` or ``"1h"`` on Anthropic), or on OpenAI
-    ``"5m"`` (the in-memory lifetime, and the request asks for no retention),
-    ``"in_memory"`` or ``"24h"`` (the request's ``prompt_cache_retention`` asks for that
-    one: :attr:`~.breakpoints.CachePlan.retention`). It is also the horizon of what the
+    ``rules.ttl_s`` (``""``, the default: the rules' first, ``"5m"`` on Anthropic and
+    OpenAI, ``"30m"`` on :data:`~.rules.OPENAI_BREAKPOINT_RULES`): the breakpoints'
+    (``"5m"`` or ``"1h"`` on Anthropic, ``"30m"`` on OpenAI's ``gpt-5.6`` and later), or
+    on OpenAI's automatic cache ``"5m"`` (the in-memory lifetime, and the request asks
+    for no retention), ``"in_memory"`` or ``"24h"`` (the request's
+    ``prompt_cache_retention`` asks for that one:
+    :attr:`~.breakpoints.CachePlan.retention`). It is also the horizon of what the
     pilot learns: a prefix counts as cached, and a conversation's next turn as a read,
     within it. ``next_turn_probability``: the chance a conversation sends another turn
     within the lifetime (``None``: the pilot learns it per turn number from the
@@ -46,7 +49,7 @@ class CloudCacheConfig:
     enabled: bool = False
     rules: ProviderRules = field(default=ANTHROPIC_RULES)
     model: str | None = None
-    ttl: str = "5m"
+    ttl: str = ""
     next_turn_probability: float | None = None
     key_blocks: int | None = None
     key_rate_share: float = 0.6
@@ -56,6 +59,8 @@ class CloudCacheConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.rules, ProviderRules):
             raise ConfigError("CloudCacheConfig.rules must be a ProviderRules")
+        if self.ttl == "":
+            object.__setattr__(self, "ttl", next(iter(self.rules.ttl_s)))
         self.rules.check_ttl(self.ttl)
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError("CloudCacheConfig.model must be a str or None")

@@ -38,8 +38,10 @@ _PER_MILLION = 1_000_000
 @dataclass(frozen=True)
 class ModelPrice:
     """USD per million tokens of one model. ``cache_write_5m`` / ``cache_write_1h``:
-    ``None`` where the provider charges no write premium (OpenAI, Gemini's implicit
-    cache: a write costs ``input``). ``output``: ``None`` when not listed here.
+    the price of a write for the shorter and the longer lifetime (Anthropic's 5 minutes
+    and 1 hour; OpenAI's 30-minute write on ``gpt-5.6`` and later is the shorter),
+    ``None`` where the provider charges no write premium (OpenAI before ``gpt-5.6``,
+    Gemini's implicit cache: a write costs ``input``). ``output``: ``None`` when not listed here.
     ``source``: the page the row was read from; ``read_on``: when (ISO date)."""
 
     provider: str
@@ -175,23 +177,39 @@ def input_cost(
 _ANTHROPIC_PRICING = "https://platform.claude.com/docs/en/about-claude/pricing"
 _OPENAI_54 = "https://benchlm.ai/blog/posts/openai-api-pricing"  # quotes OpenAI's pricing page
 _OPENAI_4O = "https://chatgptpricing-akr.pages.dev/api-pricing"  # quotes OpenAI's pricing page
+# quotes OpenAI's gpt-5.6 preview: input / output, writes 1.25x input, reads 0.1x
+_OPENAI_56 = "https://www.calcaas.com/blog/gpt-5-6-pricing-sol-terra-luna-cost-breakdown"
+
+
+def _multiplied(
+    provider: str, model: str, base: float, output: float, source: str, read_on: str, hour: bool
+) -> ModelPrice:
+    """A row by the provider's multipliers: reads 0.1×, writes 1.25× (and 2× for the
+    hour's when ``hour``)."""
+    return ModelPrice(
+        provider,
+        model,
+        input=base,
+        cache_read=round(base * 0.1, 6),
+        cache_write_5m=round(base * 1.25, 6),
+        cache_write_1h=round(base * 2.0, 6) if hour else None,
+        output=output,
+        source=source,
+        read_on=read_on,
+    )
 
 
 def _anthropic(
     model: str, base: float, output: float, source: str, read_on: str = PRICES_READ_ON
 ) -> ModelPrice:
     """Anthropic's rows follow its multipliers: writes 1.25× / 2×, reads 0.1×."""
-    return ModelPrice(
-        "anthropic",
-        model,
-        input=base,
-        cache_read=round(base * 0.1, 6),
-        cache_write_5m=round(base * 1.25, 6),
-        cache_write_1h=round(base * 2.0, 6),
-        output=output,
-        source=source,
-        read_on=read_on,
-    )
+    return _multiplied("anthropic", model, base, output, source, read_on, hour=True)
+
+
+def _openai_breakpoints(model: str, base: float, output: float) -> ModelPrice:
+    """OpenAI's ``gpt-5.6`` rows follow its multipliers: writes 1.25× (30 minutes),
+    reads 0.1×."""
+    return _multiplied("openai", model, base, output, _OPENAI_56, "2026-11-30", hour=False)
 
 
 DEFAULT_PRICES = PriceTable(
@@ -210,6 +228,9 @@ DEFAULT_PRICES = PriceTable(
         _anthropic("claude-haiku-4-5", 1.0, 5.0, _ANTHROPIC_PRICING),
         _anthropic("claude-3-5-haiku", 0.8, 4.0, _ANTHROPIC_PRICING),
         ModelPrice("anthropic", "claude-3-haiku", 0.25, 0.03, 0.30, 0.50, 1.25, _ANTHROPIC_PRICING),
+        _openai_breakpoints("gpt-5.6-sol", 5.0, 30.0),
+        _openai_breakpoints("gpt-5.6-terra", 2.5, 15.0),
+        _openai_breakpoints("gpt-5.6-luna", 1.0, 6.0),
         ModelPrice("openai", "gpt-5.4", 2.50, 0.25, output=15.0, source=_OPENAI_54),
         ModelPrice("openai", "gpt-5.4-mini", 0.75, 0.075, output=4.50, source=_OPENAI_54),
         ModelPrice("openai", "gpt-5.4-nano", 0.20, 0.02, output=1.25, source=_OPENAI_54),

@@ -8,7 +8,9 @@
 - :func:`openai_kwargs`: ``messages`` (and ``prompt_cache_key``, and the
   ``prompt_cache_retention`` the plan was made for) for an OpenAI-compatible client;
   with ``cache_control=True`` the messages carry the same content parts and markers,
-  which LiteLLM forwards to Anthropic, Bedrock and Vertex.
+  which LiteLLM forwards to Anthropic, Bedrock and Vertex. A prompt planned with
+  :data:`~.rules.OPENAI_BREAKPOINT_RULES` (``gpt-5.6`` and later) carries OpenAI's own
+  markers, ``prompt_cache_breakpoint``, and ``prompt_cache_options``.
 
 :func:`cache_prefix_bytes` serializes a request's text as the provider's cache sees
 it (every content block with its role, in order; the markers excluded, as they are
@@ -24,9 +26,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidInputError
+from .rules import MARKERS
 
 if TYPE_CHECKING:
     from ..prompt import Prompt
+    from .breakpoints import CachePlan
 
 __all__ = ["anthropic_kwargs", "cache_control_of", "cache_prefix_bytes", "openai_kwargs"]
 
@@ -38,6 +42,19 @@ def cache_control_of(ttl: str) -> dict[str, str]:
     if ttl == "1h":
         return {"type": "ephemeral", "ttl": "1h"}
     raise InvalidInputError(f"cache lifetime must be '5m' or '1h', got {ttl!r}")
+
+
+_EXPLICIT = {"mode": "explicit"}
+"""The ``prompt_cache_breakpoint`` value of an OpenAI breakpoint."""
+
+
+def _marker_of(plan: CachePlan | None) -> tuple[str, dict[str, str]]:
+    """The field that marks a breakpoint under ``plan`` and its value."""
+    if plan is not None and plan.marker == "prompt_cache_breakpoint":
+        return plan.marker, dict(_EXPLICIT)
+    # the lifetime's marker only where there is one to place: OpenAI's lifetimes have none
+    ttl = plan.ttl if plan is not None and plan.breakpoints else "5m"
+    return "cache_control", cache_control_of(ttl)
 
 
 def _marked_parts(prompt: Prompt) -> dict[int, set[int]]:
@@ -54,26 +71,31 @@ def _marked_parts(prompt: Prompt) -> dict[int, set[int]]:
     return marked
 
 
-def _content_messages(prompt: Prompt, marked: dict[int, set[int]]) -> list[tuple[str, list[Any]]]:
-    """Every message as (role, text content blocks), ``cache_control`` on the marked
-    ones. Blank parts (an empty or whitespace-only answer, system prompt or note) are
-    left out, since the Messages API refuses a whitespace-only text block and a
-    message without content; a marker on one moves to the last block kept before it
-    (the same bytes end there), and a message left without blocks is left out (the
-    API joins the consecutive same-role turns around it)."""
-    # the lifetime's marker only where there is one to place: OpenAI's lifetimes have none
-    ttl = prompt.cache_plan.ttl if prompt.cache_plan is not None else "5m"
-    control = cache_control_of(ttl) if marked else {}
+def _content_messages(prompt: Prompt) -> list[tuple[str, list[Any]]]:
+    """Every message as (role, text content blocks), the plan's marker
+    (:attr:`~.breakpoints.CachePlan.marker`) on the marked ones. Blank parts (an empty
+    or whitespace-only answer, system prompt or note) are left out, since the Messages
+    API refuses a whitespace-only text block and a message without content; a marker
+    on one, or on a block of a role that may carry none (OpenAI's assistant messages),
+    moves to the last block kept before it that may (the same bytes end there or
+    before), and a message left without blocks is left out (the API joins the
+    consecutive same-role turns around it)."""
+    plan = prompt.cache_plan
+    marked = _marked_parts(prompt)
+    field, value = _marker_of(plan)
+    unmarked = plan.unmarked_roles if plan is not None else ()
     out: list[tuple[str, list[Any]]] = []
+    last_markable: dict[str, Any] | None = None
     for index, message in enumerate(prompt.messages):
         blocks: list[Any] = []
+        markable = message["role"] not in unmarked
         for number, text in enumerate(prompt.content_parts(index) or ("",)):
-            is_marked = number in marked.get(index, ())
             if text.strip():
                 blocks.append({"type": "text", "text": text})
-            kept = blocks or (out[-1][1] if out else [])
-            if is_marked and kept:
-                kept[-1]["cache_control"] = dict(control)
+                if markable:
+                    last_markable = blocks[-1]
+            if number in marked.get(index, ()) and last_markable is not None:
+                last_markable[field] = dict(value)
         if blocks:
             out.append((message["role"], blocks))
     return out
@@ -84,9 +106,15 @@ def anthropic_kwargs(prompt: Prompt) -> dict[str, Any]:
     API; the caller adds ``model`` and ``max_tokens``. A prompt from a pilot without
     ``CloudCacheConfig(enabled=True)`` has no plan: one text block per message, no
     ``cache_control``."""
+    plan = prompt.cache_plan
+    if plan is not None and plan.marker != "cache_control":
+        raise ConfigError(
+            f"this prompt's breakpoints were planned for {plan.marker} ({plan.provider}'s "
+            "rules); plan with ANTHROPIC_RULES for Anthropic's API"
+        )
     system: list[Any] = []
     messages: list[dict[str, Any]] = []
-    for role, blocks in _content_messages(prompt, _marked_parts(prompt)):
+    for role, blocks in _content_messages(prompt):
         if role == "system":
             system.extend(blocks)
         else:
@@ -115,10 +143,20 @@ def openai_kwargs(
     Anthropic); otherwise plain string contents. ``cache_key`` and ``cache_retention``
     default to ``not cache_control``: the gateways that take the markers forward to
     providers that refuse both fields. Without a plan (``CloudCacheConfig(enabled=False)``,
-    the default) there are no markers, no key and no retention. ``extra_body=True``
-    puts the two fields in ``extra_body`` (which the OpenAI SDK merges into the request
-    body) for clients that drop top-level fields they do not name: LiteLLM 1.84 drops
-    both."""
+    the default) there are no markers, no key and no retention.
+
+    A prompt planned with OpenAI's breakpoint rules
+    (:data:`~.rules.OPENAI_BREAKPOINT_RULES`, ``gpt-5.6`` and later) is always sent as
+    content parts with ``prompt_cache_breakpoint: {"mode": "explicit"}`` on the planned
+    blocks (a breakpoint the plan put at the end of an assistant message moves to the
+    last block before it, as OpenAI takes none there) and
+    ``prompt_cache_options={"mode": "explicit", "ttl": ...}``, so that OpenAI adds no
+    breakpoint of its own at the latest message (a write of the whole prompt at 1.25×
+    that the planner found would not pay); ``cache_control=True`` is refused for it.
+
+    ``extra_body=True`` puts the cache fields (key, retention, options) in
+    ``extra_body`` (which the OpenAI SDK merges into the request body) for clients that
+    drop top-level fields they do not name: LiteLLM 1.84 drops them."""
     if not isinstance(extra_body, bool):
         raise ConfigError(f"extra_body must be True or False, got {extra_body!r}")
     if cache_retention is not None and not isinstance(cache_retention, bool):
@@ -126,8 +164,16 @@ def openai_kwargs(
             f"cache_retention must be True, False or None, got {cache_retention!r}; the "
             "retention is chosen with the lifetime planned with: CloudCacheConfig(ttl=...)"
         )
-    if cache_control:
-        parts = _content_messages(prompt, _marked_parts(prompt))
+    plan = prompt.cache_plan
+    breakpoints = plan is not None and plan.marker == "prompt_cache_breakpoint"
+    if cache_control and breakpoints:
+        raise ConfigError(
+            "cache_control=True asks for Anthropic's markers, but this prompt's breakpoints "
+            "were planned for OpenAI's prompt_cache_breakpoint (its rules); plan with "
+            "ANTHROPIC_RULES for a gateway that forwards cache_control"
+        )
+    if cache_control or breakpoints:
+        parts = _content_messages(prompt)
         messages = [{"role": role, "content": blocks} for role, blocks in parts]
     else:
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt.messages]
@@ -140,6 +186,11 @@ def openai_kwargs(
         cache_retention = not cache_control
     if cache_retention and prompt.prompt_cache_retention is not None:
         kwargs["prompt_cache_retention"] = prompt.prompt_cache_retention
+    if breakpoints:
+        assert plan is not None  # for the type checker: breakpoints implies a plan
+        # explicit: no implicit breakpoint at the latest message, whose write the
+        # planner did not choose (it would write the whole prompt at the write price)
+        kwargs["prompt_cache_options"] = {"mode": "explicit", "ttl": plan.ttl}
     if extra_body:
         fields = {name: kwargs.pop(name) for name in _CACHE_FIELDS if name in kwargs}
         if fields:
@@ -147,7 +198,7 @@ def openai_kwargs(
     return kwargs
 
 
-_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention")
+_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
 
 
 def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ...]]:
@@ -162,7 +213,7 @@ def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ..
             raise InvalidInputError(f"content block without text: {block!r}")
         out += json.dumps([role, text], ensure_ascii=False).encode("utf-8", "surrogatepass")
         out += b"\n"
-        if isinstance(block, Mapping) and block.get("cache_control") is not None:
+        if isinstance(block, Mapping) and any(block.get(m) is not None for m in MARKERS):
             ends.append(len(out))
     return bytes(out), tuple(ends)
 

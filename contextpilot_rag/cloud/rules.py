@@ -17,12 +17,30 @@ from typing import Literal
 from ..errors import ConfigError
 from .model_names import match_model_name
 
-__all__ = ["ANTHROPIC_RULES", "OPENAI_RULES", "CacheTtl", "ProviderRules", "rules_for"]
+__all__ = [
+    "ANTHROPIC_RULES",
+    "MARKERS",
+    "OPENAI_BREAKPOINT_MODELS",
+    "OPENAI_BREAKPOINT_RULES",
+    "OPENAI_RULES",
+    "CacheTtl",
+    "Marker",
+    "ProviderRules",
+    "rules_for",
+]
 
-CacheTtl = Literal["5m", "1h", "in_memory", "24h"]
+CacheTtl = Literal["5m", "1h", "in_memory", "24h", "30m"]
 """The lifetimes the built-in rules offer: Anthropic's ``"5m"`` and ``"1h"``; OpenAI's
 ``"5m"`` (its in-memory lifetime, no retention asked for), ``"in_memory"`` and ``"24h"``
-(the ``prompt_cache_retention`` values, asked for by name)."""
+(the ``prompt_cache_retention`` values, asked for by name); ``"30m"``, the lifetime of
+OpenAI's breakpoints (``prompt_cache_options.ttl``, ``gpt-5.6`` and later)."""
+
+Marker = Literal["cache_control", "prompt_cache_breakpoint"]
+"""The content-block field that marks a breakpoint: Anthropic's ``cache_control``
+(``{"type": "ephemeral"}``), OpenAI's ``prompt_cache_breakpoint``
+(``{"mode": "explicit"}``, ``gpt-5.6`` and later)."""
+
+MARKERS: tuple[Marker, ...] = ("cache_control", "prompt_cache_breakpoint")
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,11 @@ class ProviderRules:
     (``"claude-haiku-4-5"`` matches ``"claude-haiku-4-5-20251001"``, not another model
     whose name it starts: :func:`~.model_names.match_model_name`).
     ``lookback_blocks``: content blocks before a breakpoint searched for an earlier
-    cached prefix. ``ttl_s``: the lifetimes on offer, by name. ``write_multiplier``
+    cached prefix (0: no limit, every block boundary of the request; the breakpoint
+    planner reads it so). ``marker``: the content-block field that carries a
+    breakpoint (:data:`Marker`); ``unmarked_roles``: the roles whose content blocks may
+    not carry one (OpenAI's assistant messages), whose marker the request moves to the
+    last block before them. ``ttl_s``: the lifetimes on offer, by name. ``write_multiplier``
     (by lifetime) and ``read_multiplier``: a cache write and read as multiples of the
     base input price. ``key_rate_per_minute``: the requests a minute one route (a prompt
     prefix with one ``prompt_cache_key``) takes before the provider spreads the rest over
@@ -43,7 +65,8 @@ class ProviderRules:
     lifetime, the request's ``prompt_cache_retention`` value that asks for it (a lifetime
     not listed sends none, and gets the provider's default). Guaranteed after
     construction: counts >= 0, multipliers > 0, every lifetime priced, every retention a
-    non-empty str for an offered lifetime, the key rate ``None`` or >= 1."""
+    non-empty str for an offered lifetime, the key rate ``None`` or >= 1, ``marker`` one of
+    :data:`MARKERS`, ``unmarked_roles`` a tuple of role names."""
 
     provider: str
     max_breakpoints: int = 4
@@ -59,6 +82,8 @@ class ProviderRules:
     read_multiplier: float = 0.1
     key_rate_per_minute: int | None = None
     request_retention: Mapping[str, str] = field(default_factory=dict, hash=False)
+    marker: Marker = "cache_control"
+    unmarked_roles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.provider, str) or not self.provider:
@@ -83,6 +108,13 @@ class ProviderRules:
                 f"ProviderRules.key_rate_per_minute must be an int >= 1 or None, got {rate!r}"
             )
         self._check_request_retention()
+        if self.marker not in MARKERS:
+            raise ConfigError(f"ProviderRules.marker must be one of {MARKERS}, got {self.marker!r}")
+        roles = self.unmarked_roles
+        if not isinstance(roles, tuple) or not all(isinstance(r, str) and r for r in roles):
+            raise ConfigError(
+                f"ProviderRules.unmarked_roles must be a tuple of role names, got {roles!r}"
+            )
         # private copies: a caller's later change to its dict cannot change the rules
         for name in ("model_min_tokens", "ttl_s", "write_multiplier", "request_retention"):
             object.__setattr__(self, name, dict(getattr(self, name)))
@@ -167,12 +199,45 @@ keeps a prefix 5–10 minutes idle (300 s, the short end); ``"24h"`` (extended) 
 ``"in_memory"`` but asks for no retention: the organization's default applies, which is
 ``"24h"`` without Zero Data Retention on models that offer both (``docs/cloud.md``)."""
 
+OPENAI_BREAKPOINT_RULES = ProviderRules(
+    provider="openai",
+    max_breakpoints=4,
+    min_cacheable_tokens=1024,
+    lookback_blocks=0,
+    ttl_s={"30m": 1800.0},
+    write_multiplier={"30m": 1.25},
+    read_multiplier=0.1,
+    key_rate_per_minute=15,
+    marker="prompt_cache_breakpoint",
+    unmarked_roles=("assistant",),
+)
+"""OpenAI's cache on ``gpt-5.6`` and later models (``OPENAI_BREAKPOINT_MODELS``): a prefix
+is cached only where a breakpoint ends it, and a request reads the longest cached
+prefix ending at any of its block boundaries (no lookback limit). The request carries
+``prompt_cache_options={"mode": "explicit", "ttl": "30m"}`` (no implicit breakpoint at
+its latest message: every write is one the planner chose) and
+``prompt_cache_breakpoint: {"mode": "explicit"}`` on the planned content blocks, at most
+4 written per request, never on an assistant message. Writes cost 1.25× the input
+price, reads 0.1×; an entry lives at least 30 minutes (``"30m"``, the only lifetime);
+prompts of 1,024 tokens and more; requests are spread over cache servers by their
+first tokens and ``prompt_cache_key`` as on the older models (``docs/cloud.md``)."""
+
+OPENAI_BREAKPOINT_MODELS: tuple[str, ...] = ("gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna")
+"""The models :func:`rules_for` gives :data:`OPENAI_BREAKPOINT_RULES` (and their dated
+releases); pass the rules yourself for a later model."""
+
 _BY_PROVIDER = {"anthropic": ANTHROPIC_RULES, "openai": OPENAI_RULES}
 
 
-def rules_for(provider: str) -> ProviderRules:
-    """The built-in rules of ``provider`` (``"anthropic"``, ``"openai"``)."""
+def rules_for(provider: str, model: str | None = None) -> ProviderRules:
+    """The built-in rules of ``provider`` (``"anthropic"``, ``"openai"``): for OpenAI,
+    :data:`OPENAI_BREAKPOINT_RULES` for a model of :data:`OPENAI_BREAKPOINT_MODELS`,
+    :data:`OPENAI_RULES` for any other."""
     rules = _BY_PROVIDER.get(provider)
     if rules is None:
         raise ConfigError(f"no built-in cache rules for {provider!r}; pass ProviderRules(...)")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"model must be a str or None, got {type(model).__name__}")
+    if rules is OPENAI_RULES and model and match_model_name(model, OPENAI_BREAKPOINT_MODELS):
+        return OPENAI_BREAKPOINT_RULES
     return rules

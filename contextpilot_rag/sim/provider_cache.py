@@ -35,6 +35,28 @@ https://platform.openai.com/docs/guides/prompt-caching:
 - in-memory retention: 5–10 minutes of inactivity, at most an hour;
   ``prompt_cache_retention="24h"`` keeps prefixes up to 24 hours.
 
+**OpenAI breakpoints** (:class:`OpenAIBreakpointCacheModel`, ``gpt-5.6`` and later:
+:data:`~contextpilot_rag.cloud.rules.OPENAI_BREAKPOINT_MODELS`), from "Prompt caching",
+https://developers.openai.com/api/docs/guides/prompt-caching, and the openai SDK's
+``prompt_cache_options`` docstrings:
+
+- a prefix is cached only where a *breakpoint* ends it (no 128-token steps): an explicit
+  ``"prompt_cache_breakpoint": {"mode": "explicit"}`` on a content part (never on an
+  assistant message), and, in the default ``prompt_cache_options.mode`` ``"implicit"``,
+  one managed breakpoint at the end of the latest user or tool message;
+- a request writes the implicit breakpoint plus up to the latest three explicit ones
+  (``"implicit"``) or up to the latest four explicit ones (``"explicit"``; with no
+  explicit breakpoint such a request does not use the cache at all); a prefix under
+  1,024 tokens is not written;
+- a request reads the longest prefix ending at any of its block boundaries that an
+  earlier request wrote (no content-block lookback limit; the SDK's bound, the latest 80
+  breakpoints of the conversation, is not modelled);
+- an entry lives at least 30 minutes (``ttl`` ``"30m"``, the only value); writes cost
+  1.25× the uncached input price, reads 0.1×; ``usage.prompt_tokens_details`` reports
+  ``cache_write_tokens`` and ``cached_tokens`` of the total ``prompt_tokens``;
+- routing and overflow over cache machines are the older models' (above), with the
+  prompt's head taken as the content blocks that start within its first ~256 tokens.
+
 **Gemini** implicit caching (https://ai.google.dev/gemini-api/docs/caching, reported as
 ``usage_metadata.cached_content_token_count``) is the OpenAI model with
 :meth:`OpenAICacheRules.gemini_implicit`: one machine, no key, no overflow.
@@ -52,7 +74,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..cloud.rules import ANTHROPIC_RULES, ProviderRules
+from ..cloud.rules import ANTHROPIC_RULES, OPENAI_BREAKPOINT_RULES, ProviderRules
 from ..errors import CacheControlError, ConfigError
 from ..usage import InputTokens
 from .block_hashes import iter_block_hashes
@@ -63,6 +85,8 @@ __all__ = [
     "AnthropicCacheModel",
     "CacheBlock",
     "ManualClock",
+    "OpenAIBreakpointCacheModel",
+    "OpenAIBreakpointUsage",
     "OpenAICacheModel",
     "OpenAICacheRules",
     "OpenAIUsage",
@@ -159,10 +183,12 @@ def _positive_seconds(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class CacheBlock:
     """One content block of an Anthropic request, in cache order (tools → system →
-    messages). ``key`` identifies the block's content and place (two prompts share a
-    prefix exactly when their blocks' keys agree up to there); ``tokens`` is its length;
-    ``breakpoint_ttl_s`` is set when the block carries ``cache_control`` (``TTL_5M_S``
-    or ``TTL_1H_S``)."""
+    messages), or one content part of an OpenAI breakpoint request. ``key`` identifies
+    the block's content and place (two prompts share a prefix exactly when their blocks'
+    keys agree up to there); ``tokens`` is its length; ``breakpoint_ttl_s`` is set when
+    the block carries ``cache_control`` (``TTL_5M_S`` or ``TTL_1H_S``) or
+    ``prompt_cache_breakpoint`` (OpenAI's lifetime is the request's, so the value only
+    marks the breakpoint there)."""
 
     key: str
     tokens: int
@@ -394,19 +420,14 @@ class OpenAICacheModel:
 
     def __init__(self, rules: OpenAICacheRules | None = None) -> None:
         self.rules = rules or OpenAICacheRules()
-        self._machines = [_ExpiringEntries() for _ in range(self.rules.machines)]
-        self._recent: dict[bytes, deque[float]] = {}
+        self._machines = _CacheMachines(self.rules)
 
     def reset(self) -> None:
-        for entries in self._machines:
-            entries.clear()
-        self._recent.clear()
+        self._machines.clear()
 
     def route(self, tokens: Sequence[int], prompt_cache_key: str | None = None) -> int:
         """The machine a request goes to when its route is not overflowing."""
-        return int.from_bytes(self._route_id(tokens, prompt_cache_key)[:8], "big") % len(
-            self._machines
-        )
+        return self._machines.home(self._route_id(tokens, prompt_cache_key))
 
     def lookup(
         self,
@@ -418,7 +439,7 @@ class OpenAICacheModel:
     ) -> int:
         """Cached tokens the request would get now (ignoring overflow), changing nothing."""
         _check_time(now_s)
-        machine = self._machines[self.route(tokens, prompt_cache_key)]
+        machine = self._machines.caches[self.route(tokens, prompt_cache_key)]
         return self._hit(machine, _step_keys(tokens, self.rules, model), now_s)[0]
 
     def request(
@@ -435,10 +456,8 @@ class OpenAICacheModel:
         ``retention``: ``None`` takes the rules' ``default_retention``."""
         _check_time(now_s)
         ttl_s, max_age_s = self._lifetime(retention or self.rules.default_retention)
-        index = self._overflowed(
-            self.route(tokens, prompt_cache_key), tokens, prompt_cache_key, now_s
-        )
-        machine = self._machines[index]
+        index = self._machines.admit(self._route_id(tokens, prompt_cache_key), now_s)
+        machine = self._machines.caches[index]
         machine.purge(now_s)
         keys = _step_keys(tokens, self.rules, model)
         cached, _ = self._hit(machine, keys, now_s)
@@ -469,22 +488,52 @@ class OpenAICacheModel:
 
     def _route_id(self, tokens: Sequence[int], prompt_cache_key: str | None) -> bytes:
         head = ",".join(map(str, tokens[: self.rules.routing_prefix_tokens]))
-        salt = "" if prompt_cache_key is None else f"\x00{prompt_cache_key}"
-        return hashlib.blake2b(f"{head}{salt}".encode(), digest_size=16).digest()
+        return _route_id(head, prompt_cache_key)
 
-    def _overflowed(
-        self, base: int, tokens: Sequence[int], prompt_cache_key: str | None, now_s: float
-    ) -> int:
-        """``base``, or a later machine when the route is over its rate this minute."""
-        limit = self.rules.overflow_requests_per_minute
-        if limit is None:
-            return base
-        recent = self._recent.setdefault(self._route_id(tokens, prompt_cache_key), deque())
+
+def _route_id(head: str, prompt_cache_key: str | None) -> bytes:
+    """A route's identity: the prompt's head (as text) with the key."""
+    salt = "" if prompt_cache_key is None else f"\x00{prompt_cache_key}"
+    return hashlib.blake2b(f"{head}{salt}".encode(), digest_size=16).digest()
+
+
+class _CacheMachines:
+    """OpenAI's cache machines, each with its own ``caches`` entry, and the spreading of
+    requests over them: a route (:func:`_route_id`) has a home machine; above
+    ``overflow_requests_per_minute`` requests a minute on one route, each further batch
+    of that many moves one machine on.
+
+    Invariant: ``_recent[route]`` holds the times of the route's admitted requests, of
+    which those older than a minute are dropped when the route is next admitted."""
+
+    def __init__(self, rules: OpenAICacheRules) -> None:
+        self.caches = [_ExpiringEntries() for _ in range(rules.machines)]
+        self._limit = rules.overflow_requests_per_minute
+        self._recent: dict[bytes, deque[float]] = {}
+
+    def __len__(self) -> int:
+        """Live and not-yet-purged entries, over all machines."""
+        return sum(len(entries) for entries in self.caches)
+
+    def clear(self) -> None:
+        for entries in self.caches:
+            entries.clear()
+        self._recent.clear()
+
+    def home(self, route: bytes) -> int:
+        """The machine of ``route`` when it is not overflowing."""
+        return int.from_bytes(route[:8], "big") % len(self.caches)
+
+    def admit(self, route: bytes, now_s: float) -> int:
+        """Count one request on ``route`` at ``now_s``; the machine it goes to."""
+        if self._limit is None:
+            return self.home(route)
+        recent = self._recent.setdefault(route, deque())
         while recent and recent[0] <= now_s - 60.0:
             recent.popleft()
-        shift = len(recent) // limit
+        shift = len(recent) // self._limit
         recent.append(now_s)
-        return (base + shift) % len(self._machines)
+        return (self.home(route) + shift) % len(self.caches)
 
 
 def _step_keys(
@@ -498,3 +547,191 @@ def _step_keys(
         if length >= rules.min_cached_tokens:
             keys.append((model, chained, length))
     return keys
+
+
+@dataclass(frozen=True)
+class OpenAIBreakpointUsage:
+    """The prompt side of a ``gpt-5.6`` ``usage`` object, as billed: ``tokens`` holds the
+    reads (``cached_tokens``) in ``cache_read_tokens``, the writes
+    (``cache_write_tokens``) in ``cache_write_5m_tokens`` (the field priced at a model's
+    short write price) and the rest in ``uncached_tokens``; ``machine`` is the cache the
+    request went to."""
+
+    tokens: InputTokens
+    machine: int
+
+
+@dataclass(frozen=True)
+class _BreakpointPlan:
+    """Where one request may read and what it writes: ``writes`` are the blocks whose
+    prefixes it stores (long enough, ascending); ``uses_cache`` is False for an
+    explicit-mode request without breakpoints, which neither reads nor writes."""
+
+    prefix_tokens: tuple[int, ...]
+    prefix_keys: tuple[tuple[str, bytes], ...]
+    route: bytes
+    writes: tuple[int, ...]
+    uses_cache: bool
+
+
+class OpenAIBreakpointCacheModel:
+    """OpenAI's breakpoint prompt cache of ``gpt-5.6`` and later (rules in the module
+    docstring), one request at a time; an emulation of the published rules.
+
+    ``rules`` (default :data:`~contextpilot_rag.cloud.rules.OPENAI_BREAKPOINT_RULES`)
+    gives the breakpoints written per request (``max_breakpoints``; rules with 0, such
+    as the automatic cache's, write none but the implicit one), the minimum
+    (``min_tokens(model)``) and the lifetime (the first of ``ttl_s``); ``routing`` the
+    machines, the routing head and the overflow rate (:class:`OpenAICacheRules`; its
+    step, minimum and retention fields are not read). A read does not refresh the entry
+    it reads (the guide promises 30 minutes from the write, no more): the conservative
+    reading.
+
+    Invariant: machine ``m`` holds the prefix ending at a block only if a request routed
+    to ``m`` wrote a breakpoint there within the lifetime, and the prefix is at least the
+    model's minimum long. Not thread-safe: callers serialise access.
+    """
+
+    def __init__(
+        self, rules: ProviderRules | None = None, routing: OpenAICacheRules | None = None
+    ) -> None:
+        self.rules = rules or OPENAI_BREAKPOINT_RULES
+        self.routing = routing or OpenAICacheRules()
+        self.lifetime_s = next(iter(self.rules.ttl_s.values()))
+        self._machines = _CacheMachines(self.routing)
+
+    @property
+    def cached_prefixes(self) -> int:
+        """Live and not-yet-purged entries, over all machines."""
+        return len(self._machines)
+
+    def reset(self) -> None:
+        self._machines.clear()
+
+    def route(self, blocks: Sequence[CacheBlock], prompt_cache_key: str | None = None) -> int:
+        """The machine a request goes to when its route is not overflowing."""
+        prefix_tokens, prefix_keys = _prefixes(blocks, "")
+        return self._machines.home(
+            self._route_id(blocks, prefix_tokens, prefix_keys, prompt_cache_key)
+        )
+
+    def lookup(
+        self,
+        blocks: Sequence[CacheBlock],
+        *,
+        now_s: float,
+        prompt_cache_key: str | None = None,
+        model: str = "",
+        implicit_block: int | None = None,
+    ) -> int:
+        """Tokens the request would read from cache now (ignoring overflow), changing
+        nothing."""
+        plan = self._plan(blocks, now_s, prompt_cache_key, model, implicit_block)
+        machine = self._machines.caches[self._machines.home(plan.route)]
+        return self._read_tokens(plan, machine, now_s)
+
+    def request(
+        self,
+        blocks: Sequence[CacheBlock],
+        *,
+        now_s: float,
+        prompt_cache_key: str | None = None,
+        model: str = "",
+        implicit_block: int | None = None,
+    ) -> OpenAIBreakpointUsage:
+        """Serve one request at ``now_s``. A block with ``breakpoint_ttl_s`` set carries
+        an explicit breakpoint; ``implicit_block`` is the block that ends the latest user
+        or tool message in implicit mode (``None``: explicit mode). Route the request,
+        read the longest cached prefix on its machine, write the latest breakpoints that
+        are long enough, report usage. Raises
+        :class:`~contextpilot_rag.errors.ConfigError` (state unchanged) for a bad
+        ``now_s`` or ``implicit_block``."""
+        plan = self._plan(blocks, now_s, prompt_cache_key, model, implicit_block)
+        index = self._machines.admit(plan.route, now_s)
+        machine = self._machines.caches[index]
+        machine.purge(now_s)
+        read = self._read_tokens(plan, machine, now_s)
+        written = self._write(plan, machine, now_s, read)
+        total = plan.prefix_tokens[-1] if plan.prefix_tokens else 0
+        tokens = InputTokens(total - read - written, read, cache_write_5m_tokens=written)
+        return OpenAIBreakpointUsage(tokens, index)
+
+    def _plan(
+        self,
+        blocks: Sequence[CacheBlock],
+        now_s: float,
+        prompt_cache_key: str | None,
+        model: str,
+        implicit_block: int | None,
+    ) -> _BreakpointPlan:
+        _check_time(now_s)
+        _check_implicit_block(implicit_block, len(blocks))
+        explicit = [i for i, block in enumerate(blocks) if block.breakpoint_ttl_s is not None]
+        prefix_tokens, prefix_keys = _prefixes(blocks, model)
+        minimum = self.rules.min_tokens(model)
+        chosen = self._written_breakpoints(explicit, implicit_block)
+        return _BreakpointPlan(
+            prefix_tokens,
+            prefix_keys,
+            self._route_id(blocks, prefix_tokens, prefix_keys, prompt_cache_key),
+            tuple(block for block in chosen if prefix_tokens[block] >= minimum),
+            uses_cache=bool(explicit) or implicit_block is not None,
+        )
+
+    def _written_breakpoints(self, explicit: list[int], implicit_block: int | None) -> list[int]:
+        """The latest ``max_breakpoints`` explicit breakpoints, or the implicit one and
+        the latest ``max_breakpoints - 1`` explicit ones; ascending."""
+        if implicit_block is None:
+            return _latest(explicit, self.rules.max_breakpoints)
+        return sorted({*_latest(explicit, self.rules.max_breakpoints - 1), implicit_block})
+
+    def _route_id(
+        self,
+        blocks: Sequence[CacheBlock],
+        prefix_tokens: Sequence[int],
+        prefix_keys: Sequence[tuple[str, bytes]],
+        prompt_cache_key: str | None,
+    ) -> bytes:
+        """The route of the blocks that start within the routing head, and the key."""
+        starts = (end - block.tokens for end, block in zip(prefix_tokens, blocks, strict=True))
+        opening = sum(1 for start in starts if start < self.routing.routing_prefix_tokens)
+        head = prefix_keys[opening - 1][1].hex() if opening else ""
+        return _route_id(head, prompt_cache_key)
+
+    def _read_tokens(self, plan: _BreakpointPlan, machine: _ExpiringEntries, now_s: float) -> int:
+        """The longest prefix ending at a block boundary with a live entry (no lookback
+        limit); 0 when there is none or the request does not use the cache."""
+        if not plan.uses_cache:
+            return 0
+        for block in range(len(plan.prefix_keys) - 1, -1, -1):
+            if machine.alive(plan.prefix_keys[block], now_s) is not None:
+                return plan.prefix_tokens[block]
+        return 0
+
+    def _write(
+        self, plan: _BreakpointPlan, machine: _ExpiringEntries, now_s: float, read_tokens: int
+    ) -> int:
+        """Store (or refresh) the planned breakpoints for the lifetime; returns the tokens
+        written past what was read."""
+        for block in plan.writes:
+            old = machine.alive(plan.prefix_keys[block], now_s)
+            created_s = old.created_s if old is not None else now_s
+            entry = _Entry(now_s + self.lifetime_s, self.lifetime_s, created_s)
+            machine.put(plan.prefix_keys[block], entry)
+        deepest = plan.prefix_tokens[plan.writes[-1]] if plan.writes else 0
+        return max(0, deepest - read_tokens)
+
+
+def _latest(indices: list[int], count: int) -> list[int]:
+    """The last ``count`` of ``indices`` (none for ``count <= 0``)."""
+    return indices[max(len(indices) - count, 0) :]
+
+
+def _check_implicit_block(index: object, blocks: int) -> None:
+    if index is None:
+        return
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < blocks:
+        raise ConfigError(
+            f"implicit_block must be None or the index of one of the request's {blocks} "
+            f"blocks (0..{blocks - 1}), got {index!r}"
+        )

@@ -6,8 +6,12 @@ answers every request with a fixed short text and the usage the provider's *publ
 cache rules give it (:mod:`contextpilot_rag.sim.provider_cache`): Anthropic's
 ``cache_creation_input_tokens`` / ``cache_read_input_tokens`` from explicit
 ``cache_control`` breakpoints, OpenAI's ``prompt_tokens_details.cached_tokens`` from
-automatic caching with ``prompt_cache_key`` routing. The figures are emulated, not
-measured. The official SDKs run unchanged against it::
+automatic caching with ``prompt_cache_key`` routing, and, for the ``gpt-5.6`` models
+(:data:`~contextpilot_rag.cloud.rules.OPENAI_BREAKPOINT_MODELS` and their releases),
+``cached_tokens`` and ``cache_write_tokens`` from their breakpoints
+(``prompt_cache_options``, ``prompt_cache_breakpoint``; other models refuse both with a
+400, as OpenAI's older models do). The figures are emulated, not measured. The
+official SDKs run unchanged against it::
 
     with CloudCacheServer() as server:
         claude = anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="test")
@@ -26,9 +30,10 @@ it.
 
 Tokens are counted with the project's default tokenizer (offline), the same for both
 APIs: a text block counts its text, any other block (a tool, an image, a tool result)
-its JSON. Time is the ``clock`` callable's seconds (a
-:class:`~contextpilot_rag.sim.provider_cache.ManualClock` in tests, so TTLs expire
-without sleeping).
+its JSON; for the ``gpt-5.6`` models each text content part (a string content is one)
+is one cache block counting its text, after one block of the tools' JSON. Time is the
+``clock`` callable's seconds (a :class:`~contextpilot_rag.sim.provider_cache.ManualClock`
+in tests, so TTLs expire without sleeping).
 """
 
 from __future__ import annotations
@@ -42,14 +47,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ..cloud.rules import ProviderRules
+from ..cloud.model_names import match_model_name
+from ..cloud.rules import OPENAI_BREAKPOINT_MODELS, ProviderRules
 from ..errors import CacheControlError, ConfigError
 from ..sim.provider_cache import (
     AnthropicCacheModel,
     CacheBlock,
+    OpenAIBreakpointCacheModel,
     OpenAICacheModel,
     OpenAICacheRules,
-    OpenAIUsage,
 )
 from ..tokenizers import Tokenizer, default_tokenizer
 from ..usage import InputTokens
@@ -63,6 +69,7 @@ from .openai_server import (
     _LoopbackServer,
     _Outcome,
     _parse_chat,
+    _ParsedRequest,
     _RequestError,
     _split_words,
     _stream_payloads,
@@ -255,6 +262,100 @@ def _openai_cache_options(body: _JSON) -> _OpenAICacheOptions:
     return _OpenAICacheOptions(key, None)
 
 
+_BREAKPOINT = "prompt_cache_breakpoint"
+
+
+@dataclass(frozen=True)
+class _BreakpointRequest:
+    """A Chat Completions request as the breakpoint cache sees it: its blocks and, in
+    implicit mode, the block ending its latest user or tool message."""
+
+    blocks: list[CacheBlock]
+    implicit_block: int | None
+
+
+class _PartReader:
+    """Turns a Chat Completions body (checked by ``_parse_chat``) for a breakpoint model
+    into :class:`CacheBlock` s: one of the tools' JSON if any, then one per text content
+    part in message order (a string content is one part), keyed by role, place and
+    text. A part with ``prompt_cache_breakpoint: {"mode": "explicit"}`` carries a
+    breakpoint; ``rules.unmarked_roles`` may not carry one."""
+
+    def __init__(self, tokenizer: Tokenizer, rules: ProviderRules, lifetime_s: float) -> None:
+        self._tokenizer = tokenizer
+        self._rules = rules
+        self._lifetime_s = lifetime_s
+
+    def read(self, body: _JSON) -> _BreakpointRequest:
+        implicit_mode = _prompt_cache_mode(body, self._rules) == "implicit"
+        tools = body.get("tools")
+        blocks = [self._tools_block(tools)] if tools else []
+        implicit_block = None
+        for m, message in enumerate(body["messages"]):
+            parts = self._parts(message, f"messages[{m}]")
+            blocks += parts
+            if parts and message["role"] in ("user", "tool"):
+                implicit_block = len(blocks) - 1
+        return _BreakpointRequest(blocks, implicit_block if implicit_mode else None)
+
+    def _tools_block(self, tools: object) -> CacheBlock:
+        text = json.dumps(tools, sort_keys=True)
+        return CacheBlock(json.dumps({"tools": text}), self._tokenizer.count(text))
+
+    def _parts(self, message: _JSON, where: str) -> list[CacheBlock]:
+        content = message.get("content")
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        return [
+            self._block(part, message["role"], f"{where}.content[{i}]", opens=i == 0)
+            for i, part in enumerate(parts or [])
+        ]
+
+    def _block(self, part: _JSON, role: str, where: str, *, opens: bool) -> CacheBlock:
+        text = part["text"]
+        key = json.dumps({"role": role, "opens": opens, "text": text}, sort_keys=True)
+        marked = self._marked(part, role, where)
+        return CacheBlock(key, self._tokenizer.count(text), self._lifetime_s if marked else None)
+
+    def _marked(self, part: _JSON, role: str, where: str) -> bool:
+        if _BREAKPOINT not in part:
+            return False
+        if part[_BREAKPOINT] != {"mode": "explicit"}:
+            raise _RequestError(f"'{where}.{_BREAKPOINT}' must be {{'mode': 'explicit'}}")
+        if role in self._rules.unmarked_roles:
+            raise _RequestError(f"'{where}.{_BREAKPOINT}' is not supported on {role} messages")
+        return True
+
+
+def _prompt_cache_mode(body: _JSON, rules: ProviderRules) -> Literal["implicit", "explicit"]:
+    """``prompt_cache_options.mode`` (default ``"implicit"``), its ``ttl`` checked."""
+    options = body.get("prompt_cache_options")
+    if options is None:
+        return "implicit"
+    if not isinstance(options, dict) or not set(options) <= {"mode", "ttl"}:
+        raise _RequestError("'prompt_cache_options' must be an object of 'mode' and 'ttl'")
+    mode = options.get("mode", "implicit")
+    if mode not in ("implicit", "explicit"):
+        raise _RequestError("'prompt_cache_options.mode' must be 'implicit' or 'explicit'")
+    ttl = options.get("ttl", "30m")
+    if not isinstance(ttl, str) or ttl not in rules.ttl_s:
+        offered = " or ".join(repr(ttl) for ttl in rules.ttl_s)
+        raise _RequestError(f"'prompt_cache_options.ttl' must be {offered}")
+    return "explicit" if mode == "explicit" else "implicit"
+
+
+def _refuse_breakpoint_fields(body: _JSON, model: str) -> None:
+    """A model without breakpoints takes neither ``prompt_cache_options`` nor markers."""
+    if body.get("prompt_cache_options") is not None:
+        raise _RequestError(f"'prompt_cache_options' is not supported with the model {model!r}")
+    for m, message in enumerate(body["messages"]):
+        for i, part in _items(message.get("content")):
+            if _BREAKPOINT in part:
+                raise _RequestError(
+                    f"'messages[{m}].content[{i}].{_BREAKPOINT}' is not supported with the "
+                    f"model {model!r}"
+                )
+
+
 class _CloudEngine:
     """Both emulated caches, the clock and the record of requests. Thread-safe.
 
@@ -268,14 +369,17 @@ class _CloudEngine:
         *,
         anthropic: AnthropicCacheModel,
         openai: OpenAICacheModel,
+        openai_breakpoint: OpenAIBreakpointCacheModel,
         tokenizer: Tokenizer,
         clock: Callable[[], float],
         answer: str,
     ) -> None:
         self.anthropic = anthropic
         self.openai = openai
+        self.openai_breakpoint = openai_breakpoint
         self._tokenizer = tokenizer
         self._blocks = _BlockReader(tokenizer, anthropic.rules.ttl_s)
+        self._parts = _PartReader(tokenizer, openai_breakpoint.rules, openai_breakpoint.lifetime_s)
         self._clock = clock
         self._answer = answer
         self._lock = threading.Lock()
@@ -293,6 +397,7 @@ class _CloudEngine:
             self._requests.clear()
             self.anthropic.reset()
             self.openai.reset()
+            self.openai_breakpoint.reset()
 
     def messages(self, body: _JSON, version: str | None, beta: str | None) -> tuple[_Answer, _JSON]:
         """Answer a Messages request: the reply and its ``usage`` object. ``version``
@@ -312,15 +417,32 @@ class _CloudEngine:
         return answer, api_usage
 
     def chat(self, body: _JSON) -> tuple[_Outcome, str, bool]:
-        """Answer a Chat Completions request: outcome, model name, include_usage."""
+        """Answer a Chat Completions request: outcome, model name, include_usage. A
+        ``gpt-5.6`` model's goes to the breakpoint cache, any other's to the automatic
+        one."""
         request = _parse_chat(body)
         cache = _openai_cache_options(body)
+        model = request.options.model or "gpt-emulated"
+        answer = _limit_answer(self._answer, self._tokenizer, request.options.max_tokens)
+        if match_model_name(model, OPENAI_BREAKPOINT_MODELS):
+            api_usage = self._breakpoint_chat(body, model, cache.key, answer.completion_tokens)
+        else:
+            _refuse_breakpoint_fields(body, model)
+            api_usage = self._automatic_chat(body, request, model, cache, answer.completion_tokens)
+        return _Outcome(answer, api_usage), model, request.options.include_usage
+
+    def _automatic_chat(
+        self,
+        body: _JSON,
+        request: _ParsedRequest,
+        model: str,
+        cache: _OpenAICacheOptions,
+        completion_tokens: int,
+    ) -> _JSON:
         tools = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
         tokens = [
             t for segment in (*tools, *request.segments) for t in self._tokenizer.encode(segment)
         ]
-        model = request.options.model or "gpt-emulated"
-        answer = _limit_answer(self._answer, self._tokenizer, request.options.max_tokens)
         with self._lock:
             usage = self.openai.request(
                 tokens,
@@ -329,9 +451,34 @@ class _CloudEngine:
                 retention=cache.retention,
                 model=model,
             )
-            api_usage = _openai_usage(usage, answer.completion_tokens)
-            self._requests.append(EmulatedRequest("openai", copy.deepcopy(body), api_usage))
-        return _Outcome(answer, api_usage), model, request.options.include_usage
+            api_usage = _openai_usage(usage.prompt_tokens, usage.cached_tokens, completion_tokens)
+            return self._record_openai(body, api_usage)
+
+    def _breakpoint_chat(
+        self, body: _JSON, model: str, key: str | None, completion_tokens: int
+    ) -> _JSON:
+        parsed = self._parts.read(body)
+        with self._lock:
+            usage = self.openai_breakpoint.request(
+                parsed.blocks,
+                now_s=self._clock(),
+                prompt_cache_key=key,
+                model=model,
+                implicit_block=parsed.implicit_block,
+            )
+            tokens = usage.tokens
+            api_usage = _openai_usage(
+                tokens.prompt_tokens,
+                tokens.cache_read_tokens,
+                completion_tokens,
+                cache_write_tokens=tokens.cache_write_tokens,
+            )
+            return self._record_openai(body, api_usage)
+
+    def _record_openai(self, body: _JSON, api_usage: _JSON) -> _JSON:
+        """Record an answered Chat Completions request; the caller holds ``_lock``."""
+        self._requests.append(EmulatedRequest("openai", copy.deepcopy(body), api_usage))
+        return api_usage
 
 
 def _anthropic_usage(tokens: InputTokens, output_tokens: int) -> _JSON:
@@ -349,13 +496,23 @@ def _anthropic_usage(tokens: InputTokens, output_tokens: int) -> _JSON:
     }
 
 
-def _openai_usage(usage: OpenAIUsage, completion_tokens: int) -> _JSON:
-    """The Chat Completions ``usage`` object."""
+def _openai_usage(
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    *,
+    cache_write_tokens: int | None = None,
+) -> _JSON:
+    """The Chat Completions ``usage`` object; ``cache_write_tokens`` (the breakpoint
+    models') is reported when given."""
+    details: _JSON = {"cached_tokens": cached_tokens, "audio_tokens": 0}
+    if cache_write_tokens is not None:
+        details["cache_write_tokens"] = cache_write_tokens
     return {
-        "prompt_tokens": usage.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": usage.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": details,
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
     }
 
@@ -452,8 +609,10 @@ class CloudCacheServer(_LoopbackServer):
     """Anthropic Messages and OpenAI Chat Completions on loopback, with emulated prompt
     caches (module docstring). ``clock`` gives the simulated seconds of each request
     (default: ``time.monotonic``); ``answer`` is every reply's text (cut to
-    ``max_tokens`` whole words). The caches are public as :attr:`anthropic_cache` and
-    :attr:`openai_cache`; ``requests`` lists the answered requests, in order.
+    ``max_tokens`` whole words). The caches are public as :attr:`anthropic_cache`,
+    :attr:`openai_cache` and :attr:`openai_breakpoint_cache` (the ``gpt-5.6`` models';
+    ``openai_breakpoint_rules`` its rules, ``openai_rules`` its routing); ``requests``
+    lists the answered requests, in order.
     """
 
     thread_name: ClassVar[str] = "cloud-emulator"
@@ -465,6 +624,7 @@ class CloudCacheServer(_LoopbackServer):
         port: int = 0,
         anthropic_rules: ProviderRules | None = None,
         openai_rules: OpenAICacheRules | None = None,
+        openai_breakpoint_rules: ProviderRules | None = None,
         clock: Callable[[], float] | None = None,
         tokenizer: Tokenizer | None = None,
         answer: str = DEFAULT_ANSWER,
@@ -481,9 +641,13 @@ class CloudCacheServer(_LoopbackServer):
             raise ConfigError("answer must be a non-empty string")
         self.anthropic_cache = AnthropicCacheModel(anthropic_rules)
         self.openai_cache = OpenAICacheModel(openai_rules)
+        self.openai_breakpoint_cache = OpenAIBreakpointCacheModel(
+            openai_breakpoint_rules, openai_rules
+        )
         self._engine = _CloudEngine(
             anthropic=self.anthropic_cache,
             openai=self.openai_cache,
+            openai_breakpoint=self.openai_breakpoint_cache,
             tokenizer=tokenizer or default_tokenizer(),
             clock=clock or time.monotonic,
             answer=answer,
@@ -506,5 +670,5 @@ class CloudCacheServer(_LoopbackServer):
         return self._engine.requests()
 
     def reset(self) -> None:
-        """Forget the recorded requests and empty both caches."""
+        """Forget the recorded requests and empty every cache."""
         self._engine.reset()

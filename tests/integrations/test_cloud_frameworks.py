@@ -18,7 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # read by litellm
 import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
-from contextpilot_rag.cloud import CloudCacheConfig
+from contextpilot_rag.cloud import CloudCacheConfig, rules_for
 from contextpilot_rag.testing.cloud_server import CloudCacheServer
 from contextpilot_rag.usage import parse_input_tokens
 
@@ -249,9 +249,11 @@ def test_the_builder_awaits_the_pilot_off_the_event_loop(
 # LangChain: ChatOpenAI
 
 
-def test_chat_openai_gets_plain_text_and_the_prompt_cache_key(
-    pilot: ContextPilot, server: CloudCacheServer
-) -> None:
+def _chat_openai_conversation(
+    pilot: ContextPilot, server: CloudCacheServer, model: str
+) -> tuple[Any, Any, Any]:
+    """Two turns of one conversation through ``ContextPilotPromptBuilder`` and
+    ``ChatOpenAI`` (``model``) on the emulator: the answers and the callback handler."""
     chat_models = _need("langchain_openai")
     from langchain_contextpilot import (
         ContextPilotCallbackHandler,
@@ -261,7 +263,7 @@ def test_chat_openai_gets_plain_text_and_the_prompt_cache_key(
     from langchain_core.runnables import RunnableLambda
 
     gpt = chat_models.ChatOpenAI(
-        model=GPT, base_url=server.openai_base_url, api_key="test", max_retries=0
+        model=model, base_url=server.openai_base_url, api_key="test", max_retries=0
     )
     builder = ContextPilotPromptBuilder(pilot=pilot, provider="openai", system=SYSTEM)
     retriever = RunnableLambda(lambda question: _documents(*RETRIEVED[question]))
@@ -275,6 +277,13 @@ def test_chat_openai_gets_plain_text_and_the_prompt_cache_key(
     first = chain.invoke("What is A?", config=config)
     pilot.record_answer("user-7", first.text)
     second = chain.invoke("And B?", config=config)
+    return first, second, handler
+
+
+def test_chat_openai_gets_plain_text_and_the_prompt_cache_key(
+    pilot: ContextPilot, server: CloudCacheServer
+) -> None:
+    _, second, handler = _chat_openai_conversation(pilot, server, GPT)
     bodies = [request.body for request in server.requests]
     assert bodies[0]["prompt_cache_key"] == bodies[1]["prompt_cache_key"]  # one conversation
     assert bodies[0]["prompt_cache_key"].startswith("cpk-")
@@ -307,6 +316,39 @@ def test_chat_openai_sends_the_retention_the_pilot_planned_with(server: CloudCac
         body = server.requests[-1].body
         assert body.get("prompt_cache_retention") == sent
         assert body["prompt_cache_key"].startswith("cpk-")
+
+
+GPT_56 = "gpt-5.6-terra"
+
+
+def test_chat_openai_sends_gpt_56_breakpoints_and_the_next_turn_reads_them(
+    server: CloudCacheServer,
+) -> None:
+    """On ``gpt-5.6``, ``ChatOpenAI`` carries the plan's ``prompt_cache_breakpoint``
+    markers and ``prompt_cache_options`` (explicit: no write of OpenAI's own), the
+    emulator writes at the markers, the next turn reads them, and the usage (writes in
+    ``cache_write_tokens``) reaches the pilot."""
+    cloud = CloudCacheConfig(enabled=True, rules=rules_for("openai", GPT_56), model=GPT_56)
+    pilot = ContextPilot(PilotConfig(cloud=cloud))
+    first, second, handler = _chat_openai_conversation(pilot, server, GPT_56)
+    bodies = [request.body for request in server.requests]
+    for body in bodies:
+        assert body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+        assert body["prompt_cache_key"].startswith("cpk-")
+        marked = [
+            (message["role"], part)
+            for message in body["messages"]
+            if isinstance(message["content"], list)
+            for part in message["content"]
+            if "prompt_cache_breakpoint" in part
+        ]
+        assert 1 <= len(marked) <= 4
+        assert all(role != "assistant" for role, _ in marked)
+        assert all(part["prompt_cache_breakpoint"] == {"mode": "explicit"} for _, part in marked)
+    first_details = first.usage_metadata["input_token_details"]
+    assert first_details.get("cache_read", 0) == 0
+    assert second.usage_metadata["input_token_details"]["cache_read"] >= 1024
+    assert handler.counts.observed == 2 and handler.counts.unmatched == 0
 
 
 # LiteLLM

@@ -64,6 +64,7 @@ class CachedPromptAnnotation(TypedDict):
     prompt_cache_key: str | None
     conversation_id: str | None
     prompt_cache_retention: str | None
+    prompt_cache_options: dict[str, str] | None
 
 
 def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> list[BaseMessage]:
@@ -73,15 +74,21 @@ def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> l
     :meth:`Prompt.to_anthropic <contextpilot_rag.Prompt.to_anthropic>`, with
     ``"cache_control"`` on the blocks where :attr:`Prompt.cache_plan
     <contextpilot_rag.Prompt.cache_plan>` put breakpoints: ``ChatAnthropic`` sends them
-    as they are. ``"openai"``: plain string contents (OpenAI caches automatically);
-    send the prompt's cache key and retention with :func:`with_prompt_cache_key`."""
+    as they are. ``"openai"``: plain string contents (OpenAI caches automatically), or
+    for a plan made with OpenAI's breakpoint rules (``gpt-5.6`` and later) the text
+    blocks of :meth:`Prompt.to_openai_request
+    <contextpilot_rag.Prompt.to_openai_request>` with ``"prompt_cache_breakpoint"``,
+    which ``ChatOpenAI`` sends as they are; send the prompt's cache key, retention and
+    cache options with :func:`with_prompt_cache_key`."""
     messages: list[BaseMessage] = []
+    options: dict[str, str] | None = None
     if provider == "anthropic":
         request = prompt.to_anthropic()
         if request.get("system"):
             messages.append(SystemMessage(content=request["system"]))
     elif provider == "openai":
         request = prompt.to_openai_request(cache_key=False, cache_retention=False)
+        options = request.get("prompt_cache_options")
     else:
         raise InvalidInputError(f"provider must be 'anthropic' or 'openai', got {provider!r}")
     messages += [_MESSAGE_TYPES[m["role"]](content=m["content"]) for m in request["messages"]]
@@ -90,6 +97,7 @@ def build_cached_messages(prompt: Prompt, provider: Provider = "anthropic") -> l
         prompt_cache_key=prompt.prompt_cache_key,
         conversation_id=prompt.conversation_id,
         prompt_cache_retention=prompt.prompt_cache_retention,
+        prompt_cache_options=options,
     )
     return messages
 
@@ -104,6 +112,7 @@ def annotation_of(messages: Sequence[BaseMessage]) -> CachedPromptAnnotation | N
                 prompt_cache_key=annotation.get("prompt_cache_key"),
                 conversation_id=annotation.get("conversation_id"),
                 prompt_cache_retention=_str_or_none(annotation.get("prompt_cache_retention")),
+                prompt_cache_options=_options_or_none(annotation.get("prompt_cache_options")),
             )
     return None
 
@@ -112,13 +121,19 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _options_or_none(value: object) -> dict[str, str] | None:
+    if not isinstance(value, Mapping):
+        return None
+    return {str(name): str(option) for name, option in value.items()}
+
+
 def with_prompt_cache_key(
     model: Runnable[LanguageModelInput, BaseMessage],
 ) -> Runnable[list[BaseMessage], BaseMessage]:
     """``model`` called with the ``prompt_cache_key`` of the built messages it gets, and
-    the ``prompt_cache_retention`` their cache plan asks for (``ChatOpenAI`` sends both
-    as request fields); a field the messages lack is not sent. Streams as ``model``
-    does."""
+    the ``prompt_cache_retention`` and ``prompt_cache_options`` their cache plan asks
+    for (``ChatOpenAI`` sends them as request fields); a field the messages lack is not
+    sent. Streams as ``model`` does."""
 
     def bind_key(messages: list[BaseMessage]) -> Runnable[LanguageModelInput, BaseMessage]:
         annotation = annotation_of(messages)
@@ -127,6 +142,7 @@ def with_prompt_cache_key(
         sent = {
             "prompt_cache_key": annotation["prompt_cache_key"],
             "prompt_cache_retention": annotation["prompt_cache_retention"],
+            "prompt_cache_options": annotation["prompt_cache_options"],
         }
         fields = {name: value for name, value in sent.items() if value is not None}
         return model.bind(**fields) if fields else model

@@ -44,7 +44,14 @@ __all__ = ["CALLBACKS_MODULE", "LiteLLMProxy", "find_proxy_python", "installed_v
 CALLBACKS_MODULE = "contextpilot_callbacks"
 """The module name :class:`LiteLLMProxy` gives ``callbacks_source``, next to the config."""
 
-_PROXY_DISTRIBUTIONS = ("litellm", "fastapi", "uvicorn", "backoff", "litellm-contextpilot")
+_PROXY_DISTRIBUTIONS = (
+    "litellm",
+    "fastapi",
+    "uvicorn",
+    "backoff",
+    "apscheduler",  # the proxy server imports it at start (its `proxy` extra installs it)
+    "litellm-contextpilot",
+)
 _OFFLINE_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the model-cost map
     "LITELLM_TELEMETRY": "False",
