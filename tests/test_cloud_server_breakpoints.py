@@ -1,4 +1,6 @@
-"""The cloud emulator's gpt-5.6 models, driven by the official ``openai`` SDK: explicit
+"""The cloud emulator's gpt-5.6 models, driven by the official ``openai`` SDK (the new
+fields through ``extra_body`` and ``getattr``, so that the oldest SDK the ``cloud``
+extra allows runs them too, as the lowest-bounds run does): explicit
 ``prompt_cache_breakpoint`` markers and ``prompt_cache_options`` reach the breakpoint
 cache, the usage reports ``cache_write_tokens`` beside ``cached_tokens`` (streamed or
 not) and reads back through ``parse_input_tokens``; the requests OpenAI refuses are
@@ -55,7 +57,7 @@ def split(response: Any) -> tuple[int, int, int]:
     """(prompt_tokens, cached_tokens, cache_write_tokens) as the SDK reads them."""
     usage = response.usage
     details = usage.prompt_tokens_details
-    return usage.prompt_tokens, details.cached_tokens, details.cache_write_tokens
+    return usage.prompt_tokens, details.cached_tokens, getattr(details, "cache_write_tokens", None)
 
 
 def test_an_explicit_breakpoint_is_written_then_read_by_the_next_turn(
@@ -66,11 +68,13 @@ def test_an_explicit_breakpoint_is_written_then_read_by_the_next_turn(
     )
     turn_1 = [system(EXPLICIT), user("What is A?")]
     first = gpt.chat.completions.create(
-        model=TERRA, messages=turn_1, prompt_cache_options={"mode": "explicit", "ttl": "30m"}
+        model=TERRA,
+        messages=turn_1,
+        extra_body={"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}},
     )
     turn_2 = [*turn_1, {"role": "assistant", "content": "It is a."}, user("And B?")]
     second = gpt.chat.completions.create(
-        model=TERRA, messages=turn_2, prompt_cache_options={"mode": "explicit"}
+        model=TERRA, messages=turn_2, extra_body={"prompt_cache_options": {"mode": "explicit"}}
     )
     assert long >= 1024
     assert split(first) == (long + first_q, 0, long)
@@ -113,7 +117,7 @@ def test_a_streamed_answer_reports_the_writes_in_its_usage_chunk(
     stream = gpt.chat.completions.create(
         model=TERRA,
         messages=[system(EXPLICIT), user("What is A?")],
-        prompt_cache_options={"mode": "explicit"},
+        extra_body={"prompt_cache_options": {"mode": "explicit"}},
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -129,8 +133,11 @@ def test_a_dated_release_uses_the_breakpoint_cache_and_an_older_model_does_not(
     messages = [system(None), user("What is A?")]
     dated = gpt.chat.completions.create(model="gpt-5.6-luna-2026-05-13", messages=messages)
     older = gpt.chat.completions.create(model="gpt-4o", messages=messages)
-    assert dated.usage.prompt_tokens_details.cache_write_tokens == dated.usage.prompt_tokens
-    assert older.usage.prompt_tokens_details.cache_write_tokens is None
+    assert (
+        getattr(dated.usage.prompt_tokens_details, "cache_write_tokens", None)
+        == dated.usage.prompt_tokens
+    )
+    assert getattr(older.usage.prompt_tokens_details, "cache_write_tokens", None) is None
     assert "cache_write_tokens" not in server.requests[1].usage["prompt_tokens_details"]
     assert server.openai_breakpoint_cache.cached_prefixes == 1
 
@@ -182,9 +189,11 @@ def test_requests_openai_refuses_are_400s_that_change_nothing(
 ) -> None:
     explicit = {"mode": "explicit"}
     gpt.chat.completions.create(
-        model=TERRA, messages=[system(EXPLICIT), user("Q")], prompt_cache_options=explicit
+        model=TERRA,
+        messages=[system(EXPLICIT), user("Q")],
+        extra_body={"prompt_cache_options": explicit},
     )
-    extra = {} if options is None else {"prompt_cache_options": options}
+    extra = {} if options is None else {"extra_body": {"prompt_cache_options": options}}
     with pytest.raises(openai.BadRequestError, match=re.escape(says)) as caught:
         gpt.chat.completions.create(model=model, messages=messages, **extra)
     assert caught.value.status_code == 400

@@ -372,6 +372,31 @@ def test_litellm_forwards_the_prompts_key_and_retention_to_openai(
     assert request.body["prompt_cache_key"] == prompt.prompt_cache_key
 
 
+def test_litellm_forwards_gpt_56_breakpoints_and_options_to_openai(
+    server: CloudCacheServer,
+) -> None:
+    litellm = _need("litellm")
+    cloud = CloudCacheConfig(enabled=True, rules=rules_for("openai", GPT_56), model=GPT_56)
+    pilot = ContextPilot(PilotConfig(cloud=cloud))
+    usages = []
+    for question in ("What is A?", "What is C?"):
+        prompt = pilot.optimize(_blocks(0, 1), question, system=SYSTEM)
+        response = litellm.completion(
+            model=f"openai/{GPT_56}",
+            api_base=server.openai_base_url,
+            api_key="test",
+            **prompt.to_openai_request(extra_body=True),
+        )
+        usages.append(parse_input_tokens(response.usage))
+        pilot.observe(prompt, response.usage)
+    sent = server.requests[-1].body
+    assert sent["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert sent["prompt_cache_key"] == prompt.prompt_cache_key
+    assert sent["messages"] == prompt.to_openai_request()["messages"]  # markers kept
+    assert usages[0].cache_write_tokens > 0 and usages[0].cache_read_tokens == 0
+    assert usages[1].cache_read_tokens >= 1024
+
+
 def test_litellm_forwards_the_prompts_markers_to_anthropic_and_reports_cache_usage(
     pilot: ContextPilot, server: CloudCacheServer
 ) -> None:
