@@ -108,6 +108,16 @@ def test_the_command_runs_the_cloud_suite(tmp_path: Path) -> None:
     assert "gpt-5.4" in out.read_text(encoding="utf-8")
 
 
+def test_the_command_runs_the_cloud_suite_on_a_named_model(tmp_path: Path) -> None:
+    out = tmp_path / "cloud.md"
+    args = ["bench", "--suite", "cloud", "--provider", "openai", "--scale", "0.01"]
+    assert main([*args, "--model", "gpt-5.6-terra", "--markdown", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "gpt-5.6-terra" in text and "implicit breakpoint" in text
+    assert main(["bench", "--suite", "cloud", "--model", "gpt-5.6-terra"]) == 2  # which provider?
+    assert main([*args, "--model", "gpt-9-unpriced"]) == 2
+
+
 def test_each_seed_draws_how_often_requests_arrive() -> None:
     """A family is one shape at several densities: the mean gap between arrivals is
     drawn per seed within its range, and a gap given explicitly is used as is."""

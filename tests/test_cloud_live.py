@@ -86,6 +86,31 @@ def test_measured_usage_is_read_back_and_matches_the_prediction(
     assert "measured" in live_markdown(result) and OURS in live_markdown(result)
 
 
+def test_a_gpt_56_run_sends_the_plans_breakpoints_and_matches_the_prediction(
+    server: CloudCacheServer,
+) -> None:
+    options = LiveOptions("openai", model="gpt-5.6-terra", base_url=server.openai_base_url, **FAST)
+    result = run_live_suite(_workloads(), options)
+    for run in result.runs:
+        for measured, predicted in zip(run.measured.arms, run.predicted.arms, strict=True):
+            assert measured.cache_read_tokens == predicted.cache_read_tokens
+            assert measured.cache_write_tokens == predicted.cache_write_tokens
+            assert measured.uncached_tokens == predicted.uncached_tokens
+    talk = result.runs[0]
+    assert talk.measured.arm(OURS).cache_write_tokens > 0  # gpt-5.6 reports its writes
+    assert talk.measured.ratio > 1.1
+    ours = [r for r in server.requests if ", arm 3]" in json.dumps(r.body["messages"][0])]
+    assert ours and all(r.body["prompt_cache_options"]["mode"] == "explicit" for r in ours)
+    marked = [
+        part
+        for r in ours
+        for message in r.body["messages"]
+        for part in message["content"]
+        if "prompt_cache_breakpoint" in part
+    ]
+    assert marked
+
+
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])
 def test_the_spend_counts_the_output_tokens_each_response_reports(
     server: CloudCacheServer, provider: str

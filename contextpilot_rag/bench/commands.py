@@ -357,19 +357,29 @@ def _report(result: Any, args: argparse.Namespace, console: Console, report: _Re
 
 def run_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     """``bench --suite cloud``: the cost benchmark on the emulated provider caches."""
+    from ..cloud import DEFAULT_PRICES
     from .cloud_report import markdown, plot, rich_tables, write_json
-    from .cloud_suite import PROVIDERS, run_cloud_suite
+    from .cloud_suite import DEFAULT_MODELS, PROVIDERS, run_cloud_suite
 
     check_output_paths(args.json, args.markdown, args.plot)
     if args.live:
         return run_live_cloud_bench(args, console)
     providers = PROVIDERS if args.provider == "both" else (args.provider,)
+    models = dict(DEFAULT_MODELS)
+    if args.model:
+        if len(providers) != 1:
+            raise ConfigError("--model names one provider's model: add --provider anthropic|openai")
+        if args.model not in DEFAULT_PRICES:
+            raise ConfigError(f"no list price for --model {args.model!r} (cloud.DEFAULT_PRICES)")
+        models[providers[0]] = args.model
     console.print(
         "Emulated from the providers' published cache rules (no API key, no network): "
         "figures say what those rules predict, not what the providers' servers measure."
     )
     with rich_step_progress() as progress:
-        result = run_cloud_suite(providers, scale=args.scale, progress=_progress_arm(progress))
+        result = run_cloud_suite(
+            providers, scale=args.scale, models=models, progress=_progress_arm(progress)
+        )
     _report(result, args, console, _Report(rich_tables, write_json, markdown, plot))
     return 0
 
