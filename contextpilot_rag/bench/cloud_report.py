@@ -161,9 +161,9 @@ def _tokens(read: int, written: int) -> str:
 
 def _detail_row(run: CloudRun) -> tuple[str, ...]:
     base, ours = run.baseline, run.ours
-    breakpoints = (
+    breakpoints = (  # none on OpenAI's automatic cache; some on Anthropic and gpt-5.6
         f"{ours.breakpoints_per_request:.2f} ({ours.max_breakpoints})"
-        if run.provider == "anthropic"
+        if ours.max_breakpoints
         else "—"
     )
     return (
