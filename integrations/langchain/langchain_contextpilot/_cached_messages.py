@@ -132,19 +132,23 @@ def with_prompt_cache_key(
 ) -> Runnable[list[BaseMessage], BaseMessage]:
     """``model`` called with the ``prompt_cache_key`` of the built messages it gets, and
     the ``prompt_cache_retention`` and ``prompt_cache_options`` their cache plan asks
-    for (``ChatOpenAI`` sends them as request fields); a field the messages lack is not
-    sent. Streams as ``model`` does."""
+    for (``ChatOpenAI`` sends them as request fields; the options in ``extra_body``,
+    added to the model's own, since the ``openai`` SDK names them only in its recent
+    releases); a field the messages lack is not sent. Streams as ``model`` does."""
 
     def bind_key(messages: list[BaseMessage]) -> Runnable[LanguageModelInput, BaseMessage]:
         annotation = annotation_of(messages)
         if annotation is None:
             return model
-        sent = {
+        sent: dict[str, Any] = {
             "prompt_cache_key": annotation["prompt_cache_key"],
             "prompt_cache_retention": annotation["prompt_cache_retention"],
-            "prompt_cache_options": annotation["prompt_cache_options"],
         }
         fields = {name: value for name, value in sent.items() if value is not None}
+        options = annotation["prompt_cache_options"]
+        if options is not None:  # in extra_body: openai SDKs before 2.5x do not name it
+            extra_body = dict(getattr(model, "extra_body", None) or {})
+            fields["extra_body"] = {**extra_body, "prompt_cache_options": options}
         return model.bind(**fields) if fields else model
 
     return RunnableLambda(bind_key, name="with_prompt_cache_key")
