@@ -391,6 +391,10 @@ def test_rules_for_a_gpt_56_model_and_the_lifetime_by_default() -> None:
         CloudCacheConfig(rules=OPENAI_BREAKPOINT_RULES, ttl="5m")
     with pytest.raises(ConfigError, match="model"):
         rules_for("openai", 5.6)  # type: ignore[arg-type]
+    # planned as automatic, a gpt-5.6 prompt would be written whole on every request
+    with pytest.raises(ConfigError, match="OPENAI_BREAKPOINT_RULES"):
+        CloudCacheConfig(rules=OPENAI_RULES, model="gpt-5.6-luna")
+    assert CloudCacheConfig(rules=OPENAI_BREAKPOINT_RULES, model="gpt-6-terra").ttl == "30m"
 
 
 @pytest.mark.parametrize(

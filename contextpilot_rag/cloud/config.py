@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .rules import ANTHROPIC_RULES, ProviderRules
+from .rules import (
+    ANTHROPIC_RULES,
+    OPENAI_BREAKPOINT_RULES,
+    OPENAI_RULES,
+    ProviderRules,
+    rules_for,
+)
 
 __all__ = ["CloudCacheConfig"]
 
@@ -64,6 +70,7 @@ class CloudCacheConfig:
         self.rules.check_ttl(self.ttl)
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError("CloudCacheConfig.model must be a str or None")
+        self._check_openai_model()
         probability = self.next_turn_probability
         if probability is not None and not 0 <= probability <= 1:
             raise ConfigError("CloudCacheConfig.next_turn_probability must be in [0, 1] or None")
@@ -76,6 +83,19 @@ class CloudCacheConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"CloudCacheConfig.{name} must be a positive int")
+
+    def _check_openai_model(self) -> None:
+        """OpenAI's automatic-cache rules are refused for a ``gpt-5.6`` model, which
+        caches only at breakpoints: its prompts planned without any would each be
+        written whole at the write price. (The breakpoint rules are left to the caller
+        for any model: a later one takes them too.)"""
+        if self.model is None or self.rules is not OPENAI_RULES:
+            return
+        if rules_for("openai", self.model) is OPENAI_BREAKPOINT_RULES:
+            raise ConfigError(
+                f"{self.model!r} caches only at breakpoints (OPENAI_BREAKPOINT_RULES), not "
+                f"automatically (OPENAI_RULES): pass rules=rules_for('openai', {self.model!r})"
+            )
 
     @property
     def key_rate_per_minute(self) -> float | None:
