@@ -200,8 +200,12 @@ class Prompt:
         Bedrock, Vertex). ``cache_key`` and ``cache_retention`` (default: ``not
         cache_control``, since those providers refuse them) say whether to add
         ``prompt_cache_key`` and ``prompt_cache_retention``; ``False`` for servers that
-        refuse them. ``extra_body=True`` sends those two in ``extra_body``, for clients
-        that drop top-level fields they do not name (LiteLLM 1.84 drops both)."""
+        refuse them. A plan made with OpenAI's breakpoint rules (``gpt-5.6`` and later,
+        :data:`~contextpilot_rag.cloud.OPENAI_BREAKPOINT_RULES`) always sends content
+        parts with ``prompt_cache_breakpoint`` on the planned blocks and
+        ``prompt_cache_options={"mode": "explicit", ...}``. ``extra_body=True`` sends the
+        cache fields (key, retention, options) in ``extra_body``, for clients that drop
+        top-level fields they do not name (LiteLLM 1.84 drops them)."""
         from .cloud.requests import openai_kwargs
 
         return openai_kwargs(
