@@ -216,6 +216,21 @@ class Prompt:
             extra_body=extra_body,
         )
 
+    def to_openai_responses(
+        self, *, cache_key: bool = True, cache_retention: bool = True, extra_body: bool = False
+    ) -> dict[str, Any]:
+        """Keyword arguments for OpenAI's Responses API (``client.responses.create``):
+        ``input`` (every message an input item), ``prompt_cache_key``, and the
+        retention or, for a plan made with OpenAI's breakpoint rules (``gpt-5.6`` and
+        later), the system and user messages as ``input_text`` parts with
+        ``prompt_cache_breakpoint`` where the plan put them and ``prompt_cache_options``
+        (:func:`~contextpilot_rag.cloud.requests.openai_responses_kwargs`)."""
+        from .cloud.requests import openai_responses_kwargs
+
+        return openai_responses_kwargs(
+            self, cache_key=cache_key, cache_retention=cache_retention, extra_body=extra_body
+        )
+
     @property
     def text(self) -> str:
         """The message contents joined by blank lines, for completion-style endpoints

@@ -428,3 +428,37 @@ def test_a_gpt_56_conversation_never_rewrites_a_cached_prefix(
         previous = (data, ends)
         pilot.record_answer(prompt, rng.choice([f"Answer {turn}.", ""]))
     assert checked >= 3
+
+
+def test_the_responses_shape_carries_the_same_parts_markers_and_fields(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, next_turn_probability=0.9)
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, "A1, from the documents.")
+    prompt = pilot.optimize(_docs("b", "c"), "Q2?", conversation_id="c")
+    chat = prompt.to_openai_request()
+    responses = prompt.to_openai_responses()
+    assert [item["role"] for item in responses["input"]] == [m["role"] for m in chat["messages"]]
+    for item, message in zip(responses["input"], chat["messages"], strict=True):
+        if item["role"] == "assistant":  # its text: no breakpoint is taken there
+            assert item["content"] == "".join(part["text"] for part in message["content"])
+            continue
+        assert [part["type"] for part in item["content"]] == ["input_text"] * len(item["content"])
+        assert [{**part, "type": "text"} for part in item["content"]] == message["content"]
+    assert cache_prefix_bytes(responses) == cache_prefix_bytes(chat)
+    for name in ("prompt_cache_key", "prompt_cache_options"):
+        assert responses[name] == chat[name]
+    body = prompt.to_openai_responses(extra_body=True, cache_key=False)
+    assert body["extra_body"] == {"prompt_cache_options": chat["prompt_cache_options"]}
+    with pytest.raises(ConfigError, match="cache_key"):
+        prompt.to_openai_responses(cache_key=None)  # type: ignore[arg-type]
+
+
+def test_the_responses_shape_of_an_automatic_plan_is_plain_text(tokenizer: Tokenizer) -> None:
+    prompt = _pilot(tokenizer, rules=OPENAI_RULES, ttl="24h").optimize(_docs("a"), "Q?")
+    request = prompt.to_openai_responses()
+    assert request["input"] == prompt.to_openai()
+    assert request["prompt_cache_retention"] == "24h"
+    assert "prompt_cache_options" not in request
+    assert "prompt_cache_retention" not in prompt.to_openai_responses(cache_retention=False)

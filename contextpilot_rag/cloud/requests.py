@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from ..prompt import Prompt
     from .breakpoints import CachePlan
 
-__all__ = ["anthropic_kwargs", "cache_control_of", "cache_prefix_bytes", "openai_kwargs"]
+__all__ = [
+    "anthropic_kwargs",
+    "cache_control_of",
+    "cache_prefix_bytes",
+    "openai_kwargs",
+    "openai_responses_kwargs",
+]
 
 
 def cache_control_of(ttl: str) -> dict[str, str]:
@@ -177,17 +183,69 @@ def openai_kwargs(
         messages = [{"role": role, "content": blocks} for role, blocks in parts]
     else:
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt.messages]
-    kwargs: dict[str, Any] = {"messages": messages}
     if cache_key is None:
         cache_key = not cache_control
-    if cache_key and prompt.prompt_cache_key is not None:
-        kwargs["prompt_cache_key"] = prompt.prompt_cache_key
     if cache_retention is None:
         cache_retention = not cache_control
+    return _with_cache_fields(
+        {"messages": messages}, prompt, cache_key, cache_retention, extra_body
+    )
+
+
+def openai_responses_kwargs(
+    prompt: Prompt,
+    *,
+    cache_key: bool = True,
+    cache_retention: bool = True,
+    extra_body: bool = False,
+) -> dict[str, Any]:
+    """``input`` for OpenAI's Responses API (``client.responses.create``), plus the
+    same cache fields as :func:`openai_kwargs`: every message an input item (the system
+    prompt a ``system`` one, in order); a plan made with OpenAI's breakpoint rules sends
+    the system and user messages as ``input_text`` parts with ``prompt_cache_breakpoint``
+    where it put them (an answer's moves to the question before it) and
+    ``prompt_cache_options``; otherwise each message's content is its text. An
+    assistant message's content is always its text (OpenAI takes no breakpoint there)."""
+    for name, flag in (("cache_key", cache_key), ("cache_retention", cache_retention)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name} must be True or False, got {flag!r}")
+    plan = prompt.cache_plan
+    if plan is not None and plan.marker == "prompt_cache_breakpoint":
+        items = [
+            {"role": role, "content": _responses_content(role, blocks)}
+            for role, blocks in _content_messages(prompt)
+        ]
+    else:
+        items = [{"role": m["role"], "content": m["content"]} for m in prompt.messages]
+    return _with_cache_fields({"input": items}, prompt, cache_key, cache_retention, extra_body)
+
+
+def _responses_content(role: str, blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's text blocks as Responses content: ``input_text`` parts (their
+    markers kept), or an assistant message's text."""
+    if role == "assistant":
+        return "".join(block["text"] for block in blocks)
+    return [{**block, "type": "input_text"} for block in blocks]
+
+
+def _with_cache_fields(
+    kwargs: dict[str, Any],
+    prompt: Prompt,
+    cache_key: bool,
+    cache_retention: bool,
+    extra_body: bool,
+) -> dict[str, Any]:
+    """``kwargs`` with the prompt's cache fields: its key and retention where asked for
+    and present, the options of a plan made for OpenAI's breakpoints; in ``extra_body``
+    when asked."""
+    if not isinstance(extra_body, bool):
+        raise ConfigError(f"extra_body must be True or False, got {extra_body!r}")
+    if cache_key and prompt.prompt_cache_key is not None:
+        kwargs["prompt_cache_key"] = prompt.prompt_cache_key
     if cache_retention and prompt.prompt_cache_retention is not None:
         kwargs["prompt_cache_retention"] = prompt.prompt_cache_retention
-    if breakpoints:
-        assert plan is not None  # for the type checker: breakpoints implies a plan
+    plan = prompt.cache_plan
+    if plan is not None and plan.marker == "prompt_cache_breakpoint":
         # explicit: no implicit breakpoint at the latest message, whose write the
         # planner did not choose (it would write the whole prompt at the write price)
         kwargs["prompt_cache_options"] = {"mode": "explicit", "ttl": plan.ttl}
@@ -203,8 +261,9 @@ _CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_opt
 
 def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ...]]:
     """The cached text of an Anthropic-shaped (``system`` + ``messages``) or
-    OpenAI-shaped request, and the byte offset where each block marked with
-    ``cache_control`` ends, in order."""
+    OpenAI-shaped request (``messages``, or the Responses API's ``input``), and the byte
+    offset where each block marked with ``cache_control`` or ``prompt_cache_breakpoint``
+    ends, in order."""
     out = bytearray()
     ends: list[int] = []
     for role, block in _content_blocks(request):
@@ -223,7 +282,7 @@ def _content_blocks(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
     system = request.get("system")
     if system is not None:
         blocks += [("system", block) for block in _as_list(system)]
-    for message in request.get("messages", ()):
+    for message in (*request.get("messages", ()), *request.get("input", ())):
         blocks += [(message["role"], block) for block in _as_list(message["content"])]
     return blocks
 
