@@ -2,11 +2,12 @@
 
 :class:`CloudCacheServer` speaks the Anthropic Messages API (``POST /v1/messages``) and
 OpenAI Chat Completions (``POST /v1/chat/completions``), streamed (SSE) or not, and
-answers every request with a fixed short text and the usage the provider's *published*
-cache rules give it (:mod:`contextpilot_rag.sim.provider_cache`): Anthropic's
+OpenAI's Responses API (``POST /v1/responses``, not streamed). It answers every
+request with a fixed short text and the usage the provider's *published* cache rules
+give it (:mod:`contextpilot_rag.sim.provider_cache`): Anthropic's
 ``cache_creation_input_tokens`` / ``cache_read_input_tokens`` from explicit
-``cache_control`` breakpoints, OpenAI's ``prompt_tokens_details.cached_tokens`` from
-automatic caching with ``prompt_cache_key`` routing, and, for the ``gpt-5.6`` models
+``cache_control`` breakpoints, OpenAI's ``cached_tokens`` from automatic caching with
+``prompt_cache_key`` routing, and, for the ``gpt-5.6`` models
 (:data:`~contextpilot_rag.cloud.rules.OPENAI_BREAKPOINT_MODELS` and their releases),
 ``cached_tokens`` and ``cache_write_tokens`` from their breakpoints
 (``prompt_cache_options``, ``prompt_cache_breakpoint``; other models refuse both with a
@@ -21,12 +22,23 @@ Request and response shapes follow the API references: Messages
 (https://platform.claude.com/docs/en/api/messages, streaming events
 https://platform.claude.com/docs/en/build-with-claude/streaming: ``message_start``,
 ``content_block_start``, ``ping``, ``content_block_delta``, ``content_block_stop``,
-``message_delta`` with the cumulative usage, ``message_stop``) and Chat Completions
+``message_delta`` with the cumulative usage, ``message_stop``), Chat Completions
 (https://platform.openai.com/docs/api-reference/chat, the usage chunk of
-``stream_options.include_usage``). Errors are the providers' JSON error objects: a request
-with five breakpoints, a message without content (but a final assistant one) or a
-whitespace-only text block is an HTTP 400 ``invalid_request_error``, as the API answers
-it.
+``stream_options.include_usage``) and Responses
+(https://platform.openai.com/docs/api-reference/responses: a ``response`` whose one
+``message`` output holds the answer as ``output_text``; ``usage.input_tokens`` with
+``input_tokens_details.cached_tokens`` / ``cache_write_tokens``). Errors are the
+providers' JSON error objects: a request with five breakpoints, a message without
+content (but a final assistant one) or a whitespace-only text block is an HTTP 400
+``invalid_request_error``, as the API answers it.
+
+A Responses request is cached exactly as the same conversation sent to Chat
+Completions: ``instructions`` is a first system message (no marker), a string
+``input`` one user message, each ``input_text`` / ``output_text`` part a text part
+(markers on ``input_text`` parts only). Other input item or part types, ``tools``,
+``previous_response_id``, ``conversation``, ``prompt`` (they would change the prompt)
+and ``"stream": true`` are 400s; an answer cut at ``max_output_tokens`` is
+``"incomplete"``.
 
 Tokens are counted with the project's default tokenizer (offline), the same for both
 APIs: a text block counts its text, any other block (a tool, an image, a tool result)
@@ -67,9 +79,9 @@ from .openai_server import (
     _json_body,
     _limit_answer,
     _LoopbackServer,
+    _optional_bool,
     _Outcome,
     _parse_chat,
-    _ParsedRequest,
     _RequestError,
     _split_words,
     _stream_payloads,
@@ -92,11 +104,12 @@ _ANTHROPIC_ERROR_TYPES = {
 
 @dataclass(frozen=True)
 class EmulatedRequest:
-    """One answered request: which API, its JSON body as received, the ``usage`` object
+    """One answered request: which API (``"anthropic"``, ``"openai"`` for Chat
+    Completions, ``"openai-responses"``), its JSON body as received, the ``usage`` object
     sent back, and the ``anthropic-version`` / ``anthropic-beta`` headers (None if
     absent; API keys are never recorded)."""
 
-    api: Literal["anthropic", "openai"]
+    api: Literal["anthropic", "openai", "openai-responses"]
     body: dict[str, Any]
     usage: dict[str, Any]
     anthropic_version: str | None = None
@@ -266,35 +279,76 @@ _BREAKPOINT = "prompt_cache_breakpoint"
 
 
 @dataclass(frozen=True)
+class _TextMessage:
+    """One message of an OpenAI prompt as the caches see it, whichever API sent it: its
+    role, its text parts (objects with a string ``"text"``, perhaps a breakpoint marker;
+    a string content is one part) and where the request put it (``"messages[2]"``,
+    ``"input[0]"``, ``"instructions"``), for error messages."""
+
+    role: str
+    parts: tuple[_JSON, ...]
+    where: str
+
+    @property
+    def segment(self) -> str:
+        """The text the automatic cache tokenizes: ``<|role|>\\n{text}\\n``, the text
+        parts joined by newlines (the chat template of :mod:`.openai_server`)."""
+        text = "\n".join(part["text"] for part in self.parts)
+        return f"<|{self.role}|>\n{text}\n"
+
+
+@dataclass(frozen=True)
+class _OpenAIPrompt:
+    """An OpenAI prompt in cache order: the tools' JSON (if any), then the messages."""
+
+    tools: object
+    messages: tuple[_TextMessage, ...]
+
+
+def _chat_prompt(body: _JSON) -> _OpenAIPrompt:
+    """The prompt of a Chat Completions body checked by ``_parse_chat``."""
+    messages = tuple(
+        _TextMessage(message["role"], _chat_parts(message.get("content")), f"messages[{m}]")
+        for m, message in enumerate(body["messages"])
+    )
+    return _OpenAIPrompt(body.get("tools"), messages)
+
+
+def _chat_parts(content: str | list[_JSON] | None) -> tuple[_JSON, ...]:
+    if isinstance(content, str):
+        return ({"type": "text", "text": content},)
+    return tuple(content or ())
+
+
+@dataclass(frozen=True)
 class _BreakpointRequest:
-    """A Chat Completions request as the breakpoint cache sees it: its blocks and, in
-    implicit mode, the block ending its latest user or tool message."""
+    """An OpenAI request as the breakpoint cache sees it: its blocks and, in implicit
+    mode, the block ending its latest user or tool message."""
 
     blocks: list[CacheBlock]
     implicit_block: int | None
 
 
 class _PartReader:
-    """Turns a Chat Completions body (checked by ``_parse_chat``) for a breakpoint model
-    into :class:`CacheBlock` s: one of the tools' JSON if any, then one per text content
-    part in message order (a string content is one part), keyed by role, place and
-    text. A part with ``prompt_cache_breakpoint: {"mode": "explicit"}`` carries a
-    breakpoint; ``rules.unmarked_roles`` may not carry one."""
+    """Turns the prompt of a request for a breakpoint model into :class:`CacheBlock` s:
+    one of the tools' JSON if any, then one per text content part in message order,
+    keyed by role, place and text. A part with ``prompt_cache_breakpoint: {"mode":
+    "explicit"}`` carries a breakpoint; ``rules.unmarked_roles`` may not carry one."""
 
     def __init__(self, tokenizer: Tokenizer, rules: ProviderRules, lifetime_s: float) -> None:
         self._tokenizer = tokenizer
         self._rules = rules
         self._lifetime_s = lifetime_s
 
-    def read(self, body: _JSON) -> _BreakpointRequest:
+    def read(self, body: _JSON, prompt: _OpenAIPrompt) -> _BreakpointRequest:
+        """``prompt``'s blocks; ``body`` gives its ``prompt_cache_options``."""
         implicit_mode = _prompt_cache_mode(body, self._rules) == "implicit"
-        tools = body.get("tools")
-        blocks = [self._tools_block(tools)] if tools else []
+        blocks = [self._tools_block(prompt.tools)] if prompt.tools else []
         implicit_block = None
-        for m, message in enumerate(body["messages"]):
-            parts = self._parts(message, f"messages[{m}]")
+        for message in prompt.messages:
+            parts = self._parts(message)
             blocks += parts
-            if parts and message["role"] in ("user", "tool"):
+            if parts and message.role in ("user", "tool"):
                 implicit_block = len(blocks) - 1
         return _BreakpointRequest(blocks, implicit_block if implicit_mode else None)
 
@@ -302,12 +356,10 @@ class _PartReader:
         text = json.dumps(tools, sort_keys=True)
         return CacheBlock(json.dumps({"tools": text}), self._tokenizer.count(text))
 
-    def _parts(self, message: _JSON, where: str) -> list[CacheBlock]:
-        content = message.get("content")
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    def _parts(self, message: _TextMessage) -> list[CacheBlock]:
         return [
-            self._block(part, message["role"], f"{where}.content[{i}]", opens=i == 0)
-            for i, part in enumerate(parts or [])
+            self._block(part, message.role, f"{message.where}.content[{i}]", opens=i == 0)
+            for i, part in enumerate(message.parts)
         ]
 
     def _block(self, part: _JSON, role: str, where: str, *, opens: bool) -> CacheBlock:
@@ -343,21 +395,146 @@ def _prompt_cache_mode(body: _JSON, rules: ProviderRules) -> Literal["implicit",
     return "explicit" if mode == "explicit" else "implicit"
 
 
-def _refuse_breakpoint_fields(body: _JSON, model: str) -> None:
+def _refuse_breakpoint_fields(body: _JSON, prompt: _OpenAIPrompt, model: str) -> None:
     """A model without breakpoints takes neither ``prompt_cache_options`` nor markers."""
     if body.get("prompt_cache_options") is not None:
         raise _RequestError(f"'prompt_cache_options' is not supported with the model {model!r}")
-    for m, message in enumerate(body["messages"]):
-        for i, part in _items(message.get("content")):
+    for message in prompt.messages:
+        for i, part in enumerate(message.parts):
             if _BREAKPOINT in part:
                 raise _RequestError(
-                    f"'messages[{m}].content[{i}].{_BREAKPOINT}' is not supported with the "
+                    f"'{message.where}.content[{i}].{_BREAKPOINT}' is not supported with the "
                     f"model {model!r}"
                 )
 
 
+_PART_TYPE_OF_ROLE = {
+    "user": "input_text",
+    "system": "input_text",
+    "developer": "input_text",
+    "assistant": "output_text",
+}
+_UNEMULATED_RESPONSES_FIELDS = ("tools", "previous_response_id", "conversation", "prompt")
+
+
+@dataclass(frozen=True)
+class _ResponsesRequest:
+    """A checked Responses request: its model, ``max_output_tokens`` and prompt."""
+
+    model: str
+    max_output_tokens: int | None
+    prompt: _OpenAIPrompt
+
+
+def _parse_responses(body: _JSON) -> _ResponsesRequest:
+    """Check a Responses body: a non-streamed request whose prompt is ``instructions``
+    (one block, no marker) then the ``input`` messages."""
+    if _optional_bool(body.get("stream"), "stream"):
+        raise _RequestError(
+            "streaming is not emulated on /v1/responses: leave 'stream' out or send false"
+        )
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _RequestError("'model' must be a non-empty string")
+    for name in _UNEMULATED_RESPONSES_FIELDS:
+        if body.get(name):
+            raise _RequestError(
+                f"'{name}' is not emulated on /v1/responses; send the prompt in 'input'"
+            )
+    messages = _instructions(body.get("instructions")) + _input_messages(body.get("input"))
+    return _ResponsesRequest(model, _max_output_tokens(body), _OpenAIPrompt(None, messages))
+
+
+def _max_output_tokens(body: _JSON) -> int | None:
+    value = body.get("max_output_tokens")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise _RequestError("'max_output_tokens' must be an integer >= 1")
+    return value
+
+
+def _instructions(value: object) -> tuple[_TextMessage, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, str):
+        raise _RequestError("'instructions' must be a string")
+    return (_TextMessage("system", ({"type": "input_text", "text": value},), "instructions"),)
+
+
+def _input_messages(value: object) -> tuple[_TextMessage, ...]:
+    """``input``: a string (one user message) or a non-empty list of message items."""
+    if isinstance(value, str):
+        return (_TextMessage("user", ({"type": "input_text", "text": value},), "input"),)
+    if not isinstance(value, list) or not value:
+        raise _RequestError("'input' must be a string or a non-empty list of input items")
+    return tuple(_input_message(item, f"input[{i}]") for i, item in enumerate(value))
+
+
+def _input_message(item: object, where: str) -> _TextMessage:
+    if not isinstance(item, dict):
+        raise _RequestError(f"'{where}' must be an input item object")
+    if item.get("type", "message") != "message":
+        raise _RequestError(
+            f"'{where}.type' {item['type']!r} is not emulated: only 'message' items"
+        )
+    role = item.get("role")
+    if not isinstance(role, str) or role not in _PART_TYPE_OF_ROLE:
+        raise _RequestError(f"'{where}.role' must be 'user', 'system', 'developer' or 'assistant'")
+    part_type = _PART_TYPE_OF_ROLE[role]
+    content = item.get("content")
+    if isinstance(content, str):
+        return _TextMessage(role, ({"type": part_type, "text": content},), where)
+    if not isinstance(content, list):
+        raise _RequestError(f"'{where}.content' must be a string or a list of content parts")
+    for i, part in enumerate(content):
+        _check_text_part(part, part_type, f"{where}.content[{i}]")
+    return _TextMessage(role, tuple(content), where)
+
+
+def _check_text_part(part: object, part_type: str, where: str) -> None:
+    """A content part must be ``{"type": part_type, "text": <string>}`` (more fields,
+    such as a marker or ``annotations``, may follow)."""
+    text = part.get("text") if isinstance(part, dict) and part.get("type") == part_type else None
+    if isinstance(text, str):
+        return
+    raise _RequestError(
+        f"'{where}' must be {{'type': '{part_type}', 'text': <string>}}: only text parts "
+        f"('{part_type}' on this role) are emulated"
+    )
+
+
+@dataclass(frozen=True)
+class _PromptTokens:
+    """An OpenAI prompt's tokens as its cache counted them; ``cache_write_tokens`` is
+    None from the automatic cache, which reports no writes."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int | None
+
+
+@dataclass(frozen=True)
+class _OpenAIAPI:
+    """One OpenAI endpoint as the record sees it: its ``EmulatedRequest.api`` name and
+    how it writes the ``usage`` object (from the prompt's and the answer's tokens)."""
+
+    name: Literal["openai", "openai-responses"]
+    usage: Callable[[_PromptTokens, int], _JSON]
+
+
+@dataclass(frozen=True)
+class _OpenAIRequest:
+    """An OpenAI request bound for a cache: the endpoint, its ``body`` as received (for
+    the record and its cache options), its prompt and model, and the answer's tokens."""
+
+    api: _OpenAIAPI
+    body: _JSON
+    prompt: _OpenAIPrompt
+    model: str
+    completion_tokens: int
+
+
 class _CloudEngine:
-    """Both emulated caches, the clock and the record of requests. Thread-safe.
+    """The emulated caches, the clock and the record of requests. Thread-safe.
 
     Invariant: ``_requests[i]`` is the i-th request admitted to a cache model since the
     last reset (both change together, under ``_lock``)."""
@@ -417,67 +594,73 @@ class _CloudEngine:
         return answer, api_usage
 
     def chat(self, body: _JSON) -> tuple[_Outcome, str, bool]:
-        """Answer a Chat Completions request: outcome, model name, include_usage. A
-        ``gpt-5.6`` model's goes to the breakpoint cache, any other's to the automatic
-        one."""
-        request = _parse_chat(body)
-        cache = _openai_cache_options(body)
-        model = request.options.model or "gpt-emulated"
-        answer = _limit_answer(self._answer, self._tokenizer, request.options.max_tokens)
-        if match_model_name(model, OPENAI_BREAKPOINT_MODELS):
-            api_usage = self._breakpoint_chat(body, model, cache.key, answer.completion_tokens)
-        else:
-            _refuse_breakpoint_fields(body, model)
-            api_usage = self._automatic_chat(body, request, model, cache, answer.completion_tokens)
-        return _Outcome(answer, api_usage), model, request.options.include_usage
+        """Answer a Chat Completions request: outcome, model name, include_usage."""
+        parsed = _parse_chat(body)
+        model = parsed.options.model or "gpt-emulated"
+        answer = _limit_answer(self._answer, self._tokenizer, parsed.options.max_tokens)
+        request = _OpenAIRequest(
+            _CHAT_API, body, _chat_prompt(body), model, answer.completion_tokens
+        )
+        return _Outcome(answer, self._openai_usage(request)), model, parsed.options.include_usage
 
-    def _automatic_chat(
-        self,
-        body: _JSON,
-        request: _ParsedRequest,
-        model: str,
-        cache: _OpenAICacheOptions,
-        completion_tokens: int,
-    ) -> _JSON:
-        tools = [json.dumps(body["tools"], sort_keys=True)] if body.get("tools") else []
-        tokens = [
-            t for segment in (*tools, *request.segments) for t in self._tokenizer.encode(segment)
-        ]
+    def responses(self, body: _JSON) -> tuple[_Outcome, str]:
+        """Answer a (non-streamed) Responses request: outcome, model name."""
+        parsed = _parse_responses(body)
+        answer = _limit_answer(self._answer, self._tokenizer, parsed.max_output_tokens)
+        request = _OpenAIRequest(
+            _RESPONSES_API, body, parsed.prompt, parsed.model, answer.completion_tokens
+        )
+        return _Outcome(answer, self._openai_usage(request)), parsed.model
+
+    def _openai_usage(self, request: _OpenAIRequest) -> _JSON:
+        """Admit an OpenAI request to its cache, record it, and return its ``usage``
+        object. A ``gpt-5.6`` model's goes to the breakpoint cache, any other's to the
+        automatic one. Everything is checked before either cache is touched."""
+        cache = _openai_cache_options(request.body)
+        if match_model_name(request.model, OPENAI_BREAKPOINT_MODELS):
+            return self._breakpoint_usage(request, cache.key)
+        _refuse_breakpoint_fields(request.body, request.prompt, request.model)
+        return self._automatic_usage(request, cache)
+
+    def _automatic_usage(self, request: _OpenAIRequest, cache: _OpenAICacheOptions) -> _JSON:
+        tools = request.prompt.tools
+        segments = [json.dumps(tools, sort_keys=True)] if tools else []
+        segments += [message.segment for message in request.prompt.messages]
+        tokens = [t for segment in segments for t in self._tokenizer.encode(segment)]
         with self._lock:
             usage = self.openai.request(
                 tokens,
                 now_s=self._clock(),
                 prompt_cache_key=cache.key,
                 retention=cache.retention,
-                model=model,
+                model=request.model,
             )
-            api_usage = _openai_usage(usage.prompt_tokens, usage.cached_tokens, completion_tokens)
-            return self._record_openai(body, api_usage)
+            return self._record_openai(
+                request, _PromptTokens(usage.prompt_tokens, usage.cached_tokens, None)
+            )
 
-    def _breakpoint_chat(
-        self, body: _JSON, model: str, key: str | None, completion_tokens: int
-    ) -> _JSON:
-        parsed = self._parts.read(body)
+    def _breakpoint_usage(self, request: _OpenAIRequest, key: str | None) -> _JSON:
+        parsed = self._parts.read(request.body, request.prompt)
         with self._lock:
             usage = self.openai_breakpoint.request(
                 parsed.blocks,
                 now_s=self._clock(),
                 prompt_cache_key=key,
-                model=model,
+                model=request.model,
                 implicit_block=parsed.implicit_block,
             )
             tokens = usage.tokens
-            api_usage = _openai_usage(
-                tokens.prompt_tokens,
-                tokens.cache_read_tokens,
-                completion_tokens,
-                cache_write_tokens=tokens.cache_write_tokens,
+            counted = _PromptTokens(
+                tokens.prompt_tokens, tokens.cache_read_tokens, tokens.cache_write_tokens
             )
-            return self._record_openai(body, api_usage)
+            return self._record_openai(request, counted)
 
-    def _record_openai(self, body: _JSON, api_usage: _JSON) -> _JSON:
-        """Record an answered Chat Completions request; the caller holds ``_lock``."""
-        self._requests.append(EmulatedRequest("openai", copy.deepcopy(body), api_usage))
+    def _record_openai(self, request: _OpenAIRequest, tokens: _PromptTokens) -> _JSON:
+        """Record an answered OpenAI request and return its ``usage`` object; the
+        caller holds ``_lock``."""
+        api_usage = request.api.usage(tokens, request.completion_tokens)
+        body = copy.deepcopy(request.body)
+        self._requests.append(EmulatedRequest(request.api.name, body, api_usage))
         return api_usage
 
 
@@ -496,24 +679,67 @@ def _anthropic_usage(tokens: InputTokens, output_tokens: int) -> _JSON:
     }
 
 
-def _openai_usage(
-    prompt_tokens: int,
-    cached_tokens: int,
-    completion_tokens: int,
-    *,
-    cache_write_tokens: int | None = None,
-) -> _JSON:
-    """The Chat Completions ``usage`` object; ``cache_write_tokens`` (the breakpoint
-    models') is reported when given."""
-    details: _JSON = {"cached_tokens": cached_tokens, "audio_tokens": 0}
-    if cache_write_tokens is not None:
-        details["cache_write_tokens"] = cache_write_tokens
+def _chat_usage(tokens: _PromptTokens, completion_tokens: int) -> _JSON:
+    """The Chat Completions ``usage`` object."""
     return {
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": tokens.prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": details,
+        "total_tokens": tokens.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": _cache_details(tokens, audio_tokens=0),
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+    }
+
+
+def _responses_usage(tokens: _PromptTokens, output_tokens: int) -> _JSON:
+    """The Responses API's ``usage`` object."""
+    return {
+        "input_tokens": tokens.prompt_tokens,
+        "input_tokens_details": _cache_details(tokens),
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": tokens.prompt_tokens + output_tokens,
+    }
+
+
+def _cache_details(tokens: _PromptTokens, **zeros: int) -> _JSON:
+    """``cached_tokens``, then ``zeros``, then ``cache_write_tokens`` where the cache
+    reports writes (the breakpoint models')."""
+    details: _JSON = {"cached_tokens": tokens.cached_tokens, **zeros}
+    if tokens.cache_write_tokens is not None:
+        details["cache_write_tokens"] = tokens.cache_write_tokens
+    return details
+
+
+_CHAT_API = _OpenAIAPI("openai", _chat_usage)
+_RESPONSES_API = _OpenAIAPI("openai-responses", _responses_usage)
+
+
+def _response_object(model: str, answer: _Answer, usage: _JSON) -> _JSON:
+    """A Responses ``response`` object of one text answer; an answer cut at
+    ``max_output_tokens`` is ``"incomplete"``, as the API reports it."""
+    status = "incomplete" if answer.finish_reason == "length" else "completed"
+    text = {"type": "output_text", "text": answer.text, "annotations": []}
+    message = {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "status": status,
+        "role": "assistant",
+        "content": [text],
+    }
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": status,
+        "error": None,
+        "incomplete_details": incomplete,
+        "output": [message],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
     }
 
 
@@ -554,7 +780,7 @@ def _stop_reason(answer: _Answer) -> str:
 
 
 class _CloudHandler(_Handler):
-    """Routes the two APIs; errors on ``/v1/messages`` are Anthropic-shaped."""
+    """Routes the APIs; errors on ``/v1/messages`` are Anthropic-shaped, others OpenAI's."""
 
     server_version = "contextpilot-cloud-emulator"
 
@@ -563,6 +789,7 @@ class _CloudHandler(_Handler):
             ("GET", "/health"): self._health,
             ("POST", "/v1/messages"): self._messages,
             ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/responses"): self._responses,
         }
 
     def _send_error(self, error: _RequestError) -> None:
@@ -604,15 +831,21 @@ class _CloudHandler(_Handler):
         payloads = _stream_payloads(fmt, outcome, include_usage=include_usage, delay_s=0.0)
         self._send_event_stream(payloads)
 
+    def _responses(self, raw: bytes) -> None:
+        self._require_key()
+        engine: _CloudEngine = self.server.engine
+        outcome, model = engine.responses(_json_body(raw))
+        self._send_json(200, _response_object(model, outcome.answer, outcome.usage))
+
 
 class CloudCacheServer(_LoopbackServer):
-    """Anthropic Messages and OpenAI Chat Completions on loopback, with emulated prompt
-    caches (module docstring). ``clock`` gives the simulated seconds of each request
-    (default: ``time.monotonic``); ``answer`` is every reply's text (cut to
-    ``max_tokens`` whole words). The caches are public as :attr:`anthropic_cache`,
-    :attr:`openai_cache` and :attr:`openai_breakpoint_cache` (the ``gpt-5.6`` models';
-    ``openai_breakpoint_rules`` its rules, ``openai_rules`` its routing); ``requests``
-    lists the answered requests, in order.
+    """Anthropic Messages, OpenAI Chat Completions and Responses on loopback, with
+    emulated prompt caches (module docstring). ``clock`` gives the simulated seconds of
+    each request (default: ``time.monotonic``); ``answer`` is every reply's text (cut
+    to ``max_tokens`` / ``max_output_tokens`` whole words). The caches are public as
+    :attr:`anthropic_cache`, :attr:`openai_cache` and :attr:`openai_breakpoint_cache`
+    (the ``gpt-5.6`` models'; ``openai_breakpoint_rules`` its rules, ``openai_rules``
+    its routing); ``requests`` lists the answered requests, in order.
     """
 
     thread_name: ClassVar[str] = "cloud-emulator"
