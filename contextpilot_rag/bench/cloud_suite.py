@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..blocks import ContextBlock
-from ..cloud import DEFAULT_PRICES, CloudCacheConfig, ModelPrice, input_cost, rules_for
+from ..cloud import (
+    DEFAULT_PRICES,
+    CloudCacheConfig,
+    ModelPrice,
+    ProviderRules,
+    input_cost,
+    rules_for,
+)
 from ..cloud.requests import cache_control_of
 from ..errors import ConfigError
 from ..experiment import baseline_config
@@ -304,9 +311,7 @@ class _AnthropicArm:
     def send_body(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
         """Replay one request's keyword arguments at ``timed.at_s``."""
         blocks = _anthropic_cache_blocks(request, self._tokens, self.rules.ttl_s)
-        marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
-        if marked > self.rules.max_breakpoints:
-            raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
+        marked = _breakpoints_within(blocks, self.rules, self.tally.name)
         usage = self._cache.request(blocks, now_s=timed.at_s, model=self._model)
         self.tally.add(usage, marked)
         return _Replayed(marked, usage, blocks=blocks)
@@ -316,8 +321,11 @@ class _OpenAIArm:
     def __init__(self, name: str, shape: Shape, model: str, tokens: _TokenCache) -> None:
         self._shape, self._model, self._tokens = shape, model, tokens
         self.rules = rules_for("openai", model)
+        # the model's cache: gpt-5.6's breakpoints, or the older models' automatic one
+        self._marked_cache = (
+            OpenAIBreakpointCacheModel(self.rules) if self.rules.max_breakpoints else None
+        )
         self._cache = OpenAICacheModel()
-        self._marked_cache = OpenAIBreakpointCacheModel(self.rules)
         self.tally = _Tally(name, DEFAULT_PRICES.price(model))
 
     def send(self, prompt: Prompt, timed: TimedRequest) -> _Replayed:
@@ -327,8 +335,8 @@ class _OpenAIArm:
         """Replay one request's keyword arguments at ``timed.at_s``: on the automatic
         cache (no breakpoints), or on ``gpt-5.6``'s (its ``prompt_cache_breakpoint``
         markers, and the implicit one unless ``prompt_cache_options`` asks for none)."""
-        if self.rules.max_breakpoints:
-            return self._send_marked(request, timed)
+        if self._marked_cache is not None:
+            return self._send_marked(request, timed, self._marked_cache)
         ids = _openai_ids(request, self._tokens)
         usage = self._cache.request(
             ids,
@@ -340,14 +348,14 @@ class _OpenAIArm:
         self.tally.add(usage, 0)
         return _Replayed(0, usage, ids=ids)
 
-    def _send_marked(self, request: Mapping[str, Any], timed: TimedRequest) -> _Replayed:
+    def _send_marked(
+        self, request: Mapping[str, Any], timed: TimedRequest, cache: OpenAIBreakpointCacheModel
+    ) -> _Replayed:
         blocks, implicit = _openai_cache_blocks(request, self._tokens, self.rules.ttl_s)
-        marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
-        if marked > self.rules.max_breakpoints:
-            raise AssertionError(f"{self.tally.name}: {marked} breakpoints in one request")
+        marked = _breakpoints_within(blocks, self.rules, self.tally.name)
         options = request.get("prompt_cache_options") or {}
         explicit = options.get("mode") == "explicit" or implicit < 0
-        usage = self._marked_cache.request(
+        usage = cache.request(
             blocks,
             now_s=timed.at_s,
             prompt_cache_key=request.get("prompt_cache_key"),
@@ -356,6 +364,15 @@ class _OpenAIArm:
         ).tokens
         self.tally.add(usage, marked)
         return _Replayed(marked, usage, blocks=blocks)
+
+
+def _breakpoints_within(blocks: Sequence[CacheBlock], rules: ProviderRules, arm: str) -> int:
+    """The breakpoints ``blocks`` carry, checked against the rules' limit (a benchmark
+    arm that sends more is a defect of the arm, not a workload)."""
+    marked = sum(block.breakpoint_ttl_s is not None for block in blocks)
+    if marked > rules.max_breakpoints:
+        raise AssertionError(f"{arm}: {marked} breakpoints in one request")
+    return marked
 
 
 def _arm(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..errors import ConfigError, InvalidInputError
 from .rules import MARKERS
@@ -54,10 +54,15 @@ _EXPLICIT = {"mode": "explicit"}
 """The ``prompt_cache_breakpoint`` value of an OpenAI breakpoint."""
 
 
+def _openai_breakpoints(plan: CachePlan | None) -> TypeGuard[CachePlan]:
+    """Whether ``plan`` was made with OpenAI's breakpoint rules (``gpt-5.6`` and later)."""
+    return plan is not None and plan.marker == "prompt_cache_breakpoint"
+
+
 def _marker_of(plan: CachePlan | None) -> tuple[str, dict[str, str]]:
     """The field that marks a breakpoint under ``plan`` and its value."""
-    if plan is not None and plan.marker == "prompt_cache_breakpoint":
-        return plan.marker, dict(_EXPLICIT)
+    if _openai_breakpoints(plan):
+        return "prompt_cache_breakpoint", dict(_EXPLICIT)
     # the lifetime's marker only where there is one to place: OpenAI's lifetimes have none
     ttl = plan.ttl if plan is not None and plan.breakpoints else "5m"
     return "cache_control", cache_control_of(ttl)
@@ -163,15 +168,13 @@ def openai_kwargs(
     ``extra_body=True`` puts the cache fields (key, retention, options) in
     ``extra_body`` (which the OpenAI SDK merges into the request body) for clients that
     drop top-level fields they do not name: LiteLLM 1.84 drops them."""
-    if not isinstance(extra_body, bool):
-        raise ConfigError(f"extra_body must be True or False, got {extra_body!r}")
     if cache_retention is not None and not isinstance(cache_retention, bool):
         raise ConfigError(
             f"cache_retention must be True, False or None, got {cache_retention!r}; the "
             "retention is chosen with the lifetime planned with: CloudCacheConfig(ttl=...)"
         )
     plan = prompt.cache_plan
-    breakpoints = plan is not None and plan.marker == "prompt_cache_breakpoint"
+    breakpoints = _openai_breakpoints(plan)
     if cache_control and breakpoints:
         raise ConfigError(
             "cache_control=True asks for Anthropic's markers, but this prompt's breakpoints "
@@ -210,7 +213,7 @@ def openai_responses_kwargs(
         if not isinstance(flag, bool):
             raise ConfigError(f"{name} must be True or False, got {flag!r}")
     plan = prompt.cache_plan
-    if plan is not None and plan.marker == "prompt_cache_breakpoint":
+    if _openai_breakpoints(plan):
         items = [
             {"role": role, "content": _responses_content(role, blocks)}
             for role, blocks in _content_messages(prompt)
@@ -245,7 +248,7 @@ def _with_cache_fields(
     if cache_retention and prompt.prompt_cache_retention is not None:
         kwargs["prompt_cache_retention"] = prompt.prompt_cache_retention
     plan = prompt.cache_plan
-    if plan is not None and plan.marker == "prompt_cache_breakpoint":
+    if _openai_breakpoints(plan):
         # explicit: no implicit breakpoint at the latest message, whose write the
         # planner did not choose (it would write the whole prompt at the write price)
         kwargs["prompt_cache_options"] = {"mode": "explicit", "ttl": plan.ttl}
