@@ -641,6 +641,39 @@ def test_a_call_whose_end_is_never_reported_is_released_after_the_route_ttl() ->
         strategy.detach()
 
 
+def test_one_strategys_call_never_closes_another_strategys_route() -> None:
+    """LiteLLM's callbacks are process-wide: every strategy in a process is told of
+    every call's end, so the first route of each must not share an id."""
+    deployments = [
+        {
+            "model_name": MODEL,
+            "litellm_params": {"model": f"openai/{MODEL}"},
+            "model_info": {"id": n},
+        }
+        for n in NAMES[:1]  # one deployment: both strategies route to the same id
+    ]
+    router = SimpleNamespace(
+        register_plugin=lambda plugin: None,
+        registry=lambda: SimpleNamespace(deployments=lambda model: deployments),
+    )
+    first = ContextPilotRoutingStrategy("combined").attach(router)
+    second = ContextPilotRoutingStrategy("combined").attach(router)
+    try:
+        requests = [{"messages": [{"role": "user", "content": "Hello " * 200}]} for _ in "ab"]
+        for strategy, request in zip((first, second), requests, strict=True):
+            strategy.get_available_deployment(MODEL, request["messages"], request_kwargs=request)
+        ids = [request["metadata"]["contextpilot_routes"] for request in requests]
+        assert ids[0] != ids[1]
+        ended = {"litellm_params": {"metadata": requests[0]["metadata"], "model_info": {"id": "a"}}}
+        second.log_success_event(ended, None, None, None)  # the first's call, as LiteLLM does
+        assert second.open_routes == 1 and first.open_routes == 1
+        first.log_success_event(ended, None, None, None)
+        assert first.open_routes == 0 and second.open_routes == 1
+    finally:
+        first.detach()
+        second.detach()
+
+
 def test_a_policy_is_chosen_by_its_registry_name_with_its_options() -> None:
     strategy = ContextPilotRoutingStrategy("combined", policy_options={"hold_wait_s": None})
     assert strategy.policy.name == "combined"

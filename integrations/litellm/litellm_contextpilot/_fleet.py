@@ -12,6 +12,7 @@ then, so counters never leak).
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -149,6 +150,10 @@ class Fleet:
         self._replicas: dict[str, _Replica] = {}
         self._open: OrderedDict[str, Route] = OrderedDict()  # oldest first
         self._numbers = itertools.count(1)
+        # route ids are unique per fleet: LiteLLM's callbacks are process-wide, so every
+        # strategy in a process sees every call's end, and a sequence shared between
+        # strategies would let one close another's route of the same number
+        self._prefix = secrets.token_hex(4)
 
     def states(
         self,
@@ -197,7 +202,15 @@ class Fleet:
         replica.in_flight += 1
         replica.queued_tokens += request.prompt_tokens
         number = next(self._numbers)
-        route = Route(f"r{number}", replica.replica_id, request, decision, now, characters, idle)
+        route = Route(
+            f"{self._prefix}-r{number}",
+            replica.replica_id,
+            request,
+            decision,
+            now,
+            characters,
+            idle,
+        )
         self._open[route.route_id] = route
         return route
 
