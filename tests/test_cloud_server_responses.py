@@ -135,6 +135,64 @@ def test_max_output_tokens_cuts_the_answer_to_whole_words_and_marks_it_incomplet
     assert response.incomplete_details.reason == "max_output_tokens"
 
 
+STREAM_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    *["response.output_text.delta"] * len(DEFAULT_ANSWER.split()),
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+
+
+def test_a_streamed_answer_is_the_apis_events_and_its_last_carries_the_same_usage(
+    gpt: Any, server: CloudCacheServer
+) -> None:
+    conversation = [system(EXPLICIT), user("What is A?")]
+    plain = gpt.responses.create(model=TERRA, input=conversation)
+    server.reset()
+    events = list(gpt.responses.create(model=TERRA, input=conversation, stream=True))
+    assert [event.type for event in events] == [*STREAM_EVENTS, "response.completed"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.usage is None
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    assert "".join(deltas) == DEFAULT_ANSWER
+    done = events[-1].response
+    assert done.id == events[0].response.id and done.output[0].id == events[2].item.id
+    assert done.output_text == DEFAULT_ANSWER and done.status == "completed"
+    assert split(done) == split(plain)  # the cache saw the same request
+    assert parse_input_tokens(done) == parse_input_tokens(plain)
+    assert server.requests[0].body["stream"] is True
+
+
+def test_a_streamed_answer_cut_at_max_output_tokens_ends_incomplete(gpt: Any) -> None:
+    events = list(
+        gpt.responses.create(model=TERRA, input="What is A?", max_output_tokens=2, stream=True)
+    )
+    assert [event.type for event in events][-2:] == [
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    last = events[-1].response
+    assert (last.status, last.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert last.output_text == "Emulated" == events[-2].item.content[0].text
+
+
+def test_the_sdks_stream_helper_assembles_the_answer_and_its_usage(gpt: Any) -> None:
+    if not hasattr(gpt.responses, "stream"):
+        pytest.skip(f"openai {openai.__version__} has no responses.stream helper")
+    conversation = [system(EXPLICIT), user("What is A?")]
+    with gpt.responses.stream(model=TERRA, input=conversation) as stream:
+        text = "".join(
+            event.delta for event in stream if event.type == "response.output_text.delta"
+        )
+        final = stream.get_final_response()
+    assert text == final.output_text == DEFAULT_ANSWER
+    assert split(final)[2] == final.usage.input_tokens  # the first request writes it all
+
+
 def test_instructions_and_a_string_input_are_two_blocks_and_only_the_second_is_marked(
     gpt: Any, server: CloudCacheServer, tokenizer: Tokenizer
 ) -> None:
@@ -233,7 +291,12 @@ def test_an_older_model_is_served_by_the_automatic_cache_in_128_token_steps(
 @pytest.mark.parametrize(
     ("model", "request_fields", "said"),
     [
-        pytest.param(TERRA, {"input": "What is A?", "stream": True}, "streaming", id="stream"),
+        pytest.param(
+            TERRA,
+            {"input": "What is A?", "extra_body": {"stream": "yes"}},
+            "'stream' must be a boolean",
+            id="stream-not-a-boolean",
+        ),
         pytest.param(
             TERRA,
             {"input": [user("What is A?"), assistant("It is a.", EXPLICIT), user("And B?")]},

@@ -2,7 +2,7 @@
 
 :class:`CloudCacheServer` speaks the Anthropic Messages API (``POST /v1/messages``) and
 OpenAI Chat Completions (``POST /v1/chat/completions``), streamed (SSE) or not, and
-OpenAI's Responses API (``POST /v1/responses``, not streamed). It answers every
+OpenAI's Responses API (``POST /v1/responses``, streamed or not). It answers every
 request with a fixed short text and the usage the provider's *published* cache rules
 give it (:mod:`contextpilot_rag.sim.provider_cache`): Anthropic's
 ``cache_creation_input_tokens`` / ``cache_read_input_tokens`` from explicit
@@ -27,7 +27,9 @@ https://platform.claude.com/docs/en/build-with-claude/streaming: ``message_start
 ``stream_options.include_usage``) and Responses
 (https://platform.openai.com/docs/api-reference/responses: a ``response`` whose one
 ``message`` output holds the answer as ``output_text``; ``usage.input_tokens`` with
-``input_tokens_details.cached_tokens`` / ``cache_write_tokens``). Errors are the
+``input_tokens_details.cached_tokens`` / ``cache_write_tokens``; streamed as the
+semantic events ``response.created`` … ``response.output_text.delta`` …
+``response.completed``, the last carrying the usage). Errors are the
 providers' JSON error objects: a request with five breakpoints, a message without
 content (but a final assistant one) or a whitespace-only text block is an HTTP 400
 ``invalid_request_error``, as the API answers it.
@@ -37,8 +39,8 @@ Completions: ``instructions`` is a first system message (no marker), a string
 ``input`` one user message, each ``input_text`` / ``output_text`` part a text part
 (markers on ``input_text`` parts only). Other input item or part types, ``tools``,
 ``previous_response_id``, ``conversation``, ``prompt`` (they would change the prompt)
-and ``"stream": true`` are 400s; an answer cut at ``max_output_tokens`` is
-``"incomplete"``.
+are 400s; an answer cut at ``max_output_tokens`` is ``"incomplete"`` (streamed, its
+last event is ``response.incomplete``).
 
 Tokens are counted with the project's default tokenizer (offline), the same for both
 APIs: a text block counts its text, any other block (a tool, an image, a tool result)
@@ -56,7 +58,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ..cloud.model_names import match_model_name
@@ -419,20 +421,19 @@ _UNEMULATED_RESPONSES_FIELDS = ("tools", "previous_response_id", "conversation",
 
 @dataclass(frozen=True)
 class _ResponsesRequest:
-    """A checked Responses request: its model, ``max_output_tokens`` and prompt."""
+    """A checked Responses request: its model, ``max_output_tokens``, prompt and
+    whether the answer is streamed."""
 
     model: str
     max_output_tokens: int | None
     prompt: _OpenAIPrompt
+    stream: bool
 
 
 def _parse_responses(body: _JSON) -> _ResponsesRequest:
-    """Check a Responses body: a non-streamed request whose prompt is ``instructions``
-    (one block, no marker) then the ``input`` messages."""
-    if _optional_bool(body.get("stream"), "stream"):
-        raise _RequestError(
-            "streaming is not emulated on /v1/responses: leave 'stream' out or send false"
-        )
+    """Check a Responses body: a request (streamed or not) whose prompt is
+    ``instructions`` (one block, no marker) then the ``input`` messages."""
+    stream = _optional_bool(body.get("stream"), "stream")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _RequestError("'model' must be a non-empty string")
@@ -442,7 +443,8 @@ def _parse_responses(body: _JSON) -> _ResponsesRequest:
                 f"'{name}' is not emulated on /v1/responses; send the prompt in 'input'"
             )
     messages = _instructions(body.get("instructions")) + _input_messages(body.get("input"))
-    return _ResponsesRequest(model, _max_output_tokens(body), _OpenAIPrompt(None, messages))
+    prompt = _OpenAIPrompt(None, messages)
+    return _ResponsesRequest(model, _max_output_tokens(body), prompt, stream)
 
 
 def _max_output_tokens(body: _JSON) -> int | None:
@@ -603,14 +605,14 @@ class _CloudEngine:
         )
         return _Outcome(answer, self._openai_usage(request)), model, parsed.options.include_usage
 
-    def responses(self, body: _JSON) -> tuple[_Outcome, str]:
-        """Answer a (non-streamed) Responses request: outcome, model name."""
+    def responses(self, body: _JSON) -> tuple[_Outcome, _ResponsesRequest]:
+        """Answer a Responses request: outcome, the checked request."""
         parsed = _parse_responses(body)
         answer = _limit_answer(self._answer, self._tokenizer, parsed.max_output_tokens)
         request = _OpenAIRequest(
             _RESPONSES_API, body, parsed.prompt, parsed.model, answer.completion_tokens
         )
-        return _Outcome(answer, self._openai_usage(request)), parsed.model
+        return _Outcome(answer, self._openai_usage(request)), parsed
 
     def _openai_usage(self, request: _OpenAIRequest) -> _JSON:
         """Admit an OpenAI request to its cache, record it, and return its ``usage``
@@ -714,33 +716,92 @@ _CHAT_API = _OpenAIAPI("openai", _chat_usage)
 _RESPONSES_API = _OpenAIAPI("openai-responses", _responses_usage)
 
 
-def _response_object(model: str, answer: _Answer, usage: _JSON) -> _JSON:
-    """A Responses ``response`` object of one text answer; an answer cut at
-    ``max_output_tokens`` is ``"incomplete"``, as the API reports it."""
-    status = "incomplete" if answer.finish_reason == "length" else "completed"
-    text = {"type": "output_text", "text": answer.text, "annotations": []}
-    message = {
-        "type": "message",
-        "id": f"msg_{uuid.uuid4().hex}",
-        "status": status,
-        "role": "assistant",
-        "content": [text],
-    }
-    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {
-        "id": f"resp_{uuid.uuid4().hex}",
-        "object": "response",
-        "created_at": int(time.time()),
-        "model": model,
-        "status": status,
-        "error": None,
-        "incomplete_details": incomplete,
-        "output": [message],
-        "parallel_tool_calls": False,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": usage,
-    }
+@dataclass(frozen=True)
+class _ResponseAnswer:
+    """One Responses answer, the pieces its ``response`` object and its stream's
+    events share (the same ids in every event)."""
+
+    model: str
+    answer: _Answer
+    usage: _JSON
+    response_id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def status(self) -> str:
+        """``"incomplete"`` for an answer cut at ``max_output_tokens``, as the API
+        reports it; else ``"completed"``."""
+        return "incomplete" if self.answer.finish_reason == "length" else "completed"
+
+    def text_part(self, text: str) -> _JSON:
+        return {"type": "output_text", "text": text, "annotations": []}
+
+    def message(self, status: str, content: list[_JSON]) -> _JSON:
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def response(self, *, done: bool = True) -> _JSON:
+        """The ``response`` object: whole when ``done``; else as a stream's first
+        events carry it (``"in_progress"``, no output, no usage yet)."""
+        status = self.status if done else "in_progress"
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        output = [self.message(status, [self.text_part(self.answer.text)])] if done else []
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "model": self.model,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "output": output,
+            "parallel_tool_calls": False,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": self.usage if done else None,
+        }
+
+    def events(self) -> Iterator[tuple[str, _JSON]]:
+        """The streaming events of the answer, in the API's order, each with its
+        ``sequence_number``: the response created and in progress, its message and
+        text part added, the text in word deltas, the part, the message and the
+        response done (``response.completed``, or ``response.incomplete`` for an
+        answer cut short), the last carrying the usage."""
+        item = {"item_id": self.message_id, "output_index": 0}
+        part = {**item, "content_index": 0}
+        events: list[_JSON] = [
+            {"type": "response.created", "response": self.response(done=False)},
+            {"type": "response.in_progress", "response": self.response(done=False)},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": self.message("in_progress", []),
+            },
+            {"type": "response.content_part.added", **part, "part": self.text_part("")},
+        ]
+        events += [
+            {"type": "response.output_text.delta", **part, "delta": piece, "logprobs": []}
+            for piece in _split_words(self.answer.text)
+        ]
+        text = self.answer.text
+        events += [
+            {"type": "response.output_text.done", **part, "text": text, "logprobs": []},
+            {"type": "response.content_part.done", **part, "part": self.text_part(text)},
+            {
+                "type": "response.output_item.done",
+                "output_index": 0,
+                "item": self.message(self.status, [self.text_part(text)]),
+            },
+            {"type": f"response.{self.status}", "response": self.response()},
+        ]
+        for number, event in enumerate(events):
+            yield event["type"], {**event, "sequence_number": number}
 
 
 def _message_events(model: str, answer: _Answer, usage: _JSON) -> Iterator[tuple[str, _JSON]]:
@@ -798,6 +859,12 @@ class _CloudHandler(_Handler):
         else:
             super()._send_error(error)
 
+    def _send_named_events(self, events: Iterator[tuple[str, _JSON]]) -> None:
+        """An SSE stream of ``event: <name>`` frames, each with its JSON ``data``."""
+        self._send_sse(
+            f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events
+        )
+
     def _require_key(self) -> None:
         if not (self.headers.get("x-api-key") or self.headers.get("authorization")):
             raise _RequestError("missing API key: send x-api-key or Authorization", status=401)
@@ -814,10 +881,7 @@ class _CloudHandler(_Handler):
             content = [{"type": "text", "text": answer.text}]
             self._send_json(200, _message_object(model, content, _stop_reason(answer), usage))
             return
-        frames = _message_events(model, answer, usage)
-        self._send_sse(
-            f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in frames
-        )
+        self._send_named_events(_message_events(model, answer, usage))
 
     def _chat(self, raw: bytes) -> None:
         self._require_key()
@@ -834,8 +898,12 @@ class _CloudHandler(_Handler):
     def _responses(self, raw: bytes) -> None:
         self._require_key()
         engine: _CloudEngine = self.server.engine
-        outcome, model = engine.responses(_json_body(raw))
-        self._send_json(200, _response_object(model, outcome.answer, outcome.usage))
+        outcome, request = engine.responses(_json_body(raw))
+        answer = _ResponseAnswer(request.model, outcome.answer, outcome.usage)
+        if not request.stream:
+            self._send_json(200, answer.response())
+            return
+        self._send_named_events(answer.events())
 
 
 class CloudCacheServer(_LoopbackServer):

@@ -221,6 +221,32 @@ def test_chat_openai_reads_cached_tokens(server: CloudCacheServer) -> None:
     assert streamed.usage_metadata["input_token_details"]["cache_read"] >= 1024
 
 
+def test_chat_openai_on_the_responses_api_reads_cached_tokens_streamed_or_not(
+    server: CloudCacheServer,
+) -> None:
+    chat_models = _need("langchain_openai")
+    model = chat_models.ChatOpenAI(
+        model=GPT,
+        base_url=server.openai_base_url,
+        api_key="test",
+        max_retries=0,
+        use_responses_api=True,
+    )
+    messages = [("system", LONG), ("human", QUESTION)]
+    first = model.invoke(messages)
+    second = model.invoke(messages)
+    assert first.usage_metadata["input_token_details"].get("cache_read", 0) == 0
+    cached = second.usage_metadata["input_token_details"]["cache_read"]
+    assert cached >= 1024
+    streamed = None
+    for chunk in model.stream(messages):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None and streamed.text == second.text
+    assert streamed.usage_metadata["input_token_details"]["cache_read"] == cached
+    assert [request.api for request in server.requests] == ["openai-responses"] * 3
+    assert server.requests[-1].body["stream"] is True
+
+
 # LiteLLM
 
 
