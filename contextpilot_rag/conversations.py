@@ -68,6 +68,12 @@ class Turn:
         return f"\x00answer:{self.request_id}"
 
 
+AWAITING_SLACK = 1024
+"""Turns a record keeps beyond its history window while one of them awaits its answer
+(each without its text): an answer recorded up to that many turns late still finds its
+turn (:meth:`Conversation.with_turn`)."""
+
+
 @dataclass(frozen=True)
 class Conversation:
     """A conversation's record: its system prompt and its turns, in order, and the
@@ -88,15 +94,28 @@ class Conversation:
         return self.dropped_turns + len(self.turns)
 
     def with_turn(self, turn: Turn, keep: int | None = None) -> Conversation:
-        """The record with ``turn`` appended. ``keep``: store at most that many turns
-        (what a history window of ``keep`` turns renders), dropping the oldest answered
-        ones; a turn still awaiting its answer, and every turn after it, stays."""
+        """The record with ``turn`` appended. ``keep``: the history window (``None``:
+        every turn is rendered and stored). The record stores at most ``keep`` turns,
+        dropping the oldest answered ones; a turn older than the window that still
+        awaits its answer stays (with every turn after it) so that a late answer finds
+        it, but the turns the window no longer renders keep only what answering them
+        needs (their request id; no text), and the record never holds more than
+        ``keep +`` :data:`AWAITING_SLACK` turns: past that the oldest go, answered or
+        not (a turn never answered, an abandoned call, would otherwise keep every later
+        one)."""
         turns = (*self.turns, turn)
+        if keep is None:
+            return replace(self, turns=turns)
         drop = 0
-        excess = 0 if keep is None else len(turns) - keep
+        excess = len(turns) - keep
         while drop < excess and turns[drop].answer is not None:
             drop += 1
-        return replace(self, turns=turns[drop:], dropped_turns=self.dropped_turns + drop)
+        drop = max(drop, excess - AWAITING_SLACK)
+        turns = turns[drop:]
+        outside = len(turns) - keep
+        if outside > 0:
+            turns = (*map(_unrendered, turns[:outside]), *turns[outside:])
+        return replace(self, turns=turns, dropped_turns=self.dropped_turns + drop)
 
     def without_turn(self, request_id: str) -> Conversation:
         """The record without turn ``request_id`` (unchanged when it has none)."""
@@ -128,7 +147,8 @@ class Conversation:
                     return number
             raise ConversationStateError(
                 f"conversation {name!r} has no turn {request_id!r} (another conversation's "
-                "prompt, or a turn lost when the conversation expired)"
+                "prompt, a turn lost when the conversation expired, or one so far behind "
+                "the history window that its record no longer keeps it)"
             )
         waiting = [number for number, turn in enumerate(self.turns) if turn.answer is None]
         if not waiting:
@@ -150,6 +170,15 @@ class Conversation:
             (self.dropped_turns + index, self.turns[index])
             for index in range(first, len(self.turns))
         )
+
+
+def _unrendered(turn: Turn) -> Turn:
+    """``turn`` as a record keeps one its history window no longer renders: its request
+    id and whether it is answered, nothing a prompt or de-duplication would read."""
+    answer = None if turn.answer is None else ""
+    if not turn.user_message and not turn.block_ids and turn.answer == answer:
+        return turn
+    return Turn(turn.request_id, "", (), (), (), (), "", 0, answer)
 
 
 @dataclass(frozen=True)

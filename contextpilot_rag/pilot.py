@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -138,9 +139,10 @@ class PilotConfig:
     over the last ``together_window`` requests without a tenant (0: popularity alone,
     as for a tenant's requests; :mod:`~contextpilot_rag.ordering`). ``max_history_turns`` limits the
     turns rendered into a conversation's prompt (``None``: all) and the turns its store
-    keeps (older answered ones are dropped, so a long conversation's record stays
-    bounded); de-duplication only points at rendered turns. ``system_prompt`` is used
-    when ``optimize`` gets none.
+    keeps (older answered ones are dropped; one awaiting its answer keeps the turns
+    after it, without their text, up to 1,024 beyond the window; so a long
+    conversation's record stays bounded); de-duplication only points at rendered
+    turns. ``system_prompt`` is used when ``optimize`` gets none.
 
     ``max_block_chars`` rejects a longer block before it is tokenized (``None``:
     ``16 × max_block_tokens``, more characters per token than text has).
@@ -340,9 +342,19 @@ class _Plan(NamedTuple):
     index_tokens: tuple[int, ...]
     conversation: Conversation | None
     stored_version: int = 0  # the conversation's version the plan was made from
+    previous: Conversation | None = None  # the record read at that version (None: none)
     keys: tuple[str, ...] | None = None  # the blocks' registry keys (None: their ids)
     placements: tuple[_Placement, ...] | None = None  # a tenant's; None: the main index
     cached_prefixes: tuple[tuple[str, ...], ...] = ()  # ledger keys of its breakpoints
+
+
+def _path_digest(path: Sequence[str]) -> str:
+    """A short digest of an index path (its entries' ids in order)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for entry in path:
+        digest.update(entry.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x1f")
+    return digest.hexdigest()
 
 
 _RETURN_QUANTILE = 0.95
@@ -859,6 +871,7 @@ class ContextPilot:
         conversation, history_lost, version = self._load_conversation(
             conversation_id, system, tenant
         )
+        previous = conversation if version else None
         system_text = _pick_system(system, conversation, self.config.system_prompt)
         visible = conversation.visible_turns(self.config.max_history_turns) if conversation else ()
         kept, duplicated = self._deduplicate(blocks, visible, dedup)
@@ -948,6 +961,7 @@ class ContextPilot:
             index_tokens=index_tokens,
             conversation=conversation,
             stored_version=version,
+            previous=previous,
             keys=keys,
             placements=placements,
             cached_prefixes=cached_prefixes,
@@ -1551,9 +1565,13 @@ class ContextPilot:
         salt = prompt.cache_salt or ""
 
         def ledger_key(depth: int) -> tuple[str, ...]:
-            # a system, tail or answer key names its whole path (it is unique to it)
+            # a system, tail or answer entry ends one prefix only while the history
+            # window keeps every turn; one that drops a turn changes what comes before
+            # a tail, so such a key carries a digest of the whole path before it
             last = path[depth - 1]
-            return (salt, last) if last.startswith("\x00") else (salt, *path[:depth])
+            if last.startswith("\x00"):
+                return (salt, last, _path_digest(path[: depth - 1]))
+            return (salt, *path[:depth])
 
         now = self._clock()
         signals = IndexSignals(
@@ -1581,10 +1599,11 @@ class ContextPilot:
             shape, signals, next_turn, new_system, later, cloud.rules.lookback_blocks or None
         )
         plan = plan_breakpoints(candidates, cloud.rules, model=cloud.model, ttl=cloud.ttl)
-        cached = tuple(
+        cached = tuple(  # a marker the request moves off an unmarked role writes nothing new
             ledger_key(kept.candidate.index_depth)
             for kept in plan.breakpoints
             if kept.candidate.index_depth
+            and prompt.messages[kept.candidate.message_index]["role"] not in plan.unmarked_roles
         )
         key = stored_key or self._cache_key(prompt, path, visible, now, shape.system_tokens)
         return replace(prompt, cache_plan=plan, prompt_cache_key=key), cached
@@ -1762,25 +1781,38 @@ class ContextPilot:
         return plans
 
     def _take_back(self, plans: Sequence[_Plan]) -> None:
-        """Remove the turns of ``plans`` from their conversations' records, as far as
-        the store lets (a failure here is logged; the original error is what the caller
-        sees)."""
-        for plan in plans:
+        """Undo the writes of ``plans``, latest first, as far as the store lets (a
+        failure here is logged; the original error is what the caller sees). A record
+        still as a plan wrote it goes back to the record the plan read (the turns a
+        history window dropped included), or away when there was none; one another
+        writer changed since only loses the plan's turn."""
+        for plan in reversed(plans):
             if plan.conversation is None:
                 continue
-            key, request_id = plan.conversation.conversation_id, plan.prompt.request_id
+            request_id = plan.prompt.request_id
             try:
-                for _ in range(STORE_ATTEMPTS):
-                    stored = self._store.get_versioned(key)
-                    if stored.conversation is None:
-                        break
-                    reverted = stored.conversation.without_turn(request_id)
-                    if reverted == stored.conversation or self._store.put_if_version(
-                        reverted, stored.version
-                    ):
-                        break
+                self._take_back_turn(plan)
             except StoreError:
                 logger.warning("could not take back turn %s of a failed batch", request_id)
+
+    def _take_back_turn(self, plan: _Plan) -> None:
+        assert plan.conversation is not None
+        key, request_id = plan.conversation.conversation_id, plan.prompt.request_id
+        for _ in range(STORE_ATTEMPTS):
+            stored = self._store.get_versioned(key)
+            if stored.conversation is None:
+                return
+            if stored.conversation == plan.conversation:  # as this plan wrote it
+                if plan.previous is None:
+                    self._store.delete(key)
+                    return
+                reverted = plan.previous
+            else:
+                reverted = stored.conversation.without_turn(request_id)
+                if reverted == stored.conversation:
+                    return
+            if self._store.put_if_version(reverted, stored.version):
+                return
 
     def _stored_batch_plan(
         self, plan: _Plan, batch: Sequence[BatchRequest], system: str | None

@@ -21,7 +21,7 @@ from contextpilot_rag import (
     UnknownConversationError,
     render_block,
 )
-from contextpilot_rag.conversations import deduplicate
+from contextpilot_rag.conversations import AWAITING_SLACK, deduplicate
 
 if TYPE_CHECKING:
     from conftest import FakeClock
@@ -174,11 +174,40 @@ def test_a_turn_awaiting_its_answer_is_never_dropped(tokenizer: Tokenizer) -> No
     for number in range(3):
         prompt = pilot.optimize([B], f"q{number}", conversation_id="conv")
         pilot.record_answer(prompt, f"a{number}")
-    questions = [t.question for t in pilot.conversation("conv").turns]
-    assert questions == ["one", "q0", "q1", "q2"]  # "one" awaits its answer: nothing dropped
+    turns = pilot.conversation("conv").turns
+    assert len(turns) == 4 and turns[0].request_id == waiting.request_id  # nothing dropped
+    # the turns the window no longer renders keep no text
+    assert [bool(t.user_message) for t in turns] == [False, False, False, True]
+    assert [t.answer for t in turns] == [None, "", "", "a2"]
+    rendered = pilot.optimize([C], "next?", conversation_id="conv")
+    assert [m["content"] for m in rendered.messages if m["role"] == "assistant"] == ["a2"]
+    pilot.record_answer(rendered, "a3")
     pilot.record_answer(waiting, "late answer")
     pilot.optimize([C], "next", conversation_id="conv")
     assert [t.question for t in pilot.conversation("conv").turns] == ["next"]
+
+
+def test_a_turn_never_answered_is_dropped_once_the_window_and_its_slack_are_full(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = ContextPilot(PilotConfig(max_history_turns=2), tokenizer=tokenizer)
+    abandoned = pilot.optimize([A], "abandoned", conversation_id="conv")
+    for number in range(2 + AWAITING_SLACK):
+        prompt = pilot.optimize([BLOCKS[number % 4]], f"q{number}", conversation_id="conv")
+        pilot.record_answer(prompt, f"a{number}")
+    record = pilot.conversation("conv")
+    assert len(record.turns) == 2 + AWAITING_SLACK  # the window and the slack: no more
+    assert record.turns[0].request_id != abandoned.request_id and record.dropped_turns == 1
+    assert record.turn_count == 3 + AWAITING_SLACK  # numbers still count every turn
+    unrendered, rendered = record.turns[:-2], record.turns[-2:]
+    assert all(not t.user_message and not t.block_ids for t in unrendered)  # no text kept
+    assert [t.question for t in rendered] == [f"q{AWAITING_SLACK}", f"q{AWAITING_SLACK + 1}"]
+    with pytest.raises(ConversationStateError, match="history window"):
+        pilot.record_answer(abandoned, "far too late")
+    assert pilot.conversation("conv") == record  # the refused answer changed nothing
+    prompt = pilot.optimize([C], "more", conversation_id="conv")
+    pilot.record_answer("conv", "b")  # one turn awaits: no ambiguity
+    assert len(pilot.conversation("conv").turns) == 2  # back to the window
 
 
 def test_dedup_points_at_the_latest_turn_holding_the_block() -> None:

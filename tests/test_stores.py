@@ -37,6 +37,7 @@ from contextpilot_rag.errors import (
     ConversationStateError,
     StoreFormatError,
     StoreUnavailableError,
+    UnknownConversationError,
 )
 from contextpilot_rag.stores import (
     RedisConversationStore,
@@ -648,6 +649,30 @@ def test_a_batch_whose_store_fails_midway_takes_back_the_turns_it_wrote() -> Non
     assert store.get("a") == record and pilot.index_stats() == before
     follow_up = pilot.optimize([ContextBlock("doc three")], "q3", conversation_id="a")
     assert [m["role"] for m in follow_up.messages] == ["system", "user", "assistant", "user"]
+
+
+def test_a_failed_batch_gives_back_the_turns_its_history_window_dropped() -> None:
+    """With a history window the batch's write of ``a`` drops its oldest turn; when
+    ``b`` then fails, ``a`` is the record it was (its turns, its turn numbers), and
+    ``c``, new in the batch, is no record at all."""
+    store = UnreachableForStore(down="b")
+    pilot = ContextPilot(PilotConfig(max_history_turns=2), store=store)
+    for number in range(2):
+        prompt = pilot.optimize([ContextBlock(f"doc {number}")], f"q{number}", conversation_id="a")
+        pilot.record_answer(prompt, f"a{number}")
+    record = store.get("a")
+    assert record is not None and (len(record.turns), record.dropped_turns) == (2, 0)
+    batch = [
+        ([ContextBlock("doc two")], "q2", "a"),
+        ([ContextBlock("doc three")], "q3", "c"),
+        ([ContextBlock("doc four")], "q4", "b"),
+    ]
+    with pytest.raises(StoreUnavailableError):
+        pilot.optimize_batch(batch)
+    assert store.get("a") == record
+    assert store.get("c") is None and not store.forgotten("c")
+    with pytest.raises(UnknownConversationError):
+        pilot.conversation("c")
 
 
 def test_a_batch_turn_is_written_to_a_shared_store(tmp_path: Path) -> None:
