@@ -114,6 +114,15 @@ def test_a_published_route_is_found_with_its_replica_blocks_origin_and_age(
     assert store.lookup([]) == []
 
 
+def test_any_int_key_is_found_as_published(make_store: Callable[..., RouteStore]) -> None:
+    """Engines' block hashes are unsigned 64-bit; SQLite stores signed ones."""
+    store = make_store()
+    keys = [2**63, 2**64 - 1, -5, 0, 2**63 - 1]
+    store.publish("a", [RouteUpdate(key, f"r{n}", n + 1) for n, key in enumerate(keys)])
+    found = {route.key: (route.replica_id, route.blocks) for route in store.lookup(keys)}
+    assert found == {key: (f"r{n}", n + 1) for n, key in enumerate(keys)}
+
+
 def test_the_latest_route_for_a_key_wins(make_store: Callable[..., RouteStore]) -> None:
     store = make_store()
     store.publish("a", [RouteUpdate(7, "r1", 2)])
@@ -350,6 +359,45 @@ def test_the_queue_of_unpublished_routes_is_bounded() -> None:
             shared.learned(_request(list(range(i * 10, i * 10 + 4)), [2, 4]), "r")
         shared.flush()
         assert len(shared._pending) == 10
+    finally:
+        shared.close()
+
+
+class BuggyStore(MemoryRouteStore):
+    """A memory store whose next ``failures`` publishes raise an error that is no
+    :class:`StoreError` (a bug in a store of the user's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    def publish(self, origin: str, routes: Sequence[RouteUpdate]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a bug in the store")
+        super().publish(origin, routes)
+
+
+def test_a_store_that_raises_an_unexpected_error_loses_no_route_and_stops_no_sharing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = BuggyStore()
+    store.failures = 1
+    shared = SharedRoutes(store, dict)
+    shared.retry_s = 0.05
+    try:
+        with caplog.at_level(logging.WARNING, logger=SHARED_LOGGER):
+            shared.learned(_request([1, 2, 3, 4], [2, 4]), "r")
+            deadline = time.monotonic() + 5
+            while store.failures and time.monotonic() < deadline:  # the thread's round
+                time.sleep(0.01)
+            assert store.failures == 0
+            shared.learned(_request([5, 6, 7, 8], [2, 4]), "r")  # the thread lives on
+            deadline = time.monotonic() + 5
+            while len(store) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert {route.key for route in store.lookup([2, 4, 6, 8])} == {2, 4, 6, 8}
+        assert any("failed unexpectedly" in r.getMessage() for r in caplog.records)
     finally:
         shared.close()
 

@@ -258,6 +258,10 @@ class SharedRoutes:
         except StoreError as exc:
             self._failed(exc)
             return False
+        except Exception as exc:  # a store's bug must not end route sharing for good
+            logger.exception("route store %r failed unexpectedly", self.store)
+            self._failed(exc)
+            return False
         if self._degraded:
             with self._lock:
                 self._degraded = False
@@ -279,7 +283,7 @@ class SharedRoutes:
         latest = list({update.key: update for update in batch}.values())
         try:
             self.store.publish(self.origin, latest)
-        except StoreError:
+        except Exception:  # kept for the next round, whatever the store raised
             with self._lock:
                 self._pending = deque([*batch, *self._pending], maxlen=self._pending.maxlen)
             if raise_errors:
@@ -309,7 +313,7 @@ class SharedRoutes:
     def _down(self) -> bool:
         return self._degraded and self._clock() < self._down_until
 
-    def _failed(self, exc: StoreError) -> None:
+    def _failed(self, exc: Exception) -> None:
         with self._lock:
             self._down_until = self._clock() + self.retry_s
             self._remote, self._reported = {}, None

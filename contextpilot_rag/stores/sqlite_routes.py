@@ -49,6 +49,17 @@ _SCHEMA_SQL = (
     "PRIMARY KEY (origin, replica))",
 )
 _MAX_VARIABLES = 500  # keys per SELECT … IN (…), under SQLite's variable limit
+
+
+def _stored_key(key: int) -> int:
+    """``key`` as the signed 64-bit integer SQLite stores: unchanged in that range,
+    else wrapped (an unsigned 64-bit hash, as engines' block hashes are, maps one to
+    one; wider ints, as the other stores take them, modulo ``2**64``). A lookup
+    answers with the key it was asked for."""
+    return (key + _HALF) % (2 * _HALF) - _HALF
+
+
+_HALF = 2**63
 _READ_TIMEOUT_S = 0.25  # a read-through waits no longer (WAL reads rarely wait at all)
 
 
@@ -90,7 +101,10 @@ class SQLiteRouteStore:
             now = self._clock()
             db.executemany(
                 "INSERT OR REPLACE INTO cp_routes VALUES (?, ?, ?, ?, ?)",
-                [(key, replica, blocks, now, origin) for key, replica, blocks in routes],
+                [
+                    (_stored_key(key), replica, blocks, now, origin)
+                    for key, replica, blocks in routes
+                ],
             )
             db.execute("DELETE FROM cp_routes WHERE learned < ?", (now - self.route_ttl_s,))
             (count,) = db.execute("SELECT count(*) FROM cp_routes").fetchone()
@@ -106,14 +120,14 @@ class SQLiteRouteStore:
         with self._read_lock, self._errors():
             db, now = self._connection(writer=False), self._clock()
             for start in range(0, len(keys), _MAX_VARIABLES):
-                chunk = keys[start : start + _MAX_VARIABLES]
+                asked = {_stored_key(key): key for key in keys[start : start + _MAX_VARIABLES]}
                 rows = db.execute(
                     "SELECT key, replica, blocks, learned, origin FROM cp_routes "
-                    f"WHERE key IN ({','.join('?' * len(chunk))}) AND learned >= ?",
-                    (*chunk, now - self.route_ttl_s),
+                    f"WHERE key IN ({','.join('?' * len(asked))}) AND learned >= ?",
+                    (*asked, now - self.route_ttl_s),
                 ).fetchall()
                 found += [
-                    SharedRoute(key, replica, blocks, max(0.0, now - learned), origin)
+                    SharedRoute(asked[key], replica, blocks, max(0.0, now - learned), origin)
                     for key, replica, blocks, learned, origin in rows
                 ]
         return found
