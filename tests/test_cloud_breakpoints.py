@@ -127,6 +127,29 @@ def test_never_more_breakpoints_than_the_provider_allows() -> None:
     assert len(plan_breakpoints(candidates, ANTHROPIC_RULES).breakpoints) == 4
 
 
+def test_without_a_lookback_limit_the_tail_takes_the_historys_read_and_slot() -> None:
+    """On OpenAI's breakpoint models a request reads the longest cached prefix before
+    any breakpoint: beside a tail, a history breakpoint only spends a slot."""
+    candidates = [
+        _candidate("system", 2000, 3.0),
+        _candidate("history", 5000, 1.0, cached_tokens=4800),
+        _candidate("tail", 5400, 1.0),
+    ]
+    limited = plan_breakpoints(candidates, ANTHROPIC_RULES)  # a lookback of 20 blocks
+    assert [kept.kind for kept in limited.breakpoints] == ["system", "history", "tail"]
+    gpt56 = rules_for("openai", "gpt-5.6-terra")
+    unlimited = plan_breakpoints(candidates, gpt56, ttl="30m")
+    assert [kept.kind for kept in unlimited.breakpoints] == ["system", "tail"]
+    tail = unlimited.breakpoints[-1]
+    assert tail.candidate.cached_tokens == 4800 and "reads 4800 cached tokens" in tail.reason
+    saved = [kept.saving_tokens for kept in limited.breakpoints]
+    assert tail.saving_tokens == pytest.approx(saved[1] + saved[2])  # nothing lost
+    assert [s.candidate.kind for s in unlimited.skipped] == ["history"]
+    assert "no lookback limit" in unlimited.skipped[0].reason
+    alone = plan_breakpoints(candidates[:2], gpt56, ttl="30m")
+    assert [kept.kind for kept in alone.breakpoints] == ["system", "history"]  # it reads
+
+
 def test_openai_rules_place_no_breakpoints() -> None:
     plan = plan_breakpoints([_candidate(reads=9)], OPENAI_RULES)
     assert plan.breakpoints == () and "automatically" in plan.skipped[0].reason
@@ -151,6 +174,13 @@ def test_rules_are_data_with_per_model_minimums() -> None:
         {"request_retention": {"24h": "24h"}},  # not a lifetime of ttl_s
         {"request_retention": {"5m": ""}},
         {"request_retention": {"5m": 5}},
+        {"ttl_s": {"5m": "300"}, "write_multiplier": {"5m": 1.25}},
+        {"ttl_s": [300], "write_multiplier": {"5m": 1.25}},
+        {"write_multiplier": {"5m": "1.25", "1h": 2.0}},
+        {"read_multiplier": "0.1"},
+        {"read_multiplier": float("nan")},
+        {"model_min_tokens": {"m": True}},
+        {"model_min_tokens": ["m"]},
     ],
 )
 def test_bad_rules_are_config_errors(bad: dict[str, object]) -> None:
@@ -163,6 +193,31 @@ def test_unknown_provider_and_bad_candidates_are_refused() -> None:
         rules_for("nobody")
     with pytest.raises(InvalidInputError):
         plan_breakpoints(["system"], ANTHROPIC_RULES)  # type: ignore[list-item]
+    with pytest.raises(InvalidInputError):
+        plan_breakpoints(None, ANTHROPIC_RULES)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        plan_breakpoints([_candidate()], "anthropic")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "everything"},
+        {"prefix_tokens": "2000"},
+        {"prefix_tokens": -1},
+        {"message_index": True},
+        {"part": -2},
+        {"expected_reads": float("nan")},
+        {"expected_reads": "1"},
+        {"cached_tokens": 1.5},
+        {"index_depth": -3},
+        {"basis": None},
+    ],
+)
+def test_a_malformed_candidate_is_refused_when_made(fields: dict[str, Any]) -> None:
+    good = {"kind": "system", "message_index": 0, "part": 0, "prefix_tokens": 2000}
+    with pytest.raises(InvalidInputError, match="ReuseCandidate"):
+        ReuseCandidate(**{**good, "expected_reads": 1.0, **fields})
 
 
 def _docs(*names: str) -> list[ContextBlock]:

@@ -183,6 +183,8 @@ def test_key_buckets_count_a_bounded_number_of_keys() -> None:
         lambda: CloudCacheConfig(key_rate_share=1.5),
         lambda: CloudCacheConfig(key_blocks=0),
         lambda: CloudCacheConfig(key_blocks=True),
+        lambda: CloudCacheConfig(next_turn_probability="0.5"),  # type: ignore[arg-type]
+        lambda: CloudCacheConfig(next_turn_probability=float("nan")),
     ],
     ids=[
         "rate-0",
@@ -193,6 +195,8 @@ def test_key_buckets_count_a_bounded_number_of_keys() -> None:
         "share-above-1",
         "key-blocks-0",
         "key-blocks-bool",
+        "next-turn-str",
+        "next-turn-nan",
     ],
 )
 def test_bad_key_settings_are_refused(make: object) -> None:

@@ -128,6 +128,17 @@ def test_prices_are_user_overridable() -> None:
         PriceTable(["not a row"])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("price", ["2.5", "abc", True, float("nan"), float("inf"), -0.5, [1]])
+def test_a_price_that_is_not_a_finite_number_is_refused_where_it_is_given(price: object) -> None:
+    with pytest.raises(ConfigError, match="finite number"):
+        ModelPrice("p", "m", input=price, cache_read=0.1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="finite number"):
+        ModelPrice("p", "m", input=1.0, cache_read=0.1, cache_write_5m=price)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="finite number"):
+        DEFAULT_PRICES.with_overrides(**{SONNET[:17]: {"input": price}})  # type: ignore[dict-item]
+    assert DEFAULT_PRICES.price(SONNET).input == 3.0
+
+
 @pytest.mark.parametrize(
     ("model", "row"),
     [

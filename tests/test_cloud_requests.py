@@ -6,6 +6,7 @@ breakpoint from one turn of a conversation to the next."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -14,12 +15,13 @@ from contextpilot_rag.cloud import (
     ANTHROPIC_RULES,
     OPENAI_BREAKPOINT_RULES,
     OPENAI_RULES,
+    Breakpoint,
     CloudCacheConfig,
     ProviderRules,
     cache_prefix_bytes,
     rules_for,
 )
-from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.errors import ConfigError, InvalidInputError
 
 LONG_SYSTEM = "You answer from the documents. " * 300
 
@@ -252,6 +254,37 @@ def test_replayed_conversation_never_rewrites_a_cached_prefix(
     assert checked >= 3
 
 
+def test_a_history_window_that_drops_a_turn_claims_no_read_of_the_old_prefix(
+    tokenizer: Tokenizer,
+) -> None:
+    """With ``max_history_turns`` the window drops a turn at every later turn, which
+    changes the bytes before the previous turn's end: a breakpoint there is a write,
+    never counted as a read of what the previous request cached."""
+    config = PilotConfig(
+        system_prompt=LONG_SYSTEM,
+        max_history_turns=1,
+        cloud=CloudCacheConfig(enabled=True, next_turn_probability=1.0),
+    )
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    cached_before: set[bytes] = set()
+    claims = 0
+    for turn in range(4):
+        prompt = pilot.optimize(_docs(f"t{turn}", words=300), f"Q{turn}?", conversation_id="c")
+        data, ends = cache_prefix_bytes(prompt.to_anthropic())
+        assert prompt.cache_plan is not None
+        kept = prompt.cache_plan.breakpoints
+        assert len(kept) == len(ends) and kept[0].kind == "system"
+        system = kept[0].candidate.prefix_tokens
+        for breakpoint, end in zip(kept[1:], ends[1:], strict=True):
+            if breakpoint.candidate.cached_tokens > system:  # a read past the system prompt
+                claims += 1
+                readable = [e for e in cached_before if data[:end].startswith(e)]
+                assert max(map(len, readable)) > ends[0], (turn, breakpoint.reason)
+        cached_before.update(data[:end] for end in ends)
+        pilot.record_answer(prompt, f"Answer {turn}.")
+    assert claims >= 1  # the second turn reads the first's whole prompt
+
+
 def _assert_the_api_accepts(request: dict[str, object]) -> None:
     """What the Messages API refuses: a message without content, a whitespace-only
     text block (marked or not), more than 4 breakpoints."""
@@ -365,16 +398,40 @@ def test_a_breakpoint_at_an_answer_moves_to_the_question_before_it(
     """OpenAI takes no breakpoint on an assistant message: the history's breakpoint,
     at the end of the previous answer, goes to the end of the previous user message
     (the prefix the previous turn's tail wrote), and the bytes before it are those
-    the previous turn sent."""
+    the previous turn sent. (The planner keeps one only where no tail is, as on a
+    turn no later turn is expected to follow: beside a tail it adds nothing.)"""
+    pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, next_turn_probability=0.9)
+    first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
+    pilot.record_answer(first, answer)
+    planned = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
+    assert planned.cache_plan is not None
+    system = planned.cache_plan.breakpoints[0]
+    (history,) = [s.candidate for s in planned.cache_plan.skipped if s.candidate.kind == "history"]
+    plan = replace(planned.cache_plan, breakpoints=(system, Breakpoint(history, 1.0, "kept")))
+    second = replace(planned, cache_plan=plan)
+    request = second.to_openai_request()
+    marked = _assert_openai_accepts(request)
+    assert len(marked) == 2 and marked[1]["text"].endswith("Question: Q1?")
+    data, ends = cache_prefix_bytes(first.to_openai_request())
+    assert cache_prefix_bytes(request)[0].startswith(data[: ends[-1]])
+
+
+@pytest.mark.parametrize("answer", ["A1, from the documents.", ""])
+def test_beside_a_tail_no_history_breakpoint_spends_a_slot_on_gpt_56(
+    tokenizer: Tokenizer, answer: str
+) -> None:
+    """Without a lookback limit the tail reads what the previous turn cached: the plan
+    keeps the system prompt and the tail only, and the tail claims the read."""
     pilot = _pilot(tokenizer, rules=OPENAI_BREAKPOINT_RULES, next_turn_probability=0.9)
     first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
     pilot.record_answer(first, answer)
     second = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
     assert second.cache_plan is not None
-    assert [kept.kind for kept in second.cache_plan.breakpoints] == ["system", "history", "tail"]
+    assert [kept.kind for kept in second.cache_plan.breakpoints] == ["system", "tail"]
+    assert second.cache_plan.breakpoints[-1].candidate.cached_tokens > 0
     request = second.to_openai_request()
     marked = _assert_openai_accepts(request)
-    assert len(marked) == 3 and marked[1]["text"].endswith("Question: Q1?")
+    assert len(marked) == 2 and marked[1]["text"].endswith("Question: Q2?")
     data, ends = cache_prefix_bytes(first.to_openai_request())
     assert cache_prefix_bytes(request)[0].startswith(data[: ends[-1]])
 
@@ -462,3 +519,31 @@ def test_the_responses_shape_of_an_automatic_plan_is_plain_text(tokenizer: Token
     assert request["prompt_cache_retention"] == "24h"
     assert "prompt_cache_options" not in request
     assert "prompt_cache_retention" not in prompt.to_openai_responses(cache_retention=False)
+
+
+@pytest.mark.parametrize(
+    "request_kwargs",
+    [
+        {"messages": [{"content": "no role"}]},
+        {"input": [{"type": "function_call_output", "call_id": "c1", "output": "4"}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": "not a list"},
+        {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+    ],
+)
+def test_cache_prefix_bytes_refuses_what_is_no_message_text(request_kwargs: object) -> None:
+    with pytest.raises(InvalidInputError):
+        cache_prefix_bytes(request_kwargs)  # type: ignore[arg-type]
+
+
+def test_cache_prefix_bytes_reads_a_string_input_and_skips_a_tool_calls_empty_content() -> None:
+    tool_call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+    data, ends = cache_prefix_bytes({"messages": [{"role": "user", "content": "Hi"}, tool_call]})
+    assert data == b'["user", "Hi"]\n' and ends == ()
+    assert cache_prefix_bytes({"input": "Hi"}) == (data, ())
+
+
+def test_openai_kwargs_refuse_a_cache_flag_that_is_not_a_bool(tokenizer: Tokenizer) -> None:
+    prompt = _pilot(tokenizer, rules=OPENAI_RULES).optimize(_docs("a"), "Q?")
+    with pytest.raises(ConfigError, match="cache_key"):
+        prompt.to_openai_request(cache_key="no")  # type: ignore[arg-type]

@@ -30,11 +30,12 @@ entries other requests can read.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from ..errors import InvalidInputError
+from .._numbers import is_finite_at_least, is_int
+from ..errors import ConfigError, InvalidInputError
 from .rules import Marker, ProviderRules
 
 __all__ = [
@@ -73,6 +74,26 @@ class ReuseCandidate:
     cached_tokens: int = 0
     basis: str = ""
     index_depth: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidInputError(
+                f"ReuseCandidate.kind must be one of {KINDS}, got {self.kind!r}"
+            )
+        counts = ("message_index", "prefix_tokens", "cached_tokens", "index_depth")
+        for name in counts:
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise InvalidInputError(f"ReuseCandidate.{name} must be an int >= 0, got {value!r}")
+        if not is_int(self.part) or self.part < -1:
+            raise InvalidInputError(f"ReuseCandidate.part must be an int >= -1, got {self.part!r}")
+        if not is_finite_at_least(self.expected_reads, 0):
+            raise InvalidInputError(
+                f"ReuseCandidate.expected_reads must be a finite number >= 0, "
+                f"got {self.expected_reads!r}"
+            )
+        if not isinstance(self.basis, str):
+            raise InvalidInputError("ReuseCandidate.basis must be a str")
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,8 @@ def plan_breakpoints(
 ) -> CachePlan:
     """Keep the candidates whose breakpoint pays (see the module docstring), at most
     ``rules.max_breakpoints``, the best of each kind."""
+    if not isinstance(rules, ProviderRules):
+        raise ConfigError(f"rules must be a ProviderRules, got {type(rules).__name__}")
     premium = rules.write_premium(ttl)
     min_tokens = rules.min_tokens(model)
     by_kind = _grouped(candidates)
@@ -178,6 +201,9 @@ def plan_breakpoints(
             continue
         kept.append(Breakpoint(best, best_saving, _justification(best, best_saving)))
         covered = best.prefix_tokens
+    if not rules.lookback_blocks:
+        kept, folded = _history_into_tail(kept)
+        skipped.extend(folded)
     extra = _free_shared_ends(kept, by_kind.get("shared_blocks", ()), rules, min_tokens)
     if extra:
         chosen = {id(b.candidate) for b in extra}
@@ -197,6 +223,27 @@ def plan_breakpoints(
         rules.marker,
         rules.unmarked_roles,
     )
+
+
+def _history_into_tail(
+    kept: Sequence[Breakpoint],
+) -> tuple[list[Breakpoint], list[SkippedBreakpoint]]:
+    """Without a lookback limit a request reads the longest cached prefix before any of
+    its breakpoints, and it writes its prompt up to its deepest one: a history
+    breakpoint kept beside a tail then only spends a slot (on OpenAI's breakpoint
+    models it cannot even mark the answer it ends with). Its read and its saving go to
+    the tail, its slot back to the budget."""
+    kinds = [breakpoint.kind for breakpoint in kept]
+    if "history" not in kinds or "tail" not in kinds:
+        return list(kept), []
+    history, tail = kept[kinds.index("history")], kept[kinds.index("tail")]
+    cached = max(tail.candidate.cached_tokens, history.candidate.cached_tokens)
+    candidate = replace(tail.candidate, cached_tokens=cached)
+    saving = history.saving_tokens + tail.saving_tokens
+    folded = Breakpoint(candidate, saving, _justification(candidate, saving))
+    rest = [breakpoint for breakpoint in kept if breakpoint.kind not in ("history", "tail")]
+    why = "the tail reads the same cached prefix and writes past it (no lookback limit)"
+    return [*rest, folded], [SkippedBreakpoint(history.candidate, history.saving_tokens, why)]
 
 
 def _free_shared_ends(
@@ -256,6 +303,8 @@ def _free_shared_ends(
 
 
 def _grouped(candidates: Iterable[ReuseCandidate]) -> dict[str, list[ReuseCandidate]]:
+    if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
+        raise InvalidInputError(f"candidates must be ReuseCandidates, got {candidates!r}")
     by_kind: dict[str, list[ReuseCandidate]] = {}
     for candidate in candidates:
         if not isinstance(candidate, ReuseCandidate) or candidate.kind not in KINDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .._numbers import is_number
 from ..errors import ConfigError
 from .rules import (
     ANTHROPIC_RULES,
@@ -72,7 +73,7 @@ class CloudCacheConfig:
             raise ConfigError("CloudCacheConfig.model must be a str or None")
         self._check_openai_model()
         probability = self.next_turn_probability
-        if probability is not None and not 0 <= probability <= 1:
+        if probability is not None and not (is_number(probability) and 0 <= probability <= 1):
             raise ConfigError("CloudCacheConfig.next_turn_probability must be in [0, 1] or None")
         share = self.key_rate_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from .._numbers import is_finite_at_least
 from ..errors import ConfigError, InvalidInputError
 from ..usage import InputTokens, parse_input_tokens
 from .model_names import match_model_name
@@ -61,8 +62,11 @@ class ModelPrice:
             value = getattr(self, name)
             if value is None and name in ("input", "cache_read"):
                 raise ConfigError(f"ModelPrice.{name} is required")
-            if value is not None and (isinstance(value, bool) or not float(value) >= 0):
-                raise ConfigError(f"ModelPrice.{name} must be a price >= 0, got {value!r}")
+            if value is not None and not is_finite_at_least(value, 0):
+                raise ConfigError(
+                    f"ModelPrice.{name} must be a finite number >= 0 (USD per million "
+                    f"tokens), got {value!r}"
+                )
 
 
 @dataclass(frozen=True)

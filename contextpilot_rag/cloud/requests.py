@@ -173,6 +173,9 @@ def openai_kwargs(
             f"cache_retention must be True, False or None, got {cache_retention!r}; the "
             "retention is chosen with the lifetime planned with: CloudCacheConfig(ttl=...)"
         )
+    for name, flag in (("cache_key", cache_key), ("cache_control", cache_control)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ConfigError(f"{name} must be True, False or None, got {flag!r}")
     plan = prompt.cache_plan
     breakpoints = _openai_breakpoints(plan)
     if cache_control and breakpoints:
@@ -267,6 +270,8 @@ def cache_prefix_bytes(request: Mapping[str, Any]) -> tuple[bytes, tuple[int, ..
     OpenAI-shaped request (``messages``, or the Responses API's ``input``), and the byte
     offset where each block marked with ``cache_control`` or ``prompt_cache_breakpoint``
     ends, in order."""
+    if not isinstance(request, Mapping):
+        raise InvalidInputError(f"a request's keyword arguments, got {type(request).__name__}")
     out = bytearray()
     ends: list[int] = []
     for role, block in _content_blocks(request):
@@ -285,10 +290,24 @@ def _content_blocks(request: Mapping[str, Any]) -> list[tuple[str, Any]]:
     system = request.get("system")
     if system is not None:
         blocks += [("system", block) for block in _as_list(system)]
-    for message in (*request.get("messages", ()), *request.get("input", ())):
-        blocks += [(message["role"], block) for block in _as_list(message["content"])]
+    given = request.get("input") or ()
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else given
+    messages = request.get("messages") or ()
+    if not isinstance(items, (list, tuple)) or not isinstance(messages, (list, tuple)):
+        raise InvalidInputError("a request's 'messages' and 'input' must be lists of messages")
+    for message in (*messages, *items):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise InvalidInputError(f"not a message with a role: {message!r}")
+        content = message.get("content")
+        if content is None:  # an assistant's tool call: no text to cache
+            continue
+        blocks += [(message["role"], block) for block in _as_list(content)]
     return blocks
 
 
 def _as_list(content: Any) -> list[Any]:
-    return [content] if isinstance(content, str) else list(content)
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, (list, tuple)):
+        return list(content)
+    raise InvalidInputError(f"message content must be a str or a list of blocks: {content!r}")

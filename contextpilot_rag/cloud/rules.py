@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .._numbers import is_finite_at_least, is_int, is_number
 from ..errors import ConfigError
 from .model_names import match_model_name
 
@@ -92,16 +93,23 @@ class ProviderRules:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"ProviderRules.{name} must be an int >= 0, got {value!r}")
-        for model, tokens in self.model_min_tokens.items():
-            if not isinstance(model, str) or not isinstance(tokens, int) or tokens < 0:
-                raise ConfigError("ProviderRules.model_min_tokens maps model names to ints >= 0")
-        if not self.ttl_s or any(not seconds > 0 for seconds in self.ttl_s.values()):
+        minimums = self.model_min_tokens
+        if not isinstance(minimums, Mapping) or any(
+            not isinstance(model, str) or not is_int(tokens) or tokens < 0
+            for model, tokens in minimums.items()
+        ):
+            raise ConfigError("ProviderRules.model_min_tokens maps model names to ints >= 0")
+        lifetimes = self.ttl_s
+        if not isinstance(lifetimes, Mapping) or not lifetimes:
             raise ConfigError("ProviderRules.ttl_s must name at least one lifetime > 0 s")
-        if set(self.write_multiplier) != set(self.ttl_s):
+        if any(not (is_number(seconds) and seconds > 0) for seconds in lifetimes.values()):
+            raise ConfigError("ProviderRules.ttl_s must name at least one lifetime > 0 s")
+        writes = self.write_multiplier
+        if not isinstance(writes, Mapping) or set(writes) != set(lifetimes):
             raise ConfigError("ProviderRules.write_multiplier must price every lifetime of ttl_s")
-        multipliers = (*self.write_multiplier.values(), self.read_multiplier)
-        if any(not multiplier > 0 for multiplier in multipliers):
-            raise ConfigError("ProviderRules multipliers must be > 0")
+        multipliers = (*writes.values(), self.read_multiplier)
+        if any(not (is_finite_at_least(m, 0) and m > 0) for m in multipliers):
+            raise ConfigError("ProviderRules multipliers must be finite numbers > 0")
         rate = self.key_rate_per_minute
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
             raise ConfigError(
