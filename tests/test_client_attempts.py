@@ -4,18 +4,20 @@ order held requests are released in."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextpilot_rag.errors import ConfigError, InvalidDecisionError
+from contextpilot_rag.errors import ConfigError, InvalidDecisionError, RoutingError
 from contextpilot_rag.routing import RoundRobinPolicy, RoutingClient
 from contextpilot_rag.routing.client import ClientConfig
 from contextpilot_rag.routing.client.attempts import (
@@ -26,10 +28,12 @@ from contextpilot_rag.routing.client.attempts import (
     Open,
     Raised,
     Steps,
+    Wait,
     attempt_loop,
 )
 from contextpilot_rag.routing.client.config import ClientOptions
 from contextpilot_rag.routing.client.dispatch import Dispatcher
+from contextpilot_rag.routing.metrics import RoutingMetrics
 from contextpilot_rag.routing.client.endpoints import Endpoint, Replica
 from contextpilot_rag.routing.client.holding import Waiter
 from contextpilot_rag.routing.client.sse import Lines
@@ -103,6 +107,113 @@ def test_lines_split_text_in_pieces_as_splitlines_splits_the_whole(
     lines = Lines()
     seen = [line for a, b in itertools.pairwise(bounds) for line in lines.feed(text[a:b])]
     assert seen + lines.flush() == text.splitlines()
+
+
+class HoldWhileBusy:
+    """Sends to ``a`` while it is healthy and idle, holds a request while it is busy,
+    and goes to ``b`` once ``a`` is down; records what it saw of ``a`` each time."""
+
+    name = "hold-while-busy"
+    route_memory = None
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bool, int]] = []
+
+    def choose(self, request: RouteRequest, fleet: FleetView) -> Decision:
+        a = next(state for state in fleet.replicas if state.replica_id == "http://a/v1")
+        self.seen.append((request.request_id, a.healthy, a.in_flight))
+        if a.healthy and a.in_flight == 0:
+            return Decision("http://a/v1", "m", "idle")
+        if a.healthy and request.may_hold:
+            return Decision("http://a/v1", "m", "wait", hold_s=5.0, predicted_ttft_s=0.1)
+        return Decision("http://b/v1", "m", "a is down")
+
+    def observe(self, outcome: Outcome) -> None:
+        pass
+
+
+class Nudged(Waiter):
+    """A waiter a test reads instead of sleeping on."""
+
+    def wake(self) -> None:
+        pass
+
+
+def test_a_held_request_is_offered_again_only_once_a_failed_attempt_is_booked() -> None:
+    """The attempt on ``a`` fails before its first token: the held request must see
+    ``a`` as the failure left it (breaker open, nothing in flight), not idle and
+    healthy with the failed attempt still counted."""
+    policy = HoldWhileBusy()
+    replicas = [Replica(Endpoint(url), "m") for url in ("http://a/v1", "http://b/v1")]
+    fleet = Dispatcher(replicas, policy, ClientConfig(model="m"), metrics=None)
+    first = Steps(attempt_loop(fleet, CallSpec("chat", "Q1?", {}), Nudged))
+    assert first.send(None).url == "http://a/v1/chat/completions"  # type: ignore[union-attr]
+    second = Steps(attempt_loop(fleet, CallSpec("chat", "Q2?", {}), Nudged))
+    wait = second.send(None)
+    assert isinstance(wait, Wait)
+    assert first.send(Head(503, {})) is READ_BODY
+    retry = first.send(b"overloaded")  # the failure is booked, then the first call retries
+    assert isinstance(retry, Open) and retry.url == "http://b/v1/chat/completions"
+    held_id = policy.seen[1][0]
+    offers = [(healthy, in_flight) for rid, healthy, in_flight in policy.seen if rid == held_id]
+    assert offers[0] == (True, 1)  # held while the first attempt ran
+    assert offers[1] == (False, 0)  # offered again with the failure booked
+    ready = wait.waiter.ready
+    assert ready is not None and ready[0].replica_id == "http://b/v1"
+
+
+def test_closing_wakes_a_held_request_which_then_fails_booking_nothing() -> None:
+    replicas = [Replica(Endpoint(url), "m") for url in ("http://a/v1", "http://b/v1")]
+    fleet = Dispatcher(replicas, HoldWhileBusy(), ClientConfig(model="m"), metrics=None)
+    first = Steps(attempt_loop(fleet, CallSpec("chat", "Q1?", {}), Nudged))
+    assert isinstance(first.send(None), Open)
+    second = Steps(attempt_loop(fleet, CallSpec("chat", "Q2?", {}), Nudged))
+    assert isinstance(second.send(None), Wait)
+    fleet.close()
+    with pytest.raises(RoutingError, match="closed"):
+        second.send(None)  # woken: offered again, refused
+    assert not fleet.held
+    states = {state.replica_id: state.in_flight for state in fleet.states()}
+    assert states == {"http://a/v1": 1, "http://b/v1": 0}  # only the first's attempt
+
+
+def test_a_closed_client_refuses_every_call_with_a_routing_error() -> None:
+    client = RoutingClient(["http://127.0.0.1:1/v1"], model="m")
+    client.close()
+    for call in (lambda: client.chat("hello"), client.probe, lambda: list(client.stream("hi"))):
+        with pytest.raises(RoutingError, match="closed"):
+            call()
+
+    async def after_close() -> None:
+        with pytest.raises(RoutingError, match="closed"):
+            await client.achat("hello")
+
+    asyncio.run(after_close())
+
+
+def test_after_aclose_a_synchronous_call_is_a_routing_error() -> None:
+    client = RoutingClient(["http://127.0.0.1:1/v1"], model="m")
+    asyncio.run(client.aclose())  # the loop's connections, and the synchronous ones
+    with pytest.raises(RoutingError, match="closed"):
+        client.chat("hello")
+
+
+def test_metrics_bound_to_another_client_are_refused_before_the_store_opens(
+    tmp_path: Path,
+) -> None:
+    metrics = RoutingMetrics()
+    RoutingClient(["http://127.0.0.1:1/v1"], model="m", metrics=metrics).close()
+    store = tmp_path / "routes.db"
+    with pytest.raises(ConfigError, match="already bound"):
+        RoutingClient(
+            ["http://127.0.0.1:1/v1"], model="m", metrics=metrics, store=f"sqlite:///{store}"
+        )
+    assert not store.exists()
+
+
+def test_an_open_command_never_shows_its_headers() -> None:
+    command = Open("http://a/v1/chat/completions", {}, {"Authorization": "Bearer sk-1"}, 1.0)
+    assert "sk-1" not in repr(command)
 
 
 def test_held_requests_without_a_prediction_are_released_first_then_smallest_ttft() -> None:

@@ -189,10 +189,15 @@ class RoutingMetrics:
         self._namespace = namespace
         self.registry.register(self)  # the scrape-time gauges: see collect()
 
+    @property
+    def bound(self) -> bool:
+        """Whether a client reads its state into these metrics already."""
+        return self._state is not None
+
     def bind(self, state: Callable[[], tuple[Sequence[ReplicaState], int | None]]) -> None:
         """Read live replica states and the route-table size from ``state`` at scrape
         time (the client does this; one client per metrics object)."""
-        if self._state is not None:
+        if self.bound:
             raise ConfigError("this RoutingMetrics is already bound to a client")
         self._state = state
 

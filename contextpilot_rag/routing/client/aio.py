@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, cast
 
@@ -64,22 +65,25 @@ class LoopClients:
         self._timeout = httpx.Timeout(timeout_s)
         self._transport = transport
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._lock = threading.Lock()  # loops in several threads share the map
 
     def current(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            self._drop_closed_loops()
-            client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport)
-            self._clients[loop] = client
-        return client
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None:
+                self._drop_closed_loops()
+                client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport)
+                self._clients[loop] = client
+            return client
 
     async def aclose(self) -> None:
         """Close the running loop's client."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+            self._drop_closed_loops()
         if client is not None:
             await client.aclose()
-        self._drop_closed_loops()
 
     def _drop_closed_loops(self) -> None:
         for loop in [loop for loop in self._clients if loop.is_closed()]:

@@ -81,7 +81,7 @@ class Open:
 
     url: str
     body: dict[str, Any]
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] = field(repr=False)  # an API key: never in a traceback
     timeout_s: float
 
 

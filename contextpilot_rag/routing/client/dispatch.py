@@ -137,6 +137,20 @@ class Dispatcher:
         # routes shared with other processes go into (and come from) a route table
         self._table = memory if isinstance(memory, RouteTableBase) else None
         self.shared = None if store is None else SharedRoutes(store, self._local_load)
+        self.closed = False
+
+    def close(self) -> None:
+        """Route nothing more: every later attempt, and every held request (woken now),
+        raises :class:`RoutingError`."""
+        with self.lock:
+            self.closed = True
+            for waiter in self.held.in_release_order():
+                waiter.wake()
+
+    def check_open(self) -> None:
+        """:class:`RoutingError` once :meth:`close` was called."""
+        if self.closed:
+            raise RoutingError("this RoutingClient is closed")
 
     def _local_load(self) -> dict[str, Load]:
         """This client's own load per replica (what it reports to other routers)."""
@@ -166,7 +180,8 @@ class Dispatcher:
     ) -> RouteRequest:
         """What the policy decides one attempt of ``ask`` on (hashing the prompt needs
         no lock); :class:`InvalidInputError` for a token limit that is not an integer
-        >= 0."""
+        >= 0, :class:`RoutingError` once the client is closed."""
+        self.check_open()
         params = ask.params
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 128
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
@@ -207,6 +222,7 @@ class Dispatcher:
         the look-up counts toward its TTFT."""
         now, table = request.arrival_s, self._table
         with self.lock:
+            self.check_open()
             if found and table is not None:  # other routers' routes, as peer entries
                 SharedRoutes.adopt(found, table, now)
             decision, replica = self._offer(request, now)
@@ -219,6 +235,7 @@ class Dispatcher:
         the request offered again (its wait counts from its first offer)."""
         waiter, now = held.waiter, time.monotonic()
         with self.lock:
+            self.check_open()  # the caller abandons it (nothing is booked after close)
             if waiter.ready is None:
                 self.held.drop(waiter)
                 decision, replica = self._offer(waiter.request, now)
@@ -266,6 +283,8 @@ class Dispatcher:
         """A prompt was prefilled: offer the held requests again (lock held); each one
         dispatched is handed to its caller, already booked."""
         now = time.monotonic()
+        if self.closed:
+            return
         for waiter in self.held.in_release_order():
             try:
                 decision, replica = self._offer(waiter.request, now)
@@ -309,15 +328,22 @@ class Dispatcher:
         return Plan(replica, request, decision, body, url, now, len(ask.text.text))
 
     def first_token(self, plan: Plan) -> None:
-        """The attempt's prompt is prefilled: its tokens leave the queue."""
+        """The attempt's prompt is prefilled: its tokens leave the queue (a held
+        request may go now)."""
         with self.lock:
-            if plan.queued:
-                plan.queued = False
-                plan.replica.queued_tokens -= plan.request.prompt_tokens
-                if self.shared is not None:
-                    self.shared.load_changed()
-                if self.held:
-                    self._release_held()
+            if self._leave_queue(plan) and self.held:
+                self._release_held()
+
+    def _leave_queue(self, plan: Plan) -> bool:
+        """Take the plan's prompt tokens off its replica's queue (lock held); whether
+        they were still on it."""
+        if not plan.queued:
+            return False
+        plan.queued = False
+        plan.replica.queued_tokens -= plan.request.prompt_tokens
+        if self.shared is not None:
+            self.shared.load_changed()
+        return True
 
     def finish(
         self,
@@ -353,6 +379,10 @@ class Dispatcher:
                 cancelled=cancelled,
             )
             self.policy.observe(outcome)
+            # only now, with the breaker and the policy told of this end, may a held
+            # request go (a failed replica must not look idle and healthy to it)
+            if self.held:
+                self._release_held()
         self._record(plan, outcome, counts, result)
         if error is not None or reply is None:
             return None
@@ -361,7 +391,7 @@ class Dispatcher:
     def _release(self, plan: Plan) -> None:
         """Give back the plan's counters (lock held)."""
         plan.closed = True
-        self.first_token(plan)
+        self._leave_queue(plan)
         plan.replica.in_flight -= 1
         if self.shared is not None:
             self.shared.load_changed()

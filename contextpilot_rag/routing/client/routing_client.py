@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ...errors import ConfigError, RoutingError
 from ..metrics import RoutingMetrics
 from ..prompt_keys import PromptInput
 from ..registry import make_policy
@@ -92,6 +93,8 @@ class RoutingClient:
         if config.metrics:
             metrics = config.metrics
             self.metrics = metrics if isinstance(metrics, RoutingMetrics) else RoutingMetrics()
+            if self.metrics.bound:  # refused before a store or a connection is opened
+                raise ConfigError("this RoutingMetrics is already bound to a client")
         self._owned_store = isinstance(config.store, str)
         store = resolve_route_store(config.store)
         self._dispatcher = Dispatcher(replicas, self.policy, config, self.metrics, store)
@@ -126,6 +129,7 @@ class RoutingClient:
 
     def stream(self, prompt: PromptInput, *, kind: Kind = "chat", **params: Any) -> ChatStream:
         """Route a request and iterate its text deltas as they arrive."""
+        self._check_sync()
         spec = CallSpec(kind, prompt, params, streaming=True)
         return ChatStream(sync.drive(self._dispatcher, spec, self._http), spec.holder)
 
@@ -182,17 +186,23 @@ class RoutingClient:
     def probe(self) -> dict[str, float | None]:
         """``GET /models`` on every endpoint: sets its RTT (a failure opens its
         breaker). Returns base URL → RTT in seconds (``None`` if unreachable)."""
+        self._check_sync()
         return sync.probe(self._dispatcher, self._http)
 
     def close(self) -> None:
         """Close the HTTP connections (the async client is closed by :meth:`aclose`)
-        and the link to the shared routing state (publishing what is queued)."""
+        and the link to the shared routing state (publishing what is queued). Every
+        call made after, and every request still held or retrying, raises
+        :class:`~contextpilot_rag.errors.RoutingError`."""
+        self._dispatcher.close()
         self._http.close()
         self._close_shared()
 
     async def aclose(self) -> None:
-        """Close the HTTP connections, the running event loop's included, and the
-        link to the shared routing state."""
+        """Close the running event loop's connections (another loop's call opens its
+        own again), the synchronous ones (a synchronous call after it raises
+        :class:`~contextpilot_rag.errors.RoutingError`) and the link to the shared
+        routing state."""
         self._http.close()
         await self._async_http.aclose()
         self._close_shared()
@@ -216,7 +226,14 @@ class RoutingClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def _check_sync(self) -> None:
+        """:class:`RoutingError` once :meth:`close` or :meth:`aclose` closed the
+        synchronous connections."""
+        if self._http.is_closed:
+            raise RoutingError("this RoutingClient is closed")
+
     def _answer(self, spec: CallSpec) -> ChatResult:
+        self._check_sync()
         for _ in sync.drive(self._dispatcher, spec, self._http):
             pass
         return spec.holder[0]
