@@ -33,11 +33,11 @@ from contextpilot_rag.routing.client.attempts import (
 )
 from contextpilot_rag.routing.client.config import ClientOptions
 from contextpilot_rag.routing.client.dispatch import Dispatcher
-from contextpilot_rag.routing.metrics import RoutingMetrics
 from contextpilot_rag.routing.client.endpoints import Endpoint, Replica
 from contextpilot_rag.routing.client.holding import Waiter
 from contextpilot_rag.routing.client.sse import Lines
 from contextpilot_rag.routing.holding import release_order
+from contextpilot_rag.routing.metrics import RoutingMetrics
 from contextpilot_rag.routing.types import Decision, FleetView, Outcome, RouteRequest
 
 SSE = {"content-type": "text/event-stream"}

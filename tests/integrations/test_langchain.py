@@ -182,7 +182,7 @@ def test_the_callers_documents_are_never_mutated(pilot: ContextPilot) -> None:
     assert not any(o is g for o in out for g in given_docs)
 
 
-def test_annotate_false_leaves_the_notes_out(pilot: ContextPilot) -> None:
+def test_annotate_false_leaves_the_order_note_out(pilot: ContextPilot) -> None:
     retriever = wrap(
         pilot, {"a": docs("doc-0", "doc-1"), "b": docs("doc-1", "doc-0")}, annotate=False
     )
@@ -322,6 +322,21 @@ def test_dedup_with_constructor_session_flags_and_keeps_seen_documents(
     assert CORPUS["doc-1"].strip() not in text and CORPUS["doc-2"].strip() in text
     assert text.endswith("Also relevant, shown in earlier turns: doc-1\n\n")
     assert len(pilot.conversation("s1").turns) == 2
+
+
+def test_annotate_false_still_names_the_deduplicated_documents(pilot: ContextPilot) -> None:
+    """Evidence retention: a de-duplicated document's text is left out of the prompt,
+    so the location note pointing to the earlier turn stays without annotations."""
+    results = {"a": docs("doc-0", "doc-1"), "b": docs("doc-0", "doc-2")}
+    retriever = wrap(pilot, results, conversation_id="c", dedup=True, annotate=False)
+    first = retriever.invoke("a")
+    pilot.record_answer("c", "Answer.", request_id=annotation(first[0])["request_id"])
+    out = retriever.invoke("b")
+    assert [annotation(doc)["deduplicated"] for doc in out] == [False, True]
+    assert {annotation(doc)["order_note"] for doc in out} == {None}
+    text = format_documents(out)
+    assert CORPUS["doc-0"].strip() not in text
+    assert text.endswith("Also relevant, shown in earlier turns: doc-0\n\n")
 
 
 def test_session_id_from_configurable_on_a_direct_invoke(pilot: ContextPilot) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from off_the_loop import refuse_the_pilot_on_the_loop
 
 from contextpilot_rag import ContextBlock, ContextPilot, InvalidInputError, PilotConfig, Tokenizer
 from contextpilot_rag.pilot import DEFAULT_SYSTEM_PROMPT
@@ -289,6 +290,23 @@ def test_a_model_call_after_a_failure_never_takes_a_stray_retrieval(
     rag_chain(pilot, SHARED, recovering_model(recovery)).invoke(first, config=config)
     _, chain_id = retrievals.documents_of
     assert [seen[0] for seen in pilot.observed] == [chain_id]
+
+
+def test_an_async_chain_observes_the_answer_off_the_event_loop(
+    pilot: ContextPilot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The observation waits for the pilot's lock, which another thread's optimize
+    holds across a shared store's round trips: the event loop must not wait with it.
+    Here it goes on only while the loop is free to let it."""
+    handler = ContextPilotCallbackHandler(pilot)
+    chain = rag_chain(pilot, SHARED, GenericFakeChatModel(messages=FailingFirst(0)))
+
+    async def ask() -> str:
+        refuse_the_pilot_on_the_loop(pilot, monkeypatch, "observe_cache")
+        return await chain.ainvoke(next(iter(SHARED)), config={"callbacks": [handler]})
+
+    assert asyncio.run(ask()) == "Answer."
+    assert (handler.observed, handler.unmatched, handler.counts.failed) == (1, 0, 0)
 
 
 def test_a_model_call_without_retrieval_is_unmatched(

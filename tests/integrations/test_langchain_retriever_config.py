@@ -154,9 +154,31 @@ def test_two_different_values_in_one_place_fail_before_the_pilot_changes(
             pilot.conversation(name)
 
 
-def test_a_thread_id_that_is_not_a_string_is_rejected(pilot: ContextPilot) -> None:
+def test_a_thread_id_that_is_not_a_str_int_or_uuid_is_rejected(pilot: ContextPilot) -> None:
     with pytest.raises(InvalidInputError, match="thread_id"):
-        retriever_over(pilot).invoke("q", {"configurable": {"thread_id": 7}})
+        retriever_over(pilot).invoke("q", {"configurable": {"thread_id": 7.5}})
+
+
+@pytest.mark.parametrize("thread_id", [7, UUID("5f0c8a3e-2b1d-4c6e-9a7f-0d3b2e1c4a58")])
+def test_an_int_or_uuid_thread_id_names_the_conversation_by_its_str(
+    pilot: ContextPilot, thread_id: object
+) -> None:
+    """LangGraph takes any of these as a thread id."""
+    retriever = retriever_over(pilot)
+    thread: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    assert conversation_of(retriever, thread) == str(thread_id)
+    second = asyncio.run(retriever.ainvoke("q", thread))
+    assert all(doc.metadata[ANNOTATION_KEY]["deduplicated"] for doc in second)
+    assert len(pilot.conversation(str(thread_id)).turns) == 2
+
+
+def test_without_dedup_the_configs_conversation_is_not_read(pilot: ContextPilot) -> None:
+    """A chain's ``configurable`` may hold anything: without dedup no conversation is
+    used, so none is read (nor refused)."""
+    retriever = ContextPilotRetriever(base_retriever=FixedRetriever(doc_ids=["doc-0"]), pilot=pilot)
+    config: RunnableConfig = {"configurable": {"session_id": 42, "thread_id": 7.5}}
+    for out in (retriever.invoke("q", config), asyncio.run(retriever.ainvoke("q", config))):
+        assert out[0].metadata[ANNOTATION_KEY]["conversation_id"] is None
 
 
 def test_a_langgraph_thread_de_duplicates_across_its_turns(pilot: ContextPilot) -> None:

@@ -106,7 +106,11 @@ def test_options_match_the_retriever(pilot: ContextPilot) -> None:
     assert ids(out) == ["doc-2", "doc-1"]
     assert annotation(out[1])["deduplicated"] is True
     assert {annotation(doc)["conversation_id"] for doc in out} == {"c"}
-    assert {annotation(doc)["location_note"] for doc in out} == {None}
+    assert {annotation(doc)["order_note"] for doc in out} == {None}
+    # kept with annotate=False: it is what names the de-duplicated document
+    assert {annotation(doc)["location_note"] for doc in out} == {
+        "Also relevant, shown in earlier turns: doc-1"
+    }
 
 
 def test_id_key_names_the_blocks(pilot: ContextPilot) -> None:

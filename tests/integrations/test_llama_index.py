@@ -256,6 +256,39 @@ def test_annotate_false_leaves_the_llm_view_unchanged(pilot: ContextPilot) -> No
     assert out[0].node.metadata[NOTES_KEY].startswith("Most relevant first:")
 
 
+def without_note(item: NodeWithScore) -> str:
+    """The node's LLM view without the notes its copy carries after the content."""
+    view, note = llm_view(item), item.node.metadata[NOTES_KEY]
+    return view.removesuffix(f"\n\n{note}") if note else view
+
+
+def test_its_own_output_fed_back_is_the_same_blocks(pilot: ContextPilot) -> None:
+    """``response.source_nodes`` reused, or two engines on one pilot: the annotated
+    nodes are the blocks of the raw ones, re-annotated, never a second text per id."""
+    postprocessor = ContextPilotNodePostprocessor(pilot=pilot)
+    postprocessor.postprocess_nodes(retrieved(["doc-0", "doc-1"]))
+    out = postprocessor.postprocess_nodes(retrieved(["doc-2", "doc-1", "doc-0"]))
+    assert out[-1].node.metadata[NOTES_KEY]  # the carrier's template holds the notes
+    again = postprocessor.postprocess_nodes(out)
+    assert ids(again) == ids(out)
+    assert all(item.node.metadata[MATCHED_KEY] for item in again)  # the same prefix
+    assert [llm_view(item) for item in again] == [without_note(item) for item in out]
+    assert [item.node.metadata for item in postprocessor.postprocess_nodes(again)] == [
+        {**item.node.metadata, REQUEST_ID_KEY: "cp-000000004"} for item in again
+    ]
+
+
+def test_annotated_nodes_first_leave_the_raw_nodes_usable(tokenizer: Tokenizer) -> None:
+    annotated = ContextPilotNodePostprocessor(pilot=ContextPilot(tokenizer=tokenizer))
+    annotated.postprocess_nodes(retrieved(["doc-0", "doc-1"]))
+    out = annotated.postprocess_nodes(retrieved(["doc-2", "doc-1", "doc-0"]))
+    fresh = ContextPilotNodePostprocessor(pilot=ContextPilot(tokenizer=tokenizer))
+    fresh.postprocess_nodes(out)
+    raw = fresh.postprocess_nodes(retrieved(["doc-2", "doc-1", "doc-0"]))
+    assert ids(raw) == ids(out)
+    assert all(item.node.metadata[MATCHED_KEY] for item in raw)
+
+
 def test_id_key_takes_block_ids_from_metadata(pilot: ContextPilot) -> None:
     nodes = retrieved(["doc-0", "doc-1"])
     for item in nodes:

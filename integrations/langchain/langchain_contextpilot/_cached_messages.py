@@ -31,7 +31,8 @@ from typing_extensions import TypedDict, override
 
 from contextpilot_rag import ContextPilot, PilotConfig, Prompt
 from contextpilot_rag.cloud import CloudCacheConfig
-from contextpilot_rag.errors import ConfigError, InvalidInputError
+from contextpilot_rag.errors import ConfigError, EmptyContextError, InvalidInputError
+from contextpilot_rag.pilot import structure_guard_of
 
 from ._documents import check_documents, check_query, document_to_block
 from ._settings import configured_conversation, conversation_keyword
@@ -172,7 +173,15 @@ class ContextPilotPromptBuilder(RunnableSerializable[Mapping[str, Any], list[Bas
     ``config["configurable"]`` ``conversation_id`` / ``session_id`` / ``thread_id``,
     else the field — the prompt carries the conversation's earlier turns, byte for byte
     as they were sent, and documents it already showed are named rather than repeated;
-    record each answer with ``pilot.record_answer(conversation_id, answer.text)``.
+    record each answer with ``pilot.record_answer(conversation_id, answer.text)``. A
+    conversation id is a non-empty ``str``; an ``int`` or ``UUID`` ``thread_id`` names
+    the conversation ``str(thread_id)``.
+
+    No documents (a retrieval with no hit): without a conversation, the system prompt
+    and the question line alone, as the pilot writes them (plain content, no
+    :data:`MESSAGE_KEY`: there is no pilot prompt to pair or cache); with one,
+    :class:`~contextpilot_rag.errors.EmptyContextError`, since the pilot records only
+    turns with documents and the turn could not enter the conversation's history.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -235,14 +244,39 @@ class ContextPilotPromptBuilder(RunnableSerializable[Mapping[str, Any], list[Bas
             )
         question = check_query(value.get("question"))
         documents = check_documents(value.get("documents", []))
+        conversation_id = self._conversation(value, config)
+        if not documents:
+            return self._question_only(question, conversation_id)
         blocks = [document_to_block(doc, n, self.id_key) for n, doc in enumerate(documents)]
         prompt = self.pilot.optimize(
-            blocks,
-            question,
-            conversation_id=self._conversation(value, config),
-            system=self.system,
+            blocks, question, conversation_id=conversation_id, system=self.system
         )
         return build_cached_messages(prompt, self.provider)
+
+    def _question_only(self, question: str, conversation_id: str | None) -> list[BaseMessage]:
+        """The messages of a turn without documents (a retrieval with no hit): the
+        system prompt and the pilot's question line, as the pilot writes them, with no
+        context and no :data:`MESSAGE_KEY` (no pilot prompt, so nothing to pair or
+        cache). Not for a conversation: the pilot records only turns with documents."""
+        if conversation_id is not None:
+            raise EmptyContextError(
+                f"no documents for a turn of conversation {conversation_id!r}: the pilot "
+                "records a conversation's turns only with documents, so this turn could not "
+                "enter its history nor its answer be recorded; route turns without documents "
+                "around the builder (e.g. RunnableBranch), or build them without a conversation"
+            )
+        config = self.pilot.config
+        system = self.system if self.system is not None else config.system_prompt
+        query = structure_guard_of(self.pilot).escape(question)
+        texts = [
+            (SystemMessage, system),
+            (HumanMessage, config.question_template.format(query=query)),
+        ]
+        return [kind(content=self._content(text)) for kind, text in texts if text and text.strip()]
+
+    def _content(self, text: str) -> str | list[str | dict[str, Any]]:
+        """``text`` as a message content of :attr:`provider` (without cache markers)."""
+        return [{"type": "text", "text": text}] if self.provider == "anthropic" else text
 
     def _conversation(self, value: Mapping[str, Any], config: RunnableConfig) -> str | None:
         named = conversation_keyword(dict(value), "builder input")

@@ -54,10 +54,16 @@ class ContextPilotCallbackHandler(BaseCallbackHandler):
     ``llm_output`` ``token_usage`` (``prompt_tokens_details.cached_tokens``);
     ``ChatOpenAI`` reports it when streaming only with ``stream_usage=True``. Nothing it
     does raises into the chain: failures are logged and counted (:attr:`counts`).
-    Thread-safe, for sync and async chains; memory bounded by ``max_runs``.
+    Thread-safe, for sync and async chains (in async chains its events run in
+    LangChain's executor, off the event loop); memory bounded by ``max_runs``.
     """
 
-    run_inline = True  # in-memory work only: no executor hop in async chains
+    # In async chains LangChain runs the events of a handler that is not inline in its
+    # executor, each awaited before the chain goes on (so the runs still arrive in
+    # order): an answer's observation waits for the pilot's lock, which another
+    # thread's optimize holds across a shared store's round trips, and the event loop
+    # must not wait with it.
+    run_inline = False
 
     def __init__(self, pilot: ContextPilot, *, max_runs: int = 10_000) -> None:
         if not isinstance(pilot, ContextPilot):

@@ -49,8 +49,9 @@ class ContextPilotAnnotation(TypedDict):
     ``repeat``: the base retriever returned the same document (same id and text)
     earlier in this result; it is rendered once. ``order_note`` / ``location_note``:
     the notes of this request (the same on all its documents), ``None`` when there is
-    none or ``annotate=False``. ``request_id``: the request id of the pilot's prompt
-    (the same on all its documents), which :class:`ContextPilotCallbackHandler` pairs
+    none; ``annotate=False`` leaves out the order note only (the location note is what
+    names the de-duplicated documents). ``request_id``: the request id of the pilot's
+    prompt (the same on all its documents), which :class:`ContextPilotCallbackHandler` pairs
     with the model call and :meth:`ContextPilot.observe
     <contextpilot_rag.ContextPilot.observe>` takes. ``conversation_id``: the conversation
     the pilot de-duplicated against (``None`` unless ``dedup=True``); ``session_id``
@@ -99,8 +100,10 @@ def optimize_documents(
     blocks = [document_to_block(doc, position, options.id_key) for position, doc in enumerate(docs)]
     conversation_id = options.conversation_id if options.dedup else None
     prompt = pilot.optimize(blocks, query, conversation_id=conversation_id)
-    notes = (prompt.order_note, prompt.location_note) if options.annotate else (None, None)
-    return _annotated(docs, blocks, prompt, notes)
+    # The location note stays whatever ``annotate`` says: it is all that points to the
+    # text of a de-duplicated document, which format_documents leaves out.
+    order_note = prompt.order_note if options.annotate else None
+    return _annotated(docs, blocks, prompt, (order_note, prompt.location_note))
 
 
 def check_documents(documents: object) -> list[Document]:

@@ -42,7 +42,9 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
     ``config["configurable"]["conversation_id"]``, then ``["session_id"]`` (as
     ``RunnableWithMessageHistory`` sets it), then ``["thread_id"]`` (LangGraph's);
     the ``conversation_id`` field. An alias and its name given in one place with
-    different values raise :class:`~contextpilot_rag.errors.ConfigError`.
+    different values raise :class:`~contextpilot_rag.errors.ConfigError`. An ``int``
+    or ``UUID`` ``thread_id`` names the conversation ``str(thread_id)``. The config is
+    read only with ``dedup=True``, the only case that uses a conversation.
 
     ``dedup`` stays off by default: it is safe only when the chain's prompt still
     contains the earlier turns' documents (see :attr:`PilotSettings.dedup`).
@@ -104,8 +106,10 @@ class ContextPilotRetriever(BaseRetriever, PilotSettings):
         return await run_in_executor(None, optimize_documents, pilot, documents, query, options)
 
     def _conversation_for_call(self, config: RunnableConfig, kwargs: dict[str, Any]) -> str | None:
-        """The call's conversation id (``None``: the field's); pops the keywords."""
+        """The call's conversation id (``None``: the field's); pops the keywords, which
+        are not the base retriever's. Without dedup the conversation is not used, so
+        the config's is not read: a chain's ``thread_id`` is none of our business."""
         named = conversation_keyword(kwargs, "invoke keywords")
-        if named is not None:
+        if named is not None or not self.dedup:
             return named
         return configured_conversation(config.get("configurable") or {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,8 +44,10 @@ class PilotSettings(BaseModel):
     kept in the output, flagged."""
 
     annotate: bool = True
-    """Put the pilot's order / location notes in the metadata, so that
-    :func:`format_documents` writes them after the documents."""
+    """Put the pilot's order note in the metadata, so that :func:`format_documents`
+    writes it after the documents. The location note (only with ``dedup=True``) is
+    kept either way: it names the de-duplicated documents, whose text the prompt
+    leaves out, so without it they would vanish from the prompt."""
 
     id_key: str | None = None
     """Metadata key holding the block id. Used when set and present; otherwise
@@ -85,12 +88,17 @@ def conversation_keyword(options: dict[str, Any], where: str) -> str | None:
 def configured_conversation(configurable: Mapping[str, Any]) -> str | None:
     """The conversation id of ``config["configurable"]``: ``conversation_id``, else its
     alias ``session_id`` (two different values: :class:`ConfigError`), else LangGraph's
-    ``thread_id``, else ``None``."""
+    ``thread_id`` (an ``int`` or ``UUID`` one as its ``str()``), else ``None``."""
     where = 'config["configurable"]'
     named = _one_of(configurable.get("conversation_id"), configurable.get("session_id"), where)
     if named is not None:
         return named
-    return check_conversation_id(configurable.get("thread_id"), f'{where}["thread_id"]')
+    thread_id = configurable.get("thread_id")
+    if isinstance(thread_id, UUID) or (
+        isinstance(thread_id, int) and not isinstance(thread_id, bool)
+    ):
+        return str(thread_id)  # LangGraph takes any of these as a thread id
+    return check_conversation_id(thread_id, f'{where}["thread_id"]')
 
 
 def _one_of(conversation_id: object, session_id: object, where: str) -> str | None:

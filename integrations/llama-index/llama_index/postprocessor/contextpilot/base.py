@@ -11,6 +11,9 @@ Invariant: every retrieved node comes back exactly once (exact repeats — same 
 same text — once, at their first position), with its score, and each node renders
 to the same LLM text in every request (only the note carrier differs, after its
 content), so the order the pilot chose becomes a shared token prefix in the engine.
+A node's block is made from the node without this package's annotations, so nodes
+it already annotated (``response.source_nodes`` fed back, two engines sharing one
+pilot) are the same blocks as the raw nodes they came from.
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ ANNOTATION_KEYS = (
     NOTES_KEY,
     REQUEST_ID_KEY,
 )
+_TEMPLATE_KEY = "contextpilot_text_template"
+"""On the notes carrier only: its ``text_template`` before the notes were appended."""
+_OWN_KEYS = (*ANNOTATION_KEYS, _TEMPLATE_KEY)
 
 
 class ContextPilotPromptEvent(BaseEvent):
@@ -110,7 +116,10 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     view and, except :data:`LABEL_KEY` when ``annotate``, from the LLM view. A copy's
     text and the metadata values the LLM sees are escaped as the pilot escapes block
     text (control tokens broken, lines imitating a label, a note or the question
-    escaped), so the LLM view is the text the pilot rendered for the block.
+    escaped), so the LLM view is the text the pilot rendered for the block. Nodes it
+    returned may come back to it (``response.source_nodes`` reused, two engines on
+    one pilot): their annotations are replaced, never stacked, and they are the same
+    blocks as the raw nodes.
 
     ``annotate``: each node shows its label to the LLM, and the pilot's notes
     (relevance ranking, blocks of earlier turns) follow the content of the last node
@@ -192,7 +201,7 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         self._check_options()  # fields may have been reassigned since __init__
         query = _query_text(query_bundle)
-        items = _checked(nodes)
+        items = [_without_annotations(item) for item in _checked(nodes)]
         guard = _guard_of(self.pilot)
         escaped = [_escaped(position, item, guard) for position, item in enumerate(items)]
         blocks = [
@@ -313,6 +322,26 @@ def _checked(nodes: object) -> list[NodeWithScore]:
     return list(nodes)
 
 
+def _without_annotations(item: NodeWithScore) -> NodeWithScore:
+    """``item`` as it was before this package annotated it (``item`` itself when it
+    carries no annotation): the annotation keys gone from its metadata and exclusion
+    lists, the ``text_template`` it had before the notes restored. Its LLM view is
+    then the text the pilot registered for the raw node, so an annotated node is
+    never a second text for the same id."""
+    node = item.node
+    if not any(key in node.metadata for key in _OWN_KEYS):
+        return item
+    update: dict[str, Any] = {
+        "metadata": {k: v for k, v in node.metadata.items() if k not in _OWN_KEYS},
+        "excluded_llm_metadata_keys": _without(node.excluded_llm_metadata_keys, _OWN_KEYS),
+        "excluded_embed_metadata_keys": _without(node.excluded_embed_metadata_keys, _OWN_KEYS),
+    }
+    template = node.metadata.get(_TEMPLATE_KEY)
+    if isinstance(template, str):
+        update["text_template"] = template
+    return NodeWithScore(node=node.model_copy(update=update), score=item.score)
+
+
 def _guard_of(pilot: ContextPilot) -> StructureGuard:
     """The pilot's escaping, plus the line LlamaIndex shows the label on
     (``contextpilot_label: ...``), which a node's text must not imitate either."""
@@ -366,27 +395,32 @@ def _with_text(node: BaseNode, text: str) -> dict[str, Any]:
 def _annotated_copy(
     item: NodeWithScore, annotations: dict[str, Any], *, visible_note: str, show_label: bool
 ) -> NodeWithScore:
-    """A copy of ``item`` with ``annotations`` in fresh metadata (label first, so it
-    reads like the pilot's ``[label]`` header), hidden from the views that must not
-    change, and ``visible_note`` appended to the ``text_template``: after the content
-    wherever metadata is rendered (LLM view; the embedding view too, which nothing
-    downstream of retrieval re-embeds)."""
+    """A copy of ``item`` (not annotated) with ``annotations`` in fresh metadata (label
+    first, so it reads like the pilot's ``[label]`` header), hidden from the views that
+    must not change, and ``visible_note`` appended to the ``text_template``: after the
+    content wherever metadata is rendered (LLM view; the embedding view too, which
+    nothing downstream of retrieval re-embeds). The carrier keeps its template as it
+    was under a hidden key, for :func:`_without_annotations`."""
     node = item.node
-    own = {key: value for key, value in node.metadata.items() if key not in annotations}
-    metadata = {LABEL_KEY: annotations[LABEL_KEY], **own, **annotations}
-    hidden_from_llm = [key for key in ANNOTATION_KEYS if not (show_label and key == LABEL_KEY)]
-    update: dict[str, Any] = {
-        "metadata": metadata,
-        "excluded_llm_metadata_keys": _extended(node.excluded_llm_metadata_keys, hidden_from_llm),
-        "excluded_embed_metadata_keys": _extended(
-            node.excluded_embed_metadata_keys, ANNOTATION_KEYS
-        ),
-    }
+    metadata = {LABEL_KEY: annotations[LABEL_KEY], **node.metadata, **annotations}
+    update: dict[str, Any] = {}
     if visible_note and isinstance(node, (TextNode, Node)):  # _checked() made sure
         escaped = visible_note.replace("{", "{{").replace("}", "}}")
         update["text_template"] = f"{node.text_template}\n\n{escaped}"
+        metadata[_TEMPLATE_KEY] = node.text_template
+    hidden = [key for key in _OWN_KEYS if key in metadata]
+    hidden_from_llm = [key for key in hidden if not (show_label and key == LABEL_KEY)]
+    update |= {
+        "metadata": metadata,
+        "excluded_llm_metadata_keys": _extended(node.excluded_llm_metadata_keys, hidden_from_llm),
+        "excluded_embed_metadata_keys": _extended(node.excluded_embed_metadata_keys, hidden),
+    }
     return NodeWithScore(node=node.model_copy(update=update), score=item.score)
 
 
 def _extended(keys: Sequence[str], more: Sequence[str]) -> list[str]:
     return [*keys, *(key for key in more if key not in keys)]
+
+
+def _without(keys: Sequence[str], dropped: Sequence[str]) -> list[str]:
+    return [key for key in keys if key not in dropped]
