@@ -1112,7 +1112,9 @@ class ContextPilot:
         """Where a tenant's prompt is indexed: in its tenant's index when salted (its
         cache namespace) or when nothing is salted (policy ``"never"``); the leading
         shared blocks of an unsalted prompt without history also in the shared index,
-        by content (with the tail when the prompt has no private block)."""
+        by content (with the tail: of no tokens after a private block, a leaf of the
+        request's own, which the index's node bound and LRU count and drop, where the
+        shared prefix's node would collect every such request's id)."""
         placements = []
         if order.cache_salt is not None or self.config.tenants.cache_salt == "never":
             placements.append(_Placement(tenant, False, path, tokens))
@@ -1124,7 +1126,8 @@ class ContextPilot:
             if count == len(final):
                 placements.append(_Placement(tenant, True, (*shared_path, path[-1]), tokens))
             elif count:
-                placements.append(_Placement(tenant, True, shared_path, tokens[:end]))
+                leaf = ((*shared_path, path[-1]), (*tokens[:end], 0))
+                placements.append(_Placement(tenant, True, *leaf))
         return tuple(placements)
 
     def _plan_batch(

@@ -26,6 +26,7 @@ from contextpilot_rag.errors import (
     InvalidInputError,
     UnknownConversationError,
 )
+from contextpilot_rag.index import IndexConfig
 from contextpilot_rag.routing import Endpoint, RoutingClient
 from contextpilot_rag.routing.metrics import DECISION_LOGGER
 from contextpilot_rag.routing.prompt_keys import PromptKeys, serialise
@@ -515,6 +516,20 @@ def test_at_most_max_tenants_indexes_are_kept() -> None:
     assert pilot.index_stats(tenant="a").requests == 0  # the least recently used: dropped
     assert pilot.index_stats(tenant="c").requests == 1
     assert len(pilot._tenant_indexes) == 2
+
+
+def test_unsalted_prompts_with_private_blocks_keep_the_shared_index_bounded() -> None:
+    """With ``"never"`` a prompt's leading shared blocks enter the shared index; each
+    request's own leaf there is what the node bound counts and drops."""
+    tenants = TenantConfig(cache_salt="never", salt_key=KEY)
+    pilot = ContextPilot(PilotConfig(tenants=tenants, index=IndexConfig(max_nodes=40)))
+    for number in range(300):
+        tenant = f"t{number % 3}"
+        pilot.optimize([public(1), doc(tenant, number)], f"q{number}", tenant=tenant)
+    stats = pilot._shared_index.stats()
+    assert stats.requests <= stats.nodes <= 40
+    other = pilot.optimize([public(1), doc("t9", 1)], "q", tenant="t9")
+    assert other.blocks[0].id == "pub1" and other.stats.blocks_matched >= 1  # still shared
 
 
 # -- the engine's cache: salted like vLLM ------------------------------------------
