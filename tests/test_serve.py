@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from contextpilot_rag.cli import _parser, main
 from contextpilot_rag.errors import (
     ConfigError,
     ContextPilotError,
@@ -33,8 +35,10 @@ from contextpilot_rag.errors import (
     StoreUnavailableError,
     UnknownConversationError,
 )
+from contextpilot_rag.routing.client import RoutingClient
 from contextpilot_rag.serve import API_KEY_ENV, BackgroundServer, ServeConfig
 from contextpilot_rag.serve.api_errors import ApiError, pilot_error_of, routing_error_of
+from contextpilot_rag.serve.cli import config_from_args
 from contextpilot_rag.serve.request_body import MAX_NESTING, parse_json, parse_request
 from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 
@@ -232,6 +236,24 @@ def test_tenants_never_share_a_conversation(
     assert len(received(engines)[-1]["messages"]) == 2  # no history of acme's turn
 
 
+def test_max_history_turns_bounds_the_turns_sent_and_stored(
+    engines: list[OpenAICompatibleServer],
+) -> None:
+    server = start_proxy([engine.base_url for engine in engines], max_history_turns=2)
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0)
+    try:
+        for turn in range(6):
+            ask(sdk, f"Question {turn}?", conversation_id="long")
+        last = received(engines)[-1]["messages"]
+        assert [m["role"] for m in last] == ["system", *["user", "assistant"] * 2, "user"]
+        assert "Question 3?" in last[1]["content"] and "Question 4?" in last[3]["content"]
+        stored = server.proxy.pilot.conversation("long")
+        assert len(stored.turns) == 2 and stored.dropped_turns == 4
+    finally:
+        sdk.close()
+        server.stop()
+
+
 def test_a_completion_with_documents_sends_the_prompt_text(
     sdk: openai.OpenAI, engines: list[OpenAICompatibleServer]
 ) -> None:
@@ -399,6 +421,10 @@ def test_the_sdk_raises_bad_request_for_a_malformed_field(sdk: openai.OpenAI) ->
         ({"max_completion_tokens": -5}, "max_completion_tokens"),
         ({"cache_salt": ""}, "cache_salt"),
         ({"cache_salt": 5}, "cache_salt"),
+        ({"kind": "x"}, "kind"),  # the routing client's own arguments
+        ({"kind": "x", "stream": True}, "kind"),
+        ({"self": 1}, "self"),
+        ({"self": 1, "stream": True}, "self"),
     ],
 )
 def test_an_engine_parameter_the_fleet_cannot_take_is_a_400_naming_it_and_records_nothing(
@@ -419,6 +445,25 @@ def test_an_engine_parameter_the_fleet_cannot_take_is_a_400_naming_it_and_record
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert len(pilot.conversation("c").turns) == 1  # the rejected turn was not recorded
     assert pilot.index_stats() == before and len(received(engines)) == sent
+
+
+def test_no_parameter_reaches_the_engine_under_a_routing_client_argument_name() -> None:
+    calls = (RoutingClient.achat, RoutingClient.acomplete, RoutingClient.astream)
+    names = {
+        parameter.name
+        for call in calls
+        for parameter in inspect.signature(call).parameters.values()
+        if parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    bodies = {"chat": chat_body(), "completion": {"model": MODEL, "prompt": "Where?"}}
+    for kind, body in bodies.items():
+        for name in names:
+            try:
+                request = parse_request(kind, {**body, name: 1})  # type: ignore[arg-type]
+            except ApiError as exc:
+                assert (exc.status, exc.param) == (400, name)
+            else:
+                assert name not in request.params
 
 
 def nested(depth: int) -> str:
@@ -754,6 +799,9 @@ def test_a_store_that_does_not_answer_is_a_config_error_that_hides_its_password(
         {"workers": 0},
         {"api_key": "short"},
         {"timeout_s": float("nan")},
+        {"max_history_turns": 0},
+        {"max_history_turns": True},
+        {"max_history_turns": 2.0},
     ],
 )
 def test_a_bad_configuration_is_refused(options: dict[str, Any]) -> None:
@@ -854,6 +902,20 @@ def test_the_serve_command_reports_a_bad_configuration() -> None:
         check=False,
     )
     assert result.returncode == 2 and "http://" in result.stdout + result.stderr
+
+
+def test_the_serve_command_takes_a_history_window_and_refuses_a_bad_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    command = ["serve", "--endpoint", "http://127.0.0.1:1/v1", "--model", MODEL]
+    config = config_from_args(_parser().parse_args([*command, "--max-history-turns", "3"]))
+    assert config.max_history_turns == 3
+    assert ServeConfig.from_json(config.to_json()) == config  # as the workers get it
+    assert config_from_args(_parser().parse_args(command)).max_history_turns is None
+    assert main([*command, "--max-history-turns", "0"]) == 2  # before anything starts
+    assert "max_history_turns" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*command, "--max-history-turns", "many"])
 
 
 def test_unknown_conversations_stay_unknown_after_a_passthrough(

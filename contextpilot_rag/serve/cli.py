@@ -69,6 +69,14 @@ def add_serve_parser(commands: Any) -> None:
         help="per-attempt progress bound towards an engine (default 120)",
     )
     add(
+        "--max-history-turns",
+        type=int,
+        metavar="N",
+        help="earlier turns of a conversation rendered into each prompt and kept in its "
+        "stored record (default: all, so a record grows with its conversation; set it for "
+        "a long-running server)",
+    )
+    add(
         "--cache-salt",
         choices=("private", "always", "never"),
         default="private",
@@ -94,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         timeout_s=args.timeout_s,
         cache_salt=args.cache_salt,
         share_index=args.share_index,
+        max_history_turns=args.max_history_turns,
         # one key for all workers of this run; several proxies need the variable
         salt_key=os.environ.get(SALT_KEY_ENV) or secrets.token_hex(32),
     )

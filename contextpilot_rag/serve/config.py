@@ -41,7 +41,11 @@ class ServeConfig:
     derive from, the same in every worker and every proxy in front of one fleet
     (``None``: a random key per worker; the ``serve`` command makes one per run).
     ``share_index``: whether the workers on ``store`` also share their context index
-    through the store's index log (``PilotConfig.index_log``, docs/stores.md)."""
+    through the store's index log (``PilotConfig.index_log``, docs/stores.md).
+    ``max_history_turns``: the pilot's history window (``PilotConfig.max_history_turns``):
+    the earlier turns of a conversation rendered into each prompt and kept in its stored
+    record (``None``: every turn, a record that grows with the conversation; set it for a
+    long-running server)."""
 
     endpoints: tuple[str, ...]
     model: str
@@ -56,6 +60,7 @@ class ServeConfig:
     cache_salt: SaltPolicy = "private"
     salt_key: str | None = field(default=None, repr=False)
     share_index: bool = True
+    max_history_turns: int | None = None
 
     def __post_init__(self) -> None:
         endpoints = self.endpoints
@@ -89,6 +94,11 @@ class ServeConfig:
         TenantConfig(cache_salt=self.cache_salt, salt_key=self.salt_key)  # checks both
         if not isinstance(self.share_index, bool):
             raise ConfigError(f"share_index must be a bool, got {self.share_index!r}")
+        turns = self.max_history_turns
+        if turns is not None and (
+            isinstance(turns, bool) or not isinstance(turns, int) or turns < 1
+        ):
+            raise ConfigError(f"max_history_turns must be an integer >= 1 or None, got {turns!r}")
 
     @property
     def loopback(self) -> bool:

@@ -228,10 +228,13 @@ class Proxy:
 def _pilot(config: ServeConfig) -> ContextPilot:
     """The worker's pilot, on ``config.store`` when given (checked to answer: else
     :class:`ConfigError`, the URL's credentials redacted), salting tenants' prompts as
-    ``config.cache_salt`` says under ``config.salt_key``."""
+    ``config.cache_salt`` says under ``config.salt_key``, rendering and keeping
+    ``config.max_history_turns`` turns of each conversation."""
     tenants = TenantConfig(cache_salt=config.cache_salt, salt_key=config.salt_key)
     index_log = IndexLogConfig(enabled=config.share_index)
-    pilot_config = PilotConfig(tenants=tenants, index_log=index_log)
+    pilot_config = PilotConfig(
+        tenants=tenants, index_log=index_log, max_history_turns=config.max_history_turns
+    )
     if config.store is None:
         return ContextPilot(pilot_config)
     return pilot_on_store(pilot_config, config.store)

@@ -8,7 +8,9 @@ Every error is an :class:`~.api_errors.ApiError` (HTTP 400) naming the offending
 ``param``; unknown keys are errors too, so a misspelt option never passes silently. The
 engine parameters the routing client reads (``max_tokens``, ``max_completion_tokens``,
 ``cache_salt``) are checked here too, so a request the fleet would refuse is refused
-before the pilot records its turn.
+before the pilot records its turn; so are the names of the routing client's own call
+arguments (``kind``, ``self``), which no OpenAI request has and which could not be
+forwarded as engine parameters.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ Kind = Literal["chat", "completion"]
 _RESERVED = frozenset({"model", "messages", "prompt", "stream", "stream_options", FIELD})
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 _SALT = "cache_salt"
+# RoutingClient.achat/acomplete/astream's own arguments besides ``prompt`` (reserved):
+# as engine parameters they would collide with them
+_CLIENT_ARGUMENTS = ("kind", "self")
 
 MAX_NESTING = 128
 """The deepest a request body may nest arrays and objects (deeper: HTTP 400); far
@@ -123,6 +128,7 @@ def parse_request(kind: Kind, body: object) -> ProxyRequest:
     params = {key: value for key, value in body.items() if key not in _RESERVED}
     _check_supported(kind, params)
     _check_routed(params)
+    _check_not_client_arguments(params)
     payload = _chat_payload(body) if kind == "chat" else _completion_payload(body)
     request = ProxyRequest(kind, model, stream, include_usage, params, payload)
     if body.get(FIELD) is None:
@@ -163,6 +169,13 @@ def _check_routed(params: Mapping[str, Any]) -> None:
     salt = params.get(_SALT)
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise ApiError.invalid(f"'{_SALT}' must be a non-empty string", param=_SALT)
+
+
+def _check_not_client_arguments(params: Mapping[str, Any]) -> None:
+    """No engine parameter is named like one of the routing client's own arguments."""
+    for name in _CLIENT_ARGUMENTS:
+        if name in params:
+            raise ApiError.invalid(f"Unrecognized request argument supplied: {name}", param=name)
 
 
 def _unsupported(param: str, message: str) -> ApiError:

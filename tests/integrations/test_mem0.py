@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import runpy
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,6 +41,7 @@ from contextpilot_mem0 import (  # noqa: E402
     Mem0ResponseError,
     format_memories,
     memory_block_id,
+    scope_tenant,
 )
 from mem0 import AsyncMemory, Memory  # noqa: E402
 from mem0.embeddings.base import EmbeddingBase  # noqa: E402
@@ -265,6 +267,7 @@ def test_each_result_keeps_mem0_fields_and_gains_an_annotation(memory: Recording
         "messages",
         "stats",
         "history_lost",
+        "tenant",
     }
     assert summary["request_id"].startswith("cp-")
     assert summary["history_lost"] is False
@@ -344,7 +347,7 @@ def test_conversation_id_without_dedup_is_rejected_before_mem0_is_called(
 def test_session_id_is_an_alias_of_conversation_id(memory: RecordingMemory) -> None:
     wrapped = ContextPilotMemory(memory, dedup=True)
     first = wrapped.search(QUERIES[0], session_id="chat-1", filters=USER, top_k=3)
-    wrapped.record_answer("chat-1", "Green tea.")
+    wrapped.record_answer("chat-1", "Green tea.", filters=USER)
     second = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=5)
     assert first[ANNOTATION_KEY]["conversation_id"] == "chat-1"
     assert "deduplicated" in {r[ANNOTATION_KEY]["status"] for r in second["results"]}
@@ -411,7 +414,7 @@ def test_dedup_needs_a_pilot_that_deduplicates(memory: RecordingMemory) -> None:
 def test_dedup_names_memories_already_sent_in_the_conversation(memory: RecordingMemory) -> None:
     wrapped = ContextPilotMemory(memory, dedup=True)
     first = wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER, top_k=3)
-    wrapped.record_answer("chat-1", "Green tea.")
+    wrapped.record_answer("chat-1", "Green tea.", filters=USER)
     second = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=5)
 
     assert sorted(ids(second)) == sorted(ids(memory.calls[-1].snapshot))  # none lost
@@ -442,12 +445,14 @@ def test_record_answer_pairs_the_answer_with_the_search_that_asked(
     first = wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER, top_k=3)
     wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=3)
     with pytest.raises(ConversationStateError, match="ambiguous"):
-        wrapped.record_answer("chat-1", "Green tea.")  # two turns await an answer
-    wrapped.record_answer("chat-1", "Green tea.", request_id=first[ANNOTATION_KEY]["request_id"])
-    turns = wrapped.pilot.conversation("chat-1").turns
+        wrapped.record_answer("chat-1", "Green tea.", filters=USER)  # two turns await one
+    request_id = first[ANNOTATION_KEY]["request_id"]
+    wrapped.record_answer("chat-1", "Green tea.", request_id=request_id, filters=USER)
+    tenant = first[ANNOTATION_KEY]["tenant"]
+    turns = wrapped.pilot.conversation("chat-1", tenant=tenant).turns
     assert [turn.answer for turn in turns] == ["Green tea.", None]
-    wrapped.record_answer("chat-1", "Jasmine.")  # now only one awaits
-    assert wrapped.pilot.conversation("chat-1").turns[1].answer == "Jasmine."
+    wrapped.record_answer("chat-1", "Jasmine.", filters=USER)  # now only one awaits
+    assert wrapped.pilot.conversation("chat-1", tenant=tenant).turns[1].answer == "Jasmine."
 
 
 def test_a_conversation_evicted_from_the_store_is_flagged_history_lost(
@@ -461,6 +466,64 @@ def test_a_conversation_evicted_from_the_store_is_flagged_history_lost(
     assert first[ANNOTATION_KEY]["history_lost"] is False
     assert again[ANNOTATION_KEY]["history_lost"] is True
     assert {r[ANNOTATION_KEY]["status"] for r in again["results"]} == {"sent"}
+
+
+BOB = {"user_id": "bob"}
+BOB_MEMORIES = [
+    "Bob drinks black coffee every morning and never drinks tea.",
+    "Bob lives in Porto, Portugal, next to the Douro river.",
+]
+
+
+def test_users_with_one_conversation_id_never_see_each_others_memories_or_answers(
+    memory: RecordingMemory,
+) -> None:
+    for text in BOB_MEMORIES:
+        memory.add(text, **BOB, infer=False)
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    alice = wrapped.search(QUERIES[0], conversation_id="chat-1", filters=USER, top_k=3)
+    request_id = alice[ANNOTATION_KEY]["request_id"]
+    wrapped.record_answer("chat-1", "ALICE-ANSWER", request_id=request_id, filters=USER)
+    bob = wrapped.search("What does Bob drink?", conversation_id="chat-1", filters=BOB, top_k=3)
+    bob_prompt = json.dumps(bob[ANNOTATION_KEY]["messages"])
+    assert [m["role"] for m in bob[ANNOTATION_KEY]["messages"]] == ["system", "user"]
+    assert "ALICE-ANSWER" not in bob_prompt and "Alice" not in bob_prompt
+    assert {r[ANNOTATION_KEY]["status"] for r in bob["results"]} == {"sent"}
+    assert bob[ANNOTATION_KEY]["tenant"] != alice[ANNOTATION_KEY]["tenant"]
+    again = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=USER, top_k=5)
+    messages = again[ANNOTATION_KEY]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[2]["content"] == "ALICE-ANSWER" and "Bob" not in json.dumps(messages)
+    assert "deduplicated" in {r[ANNOTATION_KEY]["status"] for r in again["results"]}
+
+
+def test_the_scope_is_read_as_mem0_compares_it(memory: RecordingMemory) -> None:
+    memory.add(MEMORIES[0], **USER, agent_id="planner", infer=False)
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    first = wrapped.search(QUERIES[0], conversation_id="c", filters={"user_id": " alice"})
+    wrapped.record_answer("c", "Green tea.", filters={"AND": [{"user_id": "alice"}]})
+    second = wrapped.search(QUERIES[1], conversation_id="c", filters=USER, top_k=5)
+    assert first[ANNOTATION_KEY]["tenant"] == second[ANNOTATION_KEY]["tenant"] == scope_tenant(USER)
+    assert second[ANNOTATION_KEY]["messages"][2]["content"] == "Green tea."
+    with_agent = wrapped.search(
+        QUERIES[1], conversation_id="c", filters={**USER, "agent_id": "planner"}
+    )
+    assert len(with_agent[ANNOTATION_KEY]["messages"]) == 2  # another scope: no history
+
+
+def test_a_conversation_without_a_scope_is_refused_before_anything_runs(
+    memory: RecordingMemory,
+) -> None:
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    unscoped = {"OR": [{"user_id": "alice"}, {"user_id": "bob"}]}
+    with pytest.raises(InvalidInputError, match="user_id, agent_id or run_id"):
+        wrapped.search(QUERIES[0], conversation_id="c", filters=unscoped)
+    assert memory.calls == [] and wrapped.pilot.index_stats().requests == 0
+    wrapped.search(QUERIES[0], conversation_id="c", filters=USER, top_k=3)
+    with pytest.raises(InvalidInputError, match="filters="):
+        wrapped.record_answer("c", "Green tea.")  # whose "c"?
+    tenant = wrapped.search(QUERIES[0], filters=USER)[ANNOTATION_KEY]["tenant"]
+    assert tenant is None  # no conversation, nothing kept per scope
 
 
 def test_dedup_never_crosses_conversations(memory: RecordingMemory) -> None:
@@ -655,27 +718,63 @@ def test_async_memory_gives_the_same_order_as_the_core(tmp_path: Path, recorder:
     assert recorder.requests == []
 
 
+async def async_wrapped(
+    tmp_path: Path, recorder: Recorder, *, dedup: bool = False
+) -> AsyncContextPilotMemory:
+    """An AsyncContextPilotMemory over a real AsyncMemory holding four of Alice's memories."""
+    memory = AsyncMemory.from_config(mem0_config(tmp_path, recorder.url))
+    memory.embedding_model = HashingEmbedder()
+    wrapped = AsyncContextPilotMemory(memory, dedup=dedup)
+    for text in MEMORIES[:4]:
+        await wrapped.add(text, **USER, infer=False)
+    return wrapped
+
+
+def off_the_loop(function: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """``function``, failing unless it is called while the running event loop is free
+    (from a worker thread)."""
+    loop, gate = asyncio.get_running_loop(), threading.Event()
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        loop.call_soon_threadsafe(gate.set)  # opens only while the loop is free
+        assert gate.wait(5), f"{what} ran on the event loop"
+        return function(*args, **kwargs)
+
+    return gated
+
+
 def test_async_search_runs_the_pilot_off_the_event_loop(
     tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> dict[str, Any]:
-        memory = AsyncMemory.from_config(mem0_config(tmp_path, recorder.url))
-        memory.embedding_model = HashingEmbedder()
-        wrapped = AsyncContextPilotMemory(memory)
-        for text in MEMORIES[:4]:
-            await wrapped.add(text, **USER, infer=False)
-        loop, gate, optimize = asyncio.get_running_loop(), threading.Event(), wrapped.pilot.optimize
-
-        def gated(*args: Any, **kwargs: Any) -> Any:
-            loop.call_soon_threadsafe(gate.set)  # opens only while the loop is free
-            assert gate.wait(5), "the pilot ran on the event loop (tokenizing, a store's I/O)"
-            return optimize(*args, **kwargs)
-
-        monkeypatch.setattr(wrapped.pilot, "optimize", gated)
+        wrapped = await async_wrapped(tmp_path, recorder)
+        pilot = wrapped.pilot  # tokenizing, a store's I/O
+        monkeypatch.setattr(pilot, "optimize", off_the_loop(pilot.optimize, "the pilot"))
         return await wrapped.search(QUERIES[0], filters=USER, top_k=4)
 
     response = asyncio.run(scenario())
     assert len(response["results"]) == 4 and response[ANNOTATION_KEY]["request_id"]
+    assert recorder.requests == []
+
+
+def test_async_record_answer_runs_off_the_event_loop(
+    tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        wrapped = await async_wrapped(tmp_path, recorder, dedup=True)
+        assert inspect.iscoroutinefunction(wrapped.arecord_answer)
+        found = await wrapped.search(QUERIES[0], conversation_id="c", filters=USER, top_k=3)
+        pilot = wrapped.pilot  # a store's round trip
+        monkeypatch.setattr(
+            pilot, "record_answer", off_the_loop(pilot.record_answer, "record_answer")
+        )
+        request_id = found[ANNOTATION_KEY]["request_id"]
+        await wrapped.arecord_answer("c", "Green tea.", request_id=request_id, filters=USER)
+        return await wrapped.search(QUERIES[1], conversation_id="c", filters=USER, top_k=3)
+
+    following = asyncio.run(scenario())
+    answer = {"role": "assistant", "content": "Green tea."}
+    assert following[ANNOTATION_KEY]["messages"][2] == answer
     assert recorder.requests == []
 
 

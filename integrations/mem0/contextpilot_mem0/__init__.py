@@ -17,6 +17,7 @@ from ._errors import Mem0ResponseError
 from ._format import format_memories
 from ._memory import AsyncContextPilotMemory, ContextPilotMemory
 from ._results import ANNOTATION_KEY, memory_block_id
+from ._scope import scope_tenant
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,5 @@ __all__ = [
     "__version__",
     "format_memories",
     "memory_block_id",
+    "scope_tenant",
 ]

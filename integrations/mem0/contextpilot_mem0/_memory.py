@@ -4,20 +4,35 @@
 then returns a copy of mem0's response whose ``results`` are reordered for prefix
 reuse and annotated. Every other attribute is the wrapped memory's own. mem0 itself
 is never imported here: anything with mem0's ``search`` contract can be wrapped
-(``Memory``, ``MemoryClient``, their async twins).
+(``Memory``, ``MemoryClient``, their async twins). A dedup conversation is kept under
+the tenant of its searches' mem0 scope (:mod:`._scope`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ParamSpec
 
 from contextpilot_rag import ConfigError, ContextPilot, InvalidInputError, Prompt
 
 from ._results import read_response, rebuild_response
+from ._scope import scope_tenant
 
 __all__ = ["AsyncContextPilotMemory", "ContextPilotMemory"]
+
+_P = ParamSpec("_P")
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    """A search's dedup conversation: its id, under the tenant of the search's scope."""
+
+    id: str
+    tenant: str
 
 
 class _PilotMemory:
@@ -48,22 +63,37 @@ class _PilotMemory:
         return self._memory
 
     def record_answer(
-        self, prompt: Prompt | str, text: str, *, request_id: str | None = None
+        self,
+        prompt: Prompt | str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
     ) -> None:
         """Record ``text`` as the answer to a search's turn (dedup mode): the next
         search's ``messages`` carry it as history.
 
-        ``prompt`` is the conversation id, with ``request_id`` the search's
-        ``found["contextpilot"]["request_id"]`` (the pairing is then exact, whatever
-        else ran on the conversation meanwhile), or a :class:`Prompt`. A conversation
-        id alone answers the one turn awaiting an answer and is refused
-        (:class:`~contextpilot_rag.errors.ConversationStateError`) when several await
-        one. See :meth:`ContextPilot.record_answer`."""
-        self.pilot.record_answer(prompt, text, request_id=request_id)
+        ``prompt`` is the conversation id, with ``filters`` the search's own (its
+        ``user_id``/``agent_id``/``run_id`` name the conversation's scope; without them
+        :class:`~contextpilot_rag.errors.InvalidInputError`) and ``request_id`` the
+        search's ``found["contextpilot"]["request_id"]`` (the pairing is then exact,
+        whatever else ran on the conversation meanwhile), or a :class:`Prompt`. A
+        conversation id without ``request_id`` answers the one turn awaiting an answer
+        and is refused (:class:`~contextpilot_rag.errors.ConversationStateError`) when
+        several await one. See :meth:`ContextPilot.record_answer`."""
+        if filters is None and not isinstance(prompt, Prompt):
+            raise InvalidInputError(
+                "record_answer needs the filters= of the search it answers: a conversation "
+                "belongs to its user_id, agent_id or run_id"
+            )
+        tenant = None if filters is None else scope_tenant(filters)
+        self.pilot.record_answer(prompt, text, request_id=request_id, tenant=tenant)
 
-    def _conversation(self, conversation_id: str | None, session_id: str | None) -> str | None:
-        """Before mem0 is called: the conversation id of a search, which only means
-        something with dedup."""
+    def _conversation(
+        self, conversation_id: str | None, session_id: str | None, search: Mapping[str, Any]
+    ) -> _Conversation | None:
+        """Before mem0 is called: the conversation of a search with arguments
+        ``search``, which only means something with dedup."""
         conversation_id = _named_conversation(conversation_id, session_id)
         if conversation_id is None:
             return None
@@ -77,18 +107,20 @@ class _PilotMemory:
             raise InvalidInputError(
                 f"conversation_id must be a non-empty str, got {conversation_id!r}"
             )
-        return conversation_id
+        return _Conversation(conversation_id, scope_tenant(search.get("filters")))
 
     def _optimize(
-        self, response: object, query: str, conversation_id: str | None
+        self, response: object, query: str, conversation: _Conversation | None
     ) -> dict[str, Any]:
         read = read_response(response)
+        conversation_id = None if conversation is None else conversation.id
+        tenant = None if conversation is None else conversation.tenant
         prompt = (
-            self.pilot.optimize(read.blocks, query, conversation_id=conversation_id)
+            self.pilot.optimize(read.blocks, query, conversation_id=conversation_id, tenant=tenant)
             if read.blocks
             else None
         )
-        return rebuild_response(read, prompt, conversation_id=conversation_id)
+        return rebuild_response(read, prompt, conversation_id=conversation_id, tenant=tenant)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_memory" or name.startswith("__"):  # not set yet (copy, unpickling)
@@ -129,6 +161,18 @@ def _check_search(memory: object, *, is_async: bool) -> None:
         raise InvalidInputError(f"{name}.search is not async; wrap it with ContextPilotMemory")
 
 
+def _in_a_thread(method: Callable[_P, None], doc: str) -> Callable[_P, Awaitable[None]]:
+    """The coroutine function that runs ``method`` in a worker thread (its signature)."""
+
+    @functools.wraps(method)
+    async def in_a_thread(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        await asyncio.to_thread(method, *args, **kwargs)
+
+    in_a_thread.__name__ = in_a_thread.__qualname__ = f"a{method.__name__}"
+    in_a_thread.__doc__ = doc
+    return in_a_thread
+
+
 class ContextPilotMemory(_PilotMemory):
     """A mem0 ``Memory`` whose ``search`` results come back in prefix-sharing order.
 
@@ -136,7 +180,9 @@ class ContextPilotMemory(_PilotMemory):
     new ``ContextPilot()``; share one pilot per process (and per engine). ``dedup``
     (off by default) lets ``search(..., conversation_id=...)`` replace memories already
     sent in that conversation by a note; it is safe only when the application sends
-    the returned ``messages`` (see ``docs/integrations/mem0.md``).
+    the returned ``messages`` (see ``docs/integrations/mem0.md``). A conversation
+    belongs to the ``user_id``/``agent_id``/``run_id`` of its searches' ``filters``:
+    another scope with the same ``conversation_id`` has a conversation of its own.
     """
 
     def search(
@@ -157,18 +203,21 @@ class ContextPilotMemory(_PilotMemory):
         same memories (copies, each with ``"contextpilot": {"rank", "moved", "status",
         "label"}``) and ``"contextpilot"`` at the top level: ``request_id``,
         ``order_note``, ``location_note``, ``notes``, ``messages``, ``stats``,
-        ``conversation_id``. An exception from mem0 propagates and nothing is stored.
+        ``conversation_id``, ``tenant`` (the pilot tenant the conversation is kept
+        under). A ``conversation_id`` whose ``filters`` name no ``user_id``,
+        ``agent_id`` or ``run_id``: :class:`~contextpilot_rag.errors.InvalidInputError`,
+        before mem0 is called. An exception from mem0 propagates and nothing is stored.
         """
-        conversation_id = self._conversation(conversation_id, session_id)
+        conversation = self._conversation(conversation_id, session_id, kwargs)
         response = self._memory.search(query, **kwargs)
-        return self._optimize(response, query, conversation_id)
+        return self._optimize(response, query, conversation)
 
 
 class AsyncContextPilotMemory(_PilotMemory):
     """:class:`ContextPilotMemory` for mem0's ``AsyncMemory`` (or ``AsyncMemoryClient``):
-    ``await search(...)``; pass-through attributes are the async memory's own. The
-    pilot runs in a worker thread, off the event loop (it tokenizes new memories, and
-    a shared store is a blocking round trip)."""
+    ``await search(...)``, ``await arecord_answer(...)``; pass-through attributes are
+    the async memory's own. The pilot runs in a worker thread, off the event loop (it
+    tokenizes new memories, and a shared store is a blocking round trip)."""
 
     _async_search = True
 
@@ -182,6 +231,13 @@ class AsyncContextPilotMemory(_PilotMemory):
     ) -> dict[str, Any]:
         """``await memory.search(query, **kwargs)``, reordered and annotated exactly as
         :meth:`ContextPilotMemory.search` does."""
-        conversation_id = self._conversation(conversation_id, session_id)
+        conversation = self._conversation(conversation_id, session_id, kwargs)
         response = await self._memory.search(query, **kwargs)
-        return await asyncio.to_thread(self._optimize, response, query, conversation_id)
+        return await asyncio.to_thread(self._optimize, response, query, conversation)
+
+    arecord_answer = _in_a_thread(
+        _PilotMemory.record_answer,
+        "``await arecord_answer(...)``: :meth:`record_answer` (same arguments) in a worker "
+        "thread, off the event loop (a shared store is a blocking round trip); the "
+        "synchronous ``record_answer`` still works.",
+    )

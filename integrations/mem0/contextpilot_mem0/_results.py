@@ -102,9 +102,11 @@ def rebuild_response(
     prompt: Prompt | None,
     *,
     conversation_id: str | None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """A copy of the response whose results follow the prompt, each annotated.
-    ``prompt`` is ``None`` when no result had text (nothing was optimized)."""
+    ``prompt`` is ``None`` when no result had text (nothing was optimized); ``tenant``:
+    the one the conversation is kept under."""
     placed = _placement(read, prompt)
     results = [
         {
@@ -120,6 +122,7 @@ def rebuild_response(
     ]
     summary = _summary(prompt) if prompt is not None else _empty_summary()
     summary["conversation_id"] = conversation_id
+    summary["tenant"] = tenant
     return {**read.response, "results": results, ANNOTATION_KEY: summary}
 
 
