@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
+import importlib.metadata
 import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -42,9 +45,9 @@ from litellm_contextpilot._fleet import Fleet  # noqa: E402
 from litellm_contextpilot._keys import RouteKeys  # noqa: E402
 
 from contextpilot_rag.errors import ConfigError, InvalidInputError  # noqa: E402
-from contextpilot_rag.routing import Decision, RouteRequest  # noqa: E402
+from contextpilot_rag.routing import Decision, Outcome, RouteRequest  # noqa: E402
 from contextpilot_rag.routing.route_store import MemoryRouteStore  # noqa: E402
-from contextpilot_rag.testing import OpenAICompatibleServer  # noqa: E402
+from contextpilot_rag.testing import CloudCacheServer, OpenAICompatibleServer  # noqa: E402
 
 MODEL = "rag-model"
 NAMES = ("a", "b", "c")
@@ -866,3 +869,159 @@ def test_a_fallback_that_answers_keeps_the_failed_attempts_prompt(
     assert answer == reply_of("a")
     assert [turn.answer for turn in hook.pilot.conversation("chat-7").turns] == [answer]
     assert hook.pilot.index_stats().requests == 1
+
+
+# -- what LiteLLM does not report: a proxy request's retries, a provider's own metadata ---------
+
+
+def as_the_proxy_sends(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as the LiteLLM proxy hands it to its router: with a call id and one
+    logging object for the whole request (``litellm_logging_obj``), which runs the
+    failure callbacks for the first failed attempt only."""
+    data = {**data, "litellm_call_id": str(uuid.uuid4())}
+    now = datetime.datetime.now()
+    logging_obj, data = litellm.utils.function_setup(
+        "acompletion", litellm.utils.Rules(), now, **data
+    )
+    data["litellm_logging_obj"] = logging_obj
+    return data
+
+
+async def fail_as_the_proxy_does(
+    router: Router, data: dict[str, Any], hooks: list[CustomLogger]
+) -> None:
+    """Send ``data`` (it must fail), then tell ``hooks`` as the proxy tells its
+    callbacks of a failed request (its logging object taken off first)."""
+    with pytest.raises(litellm.exceptions.InternalServerError) as failed:
+        await router.acompletion(**data)
+    data.pop("litellm_logging_obj")
+    for hook in hooks:
+        await hook.async_post_call_failure_hook(
+            request_data=data, original_exception=failed.value, user_api_key_dict=None
+        )
+
+
+def retrying_over_dead_deployments() -> Router:
+    """Two dead deployments, each call tried three times (two retries)."""
+    model_list = [deployment(dead_url()), deployment(dead_url())]
+    return Router(model_list=model_list, num_retries=2, retry_after=0)
+
+
+class Retrying(NamedTuple):
+    """A strategy over dead deployments, the failures its policy is told of (not
+    give-ups), and a request as the proxy sends it."""
+
+    strategy: ContextPilotRoutingStrategy
+    failures: list[Outcome]
+    data: dict[str, Any]
+
+
+@pytest.fixture
+def retrying(monkeypatch: pytest.MonkeyPatch) -> Iterator[Retrying]:
+    strategy = ContextPilotRoutingStrategy("combined").attach(retrying_over_dead_deployments())
+    failures: list[Outcome] = []
+    observe = strategy.policy.observe
+
+    def spy(outcome: Outcome) -> None:
+        if outcome.error is not None and not outcome.cancelled:
+            failures.append(outcome)
+        observe(outcome)
+
+    monkeypatch.setattr(strategy.policy, "observe", spy)
+    try:
+        yield Retrying(strategy, failures, as_the_proxy_sends(chat("System prompt. " * 40, "Hi?")))
+    finally:
+        strategy.detach()
+
+
+def test_a_retry_closes_the_failed_attempt_whose_failure_litellm_did_not_report(
+    run: Run, retrying: Retrying
+) -> None:
+    if _litellm_version() < (1, 110):
+        pytest.skip(
+            f"litellm {_litellm_version()} copies no earlier route ids into a retry's "
+            "metadata (1.110 does): there the proxy's failure report closes them (next test)"
+        )
+    strategy, failures, data = retrying
+
+    async def scenario() -> None:
+        with pytest.raises(litellm.exceptions.InternalServerError):
+            await strategy.router.acompletion(**data)
+        # the first attempt's failure is reported, the second's known from the third's routing
+        await until(lambda: strategy.open_routes == 1, "a retried attempt's route stayed open")
+
+    run(scenario())
+    assert len(failures) == 2  # each counted against its deployment
+
+
+def _litellm_version() -> tuple[int, ...]:
+    release = importlib.metadata.version("litellm").split(".")[:2]
+    return tuple(int(part) for part in release if part.isdigit())
+
+
+def test_the_proxys_failure_hook_closes_the_last_attempts_route(
+    run: Run, retrying: Retrying
+) -> None:
+    strategy, failures, data = retrying
+
+    async def scenario() -> None:
+        await fail_as_the_proxy_does(strategy.router, data, [strategy])
+        await until(lambda: strategy.open_routes == 0, "the last attempt's route stayed open")
+
+    run(scenario())
+    assert len(failures) == 3  # not released after FleetConfig.route_ttl_s (600 s)
+
+
+def test_a_proxy_request_whose_retries_all_failed_is_evicted(run: Run) -> None:
+    router = retrying_over_dead_deployments()
+    hook = ContextPilotHook().attach()
+
+    async def handle() -> None:  # the proxy's handler of one request
+        data = as_the_proxy_sends(question("chat-6", 1, DOCUMENTS[:2]))
+        data = await hook.async_pre_call_hook(None, None, data, "acompletion")
+        await fail_as_the_proxy_does(router, data, [hook])
+
+    try:
+        run(handle())
+        run(settled(None, hook))
+    finally:
+        hook.detach()
+    assert hook.pilot.index_stats().requests == 0  # no engine cached the prompt
+    (turn,) = hook.pilot.conversation("chat-6").turns
+    assert turn.answer is None  # the question stays, unanswered
+
+
+@pytest.mark.parametrize("endpoint", ["anthropic_messages", "responses"])
+def test_a_call_with_the_providers_own_metadata_reports_its_route(run: Run, endpoint: str) -> None:
+    """On /v1/messages and /v1/responses ``metadata`` is the provider's field (Claude
+    Code always sends ``metadata.user_id``); LiteLLM's own is ``litellm_metadata``."""
+    with CloudCacheServer() as server:
+        api_base, model = (
+            (server.anthropic_base_url, "anthropic/claude-test")
+            if endpoint == "anthropic_messages"
+            else (server.openai_base_url, "openai/gpt-test")
+        )
+        params = {"model": model, "api_base": api_base, "api_key": "loopback"}
+        router = Router(model_list=[{"model_name": MODEL, "litellm_params": params}])
+        strategy = ContextPilotRoutingStrategy("combined").attach(router)
+
+        async def scenario() -> object:
+            if endpoint == "anthropic_messages":
+                answer = await router.aanthropic_messages(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Hello?"}],
+                    max_tokens=16,
+                    metadata={"user_id": "u"},
+                )
+            else:
+                answer = await router.aresponses(model=MODEL, input="Hello?", metadata={"k": "v"})
+            await until(lambda: strategy.open_routes == 0, "the call's route stayed open")
+            return answer
+
+        try:
+            answer = run(scenario())
+        finally:
+            strategy.detach()
+        (sent,) = server.requests
+    assert answer is not None
+    assert "contextpilot_routes" not in sent.body.get("metadata", {})  # LiteLLM's, not sent

@@ -3,8 +3,8 @@ request and finds again in its logging callbacks, the deployment that served it,
 timing, its usage and its answer.
 
 LiteLLM hands a ``CustomLogger`` the call's ``kwargs`` (its logging object's details):
-``litellm_params.metadata`` (or ``litellm_metadata``) is the request's metadata as it
-was routed, ``litellm_params.model_info.id`` the deployment, ``api_call_start_time``
+``litellm_params.litellm_metadata`` and ``litellm_params.metadata`` are the request's
+metadata as it was routed, ``litellm_params.model_info.id`` the deployment, ``api_call_start_time``
 when the HTTP call started and ``completion_start_time`` when its first token arrived
 (the end, for a call that was not streamed). Everything is optional here: a field
 LiteLLM does not send reads as ``None``, never as an error in a callback.
@@ -22,6 +22,7 @@ from contextpilot_rag.usage import CacheUsage, parse_cache_usage
 __all__ = [
     "PILOT_KEY",
     "ROUTES_KEY",
+    "PilotStamp",
     "RouteIds",
     "answer_text",
     "cache_usage",
@@ -31,6 +32,7 @@ __all__ = [
     "drop_stamps",
     "logged_metadata",
     "request_metadata",
+    "sent_metadata",
 ]
 
 PILOT_KEY = "contextpilot"
@@ -43,13 +45,24 @@ ROUTES_KEY = "contextpilot_routes"
 oldest first (a retry adds one), as :class:`RouteIds`."""
 
 
+class PilotStamp(dict[str, Any]):
+    """The hook's stamp on one request (:data:`PILOT_KEY`). Its own type, so that where
+    the request is read as the proxy holds it (its failure hook), a stamp that a client
+    sent in the request body is never taken for the hook's."""
+
+
 class RouteIds(list[str]):
     """The route ids the strategy stamped on one request. Its own type, so a list of
     that name that a caller or a client sent is never taken for the strategy's and
     extended (LiteLLM copies a request's metadata per attempt, keeping the type)."""
 
 
-_METADATA_FIELDS = ("metadata", "litellm_metadata")
+_METADATA_FIELDS = ("litellm_metadata", "metadata")
+"""Where a request carries LiteLLM's metadata, the first found winning. Most calls have
+``metadata`` only; on the endpoints whose provider has a ``metadata`` field of its own
+(``/v1/messages``, ``/v1/responses``) LiteLLM keeps its metadata in
+``litellm_metadata`` and takes ``metadata`` for the provider's, which it logs as the
+caller sent it: a stamp made there never reaches the callbacks."""
 
 
 def drop_stamps(request_kwargs: dict[str, Any]) -> None:
@@ -66,8 +79,9 @@ def drop_stamps(request_kwargs: dict[str, Any]) -> None:
 
 
 def request_metadata(request_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request's metadata dict, to read and stamp (created when absent): the
-    ``metadata`` LiteLLM routes with, or ``litellm_metadata`` where only that exists.
+    """The request's metadata dict, to stamp (created when absent): LiteLLM's
+    ``litellm_metadata`` where the request has one, else ``metadata``
+    (:data:`_METADATA_FIELDS`).
 
     A copy, put back into ``request_kwargs``: applications pass one dict (common tags)
     to many calls, and a stamp made in that dict would be every concurrent call's, so
@@ -83,17 +97,21 @@ def request_metadata(request_kwargs: dict[str, Any]) -> dict[str, Any]:
     return created
 
 
-def logged_metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A logged call's metadata (both of LiteLLM's metadata fields, ``metadata`` winning)."""
-    params = kwargs.get("litellm_params")
-    if not isinstance(params, Mapping):
-        return {}
+def sent_metadata(request: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A request's metadata, to read: both of LiteLLM's fields merged, the one
+    :func:`request_metadata` stamps winning."""
     merged: dict[str, Any] = {}
     for name in reversed(_METADATA_FIELDS):
-        found = params.get(name)
+        found = request.get(name)
         if isinstance(found, Mapping):
             merged.update(found)
     return merged
+
+
+def logged_metadata(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A logged call's metadata (:func:`sent_metadata` of its ``litellm_params``)."""
+    params = kwargs.get("litellm_params")
+    return sent_metadata(params) if isinstance(params, Mapping) else {}
 
 
 def deployment_id(kwargs: Mapping[str, Any]) -> str | None:

@@ -97,6 +97,7 @@ class Route:
     started: float
     characters: int  # of the routing text, to refine the characters-per-token estimate
     idle: bool  # nothing else was in flight on the replica when it was dispatched
+    call_id: str | None = None  # LiteLLM's litellm_call_id: one per request, shared by its retries
 
 
 class _Replica:
@@ -195,7 +196,14 @@ class Fleet:
             replica = self._replicas[key] = _Replica(key, deployment_model(deployment), self.config)
         return replica
 
-    def open(self, request: RouteRequest, decision: Decision, now: float, characters: int) -> Route:
+    def open(
+        self,
+        request: RouteRequest,
+        decision: Decision,
+        now: float,
+        characters: int,
+        call_id: str | None = None,
+    ) -> Route:
         """Book a dispatch to ``decision.replica_id`` (a replica of the last ``states``)."""
         replica = self._replicas[decision.replica_id]
         idle = replica.in_flight == 0
@@ -210,9 +218,14 @@ class Fleet:
             now,
             characters,
             idle,
+            call_id,
         )
         self._open[route.route_id] = route
         return route
+
+    def open_of_call(self, call_id: str) -> list[str]:
+        """The ids of the open routes booked for LiteLLM's call ``call_id``."""
+        return [route.route_id for route in self._open.values() if route.call_id == call_id]
 
     def close(self, route_ids: Iterable[object], replica_id: str | None) -> Route | None:
         """Close the newest open route of ``route_ids`` that went to ``replica_id`` (any

@@ -12,7 +12,9 @@ the answer is recorded as the conversation's turn when the call succeeds, and th
 engine's cache report corrects the pilot's index. A call that fails for good (every
 retry and fallback failed) is evicted from the pilot's index, since no engine cached its
 prompt; its turn stays in the conversation, unanswered (as ``contextpilot-rag serve``
-leaves it). A failure counts as final once the call is over (:mod:`._failed_calls`).
+leaves it). A failure counts as final once the call is over (:mod:`._failed_calls`), or
+when the proxy reports the request failed (``async_post_call_failure_hook``: a proxy
+request logs only the first of its failed attempts, so a retry that fails is not heard of).
 """
 
 from __future__ import annotations
@@ -26,19 +28,19 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from litellm.integrations.custom_logger import CustomLogger
-
 from contextpilot_rag import ConfigError, ContextPilot, ContextPilotError, Prompt
 from contextpilot_rag.serve.api_errors import pilot_error_of
 
-from ._callbacks import add_callback, remove_callback
+from ._callbacks import ProxyFailureLogger, add_callback, remove_callback
 from ._events import (
     PILOT_KEY,
+    PilotStamp,
     answer_text,
     cache_usage,
     drop_stamps,
     logged_metadata,
     request_metadata,
+    sent_metadata,
 )
 from ._failed_calls import FailedCalls
 from ._field import pop_field, read_pilot_request
@@ -48,7 +50,7 @@ __all__ = ["ContextPilotHook"]
 logger = logging.getLogger(__name__)
 
 
-class ContextPilotHook(CustomLogger):
+class ContextPilotHook(ProxyFailureLogger):
     """Applies a :class:`~contextpilot_rag.ContextPilot` (``pilot``, default
     ``ContextPilot(store=store)``) to requests that carry documents in the
     ``contextpilot`` field, and records their answers.
@@ -122,14 +124,16 @@ class ContextPilotHook(CustomLogger):
         extras = prompt.request_extras() if self.send_cache_salt else {}
         if extras:
             data["extra_body"] = {**(data.get("extra_body") or {}), **extras}
-        request_metadata(data)[PILOT_KEY] = {
-            "request_id": prompt.request_id,
-            "conversation_id": request.conversation_id,
-            "tenant": tenant,
-            # unsalted where salts are sent: one cache entry (and route) for all tenants
-            "public": self.send_cache_salt and tenant is not None and not extras,
-            "boundaries": [[b.message_index, b.char_end] for b in prompt.boundaries],
-        }
+        request_metadata(data)[PILOT_KEY] = PilotStamp(
+            {
+                "request_id": prompt.request_id,
+                "conversation_id": request.conversation_id,
+                "tenant": tenant,
+                # unsalted where salts are sent: one cache entry (and route) for all tenants
+                "public": self.send_cache_salt and tenant is not None and not extras,
+                "boundaries": [[b.message_index, b.char_end] for b in prompt.boundaries],
+            }
+        )
         with self._lock:
             self._pending[prompt.request_id] = prompt
             while len(self._pending) > self._max_pending:
@@ -222,6 +226,16 @@ class ContextPilotHook(CustomLogger):
                 return
         self._failed.failed(request_id)
 
+    def request_failed(self, request: Mapping[str, Any], error: Exception) -> None:
+        """On the proxy, a request that failed (after its retries and fallbacks, or
+        refused before any): its call is over, without an answer. Only the hook's own
+        stamp counts: a request refused before the hook ran carries the client's."""
+        stamp = sent_metadata(request).get(PILOT_KEY)
+        request_id = _request_id_of(stamp) if isinstance(stamp, PilotStamp) else None
+        if request_id is not None:
+            self._failed.discard(request_id)
+            self._failed_for_good([request_id])
+
     def _failed_for_good(self, request_ids: list[str]) -> None:
         """Calls over without an answer: no engine cached their prompts. Never raises
         (it runs in LiteLLM's and asyncio's callbacks too)."""
@@ -246,8 +260,11 @@ def _stamped_request_id(kwargs: object) -> str | None:
     """The request id the hook stamped on a logged call, if any."""
     if not isinstance(kwargs, Mapping):
         return None
-    stamped = logged_metadata(kwargs).get(PILOT_KEY)
-    request_id = stamped.get("request_id") if isinstance(stamped, Mapping) else None
+    return _request_id_of(logged_metadata(kwargs).get(PILOT_KEY))
+
+
+def _request_id_of(stamp: object) -> str | None:
+    request_id = stamp.get("request_id") if isinstance(stamp, Mapping) else None
     return request_id if isinstance(request_id, str) else None
 
 

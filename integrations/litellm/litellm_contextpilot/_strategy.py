@@ -10,6 +10,12 @@ engine's ``usage.prompt_tokens_details.cached_tokens`` (which corrects the route
 the TTFT and end-to-end time from LiteLLM's timing (which refine the deployment's
 prefill and decode rates), failures (which open its breaker).
 
+LiteLLM does not report every failure: a proxy request logs all its attempts through
+one logging object, which runs the failure callbacks for its first failed attempt only.
+A retry or fallback follows a failure, so the routes of a request's earlier attempts
+still open when it is routed again are closed as failed then; those of its last attempt,
+when the proxy reports the request failed (``async_post_call_failure_hook``).
+
 With ``store=`` (a ``redis://`` or ``sqlite:///`` URL, or a
 :class:`~contextpilot_rag.routing.route_store.RouteStore`) the strategies of several
 processes — LiteLLM proxy workers, on several hosts — share what they learn, as
@@ -32,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from litellm.integrations.custom_logger import CustomLogger
+import openai
 from litellm.types.router import CustomRoutingStrategyBase
 
 from contextpilot_rag.errors import ConfigError, RoutingError
@@ -51,7 +57,7 @@ from contextpilot_rag.routing.shared_routes import SharedRoutes
 from contextpilot_rag.tenants import conversation_key
 from contextpilot_rag.usage import CacheUsage
 
-from ._callbacks import add_callback, remove_callback
+from ._callbacks import ProxyFailureLogger, add_callback, remove_callback
 from ._events import (
     PILOT_KEY,
     ROUTES_KEY,
@@ -62,6 +68,7 @@ from ._events import (
     deployment_id,
     logged_metadata,
     request_metadata,
+    sent_metadata,
 )
 from ._fleet import Fleet, FleetConfig, Route, deployment_key
 from ._keys import RouteKeys
@@ -88,7 +95,7 @@ class _View:
     replicas: tuple[ReplicaState, ...]
 
 
-class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
+class ContextPilotRoutingStrategy(ProxyFailureLogger, CustomRoutingStrategyBase):
     """Routes a LiteLLM Router's calls with one of our policies (``policy``: a
     registry name such as ``"combined"``, ``"ranvier"``, ``"gorgo"``, with
     ``policy_options`` for its constructor, or a :class:`Policy` object).
@@ -256,10 +263,11 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
             raise RoutingError(f"no deployment of model group {model!r} is available")
         kwargs = request_kwargs if request_kwargs is not None else {}
         metadata = request_metadata(kwargs)
-        request, characters = self._route_request(kwargs, metadata, messages, input)
-        decision, route = self._decide(request, deployments, characters)
         earlier = metadata.get(ROUTES_KEY)  # this request's earlier attempts, if ours
-        earlier = earlier if isinstance(earlier, RouteIds) else ()
+        earlier = earlier if isinstance(earlier, RouteIds) else RouteIds()
+        self._close_unreported(earlier, "failed before a retry or fallback", failed=True)
+        request, characters = self._route_request(kwargs, sent_metadata(kwargs), messages, input)
+        decision, route = self._decide(request, deployments, characters, _call_id(kwargs))
         metadata[ROUTES_KEY] = RouteIds([*earlier, route.route_id])
         logger.debug("route %s -> %s (%s)", route.route_id, decision.replica_id, decision.reason)
         return _chosen(deployments, decision), route
@@ -290,7 +298,11 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         return request, len(text.text)
 
     def _decide(
-        self, request: RouteRequest, deployments: Sequence[Deployment], characters: int
+        self,
+        request: RouteRequest,
+        deployments: Sequence[Deployment],
+        characters: int,
+        call_id: str | None,
     ) -> tuple[Decision, Route]:
         """The policy's decision over ``deployments`` (with other processes' routes and
         load, given a store), booked as an open route."""
@@ -308,7 +320,7 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
                     f"policy {self.policy.name!r} chose {decision.replica_id!r}, which is "
                     "not among the deployments"
                 )
-            route = self._fleet.open(request, decision, now, characters)
+            route = self._fleet.open(request, decision, now, characters, call_id)
         if shared is not None:
             shared.learned(request, decision.replica_id)
         return decision, route
@@ -323,14 +335,33 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         """Release the open routes of a task that ended cancelled (its calls were given
         up: LiteLLM reports no end for them). Never raises into the event loop."""
         try:
-            now = self._clock()
-            with self._lock:
-                for route_id in route_ids:
-                    route = self._fleet.close([route_id], None)
-                    if route is not None:
-                        self._given_up(route, now, "cancelled")
+            self._close_unreported(route_ids, "cancelled", failed=False)
         except Exception:
             logger.exception("ContextPilotRoutingStrategy: releasing cancelled routes failed")
+
+    def _close_unreported(self, route_ids: Sequence[str], reason: str, *, failed: bool) -> None:
+        """Close those of ``route_ids`` still open, calls whose end LiteLLM will not
+        report: as failures of their deployments (``failed``), else as given up."""
+        now = self._clock()
+        with self._lock:
+            for route_id in route_ids:
+                route = self._fleet.close([route_id], None)
+                if route is None:
+                    continue
+                self._tasks.forget(route.route_id)
+                if failed:
+                    self._failed_unreported(route, now, reason)
+                else:
+                    self._given_up(route, now, reason)
+
+    def _failed_unreported(self, route: Route, now: float, error: str) -> None:
+        """Learn a failure LiteLLM did not report, as :meth:`_learn` learns one it
+        reports, timed by this strategy's clock (lock held)."""
+        self._fleet.failed(route, now)
+        ended = max(0.0, now - route.started)
+        cached = route.decision.predicted_cached_tokens
+        outcome = Outcome(route.request, route.decision, ended, ended, cached, error=error)
+        self.policy.observe(outcome)
 
     def _given_up(self, route: Route, now: float, reason: str) -> None:
         """Tell the policy a closed route ended without an answer or a failure to
@@ -368,6 +399,20 @@ class ContextPilotRoutingStrategy(CustomLogger, CustomRoutingStrategyBase):
         if self.router is None:
             self._router()
         return data
+
+    def request_failed(self, request: Mapping[str, Any], error: Exception) -> None:
+        """On the proxy, a request that failed (after its retries and fallbacks):
+        close its routes still open (its ``litellm_call_id``'s), whose failure LiteLLM
+        did not report. An error from an engine (LiteLLM's ``openai.APIError``) counts
+        against the deployment; another (a guardrail refusing an answer) only releases
+        it."""
+        call_id = _call_id(request)
+        if call_id is None:
+            return
+        with self._lock:
+            route_ids = self._fleet.open_of_call(call_id)
+        failed = isinstance(error, openai.APIError)
+        self._close_unreported(route_ids, _error_text(error), failed=failed)
 
     def _settle(
         self,
@@ -467,6 +512,16 @@ def _session(kwargs: Mapping[str, Any], pilot: Mapping[str, Any], tenant: str | 
     return conversation_key(tenant, user) if isinstance(user, str) and user else None
 
 
+def _call_id(request: Mapping[str, Any]) -> str | None:
+    """LiteLLM's id of a request (``litellm_call_id``), the same for all its attempts."""
+    found = request.get("litellm_call_id")
+    return found if isinstance(found, str) and found else None
+
+
 def _error_of(kwargs: Any) -> str:
     exception = kwargs.get("exception") if isinstance(kwargs, Mapping) else None
-    return f"{type(exception).__name__}: {exception}" if exception is not None else "failed"
+    return _error_text(exception) if exception is not None else "failed"
+
+
+def _error_text(exception: BaseException) -> str:
+    return f"{type(exception).__name__}: {exception}"
