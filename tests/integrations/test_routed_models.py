@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.errors import ConfigError, RoutingError
 from contextpilot_rag.routing import RoutingClient, make_policy
 from contextpilot_rag.testing import OpenAICompatibleServer
 
@@ -237,7 +237,7 @@ def test_a_model_built_from_endpoints_closes_the_client_it_created(
         model.close()
     else:
         asyncio.run(model.aclose())
-    with pytest.raises(RuntimeError, match="client has been closed"):
+    with pytest.raises(RoutingError, match="closed"):
         framework.answer(model, question())
 
 
