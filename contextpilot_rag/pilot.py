@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import math
@@ -58,7 +57,7 @@ from .cloud.breakpoints import duplicates_pay, plan_breakpoints
 from .cloud.config import CloudCacheConfig
 from .cloud.continuation import ContinuationTracker, chained_turns
 from .cloud.forecast import IndexSignals, PromptShape, reuse_candidates
-from .cloud.keys import ROUTE_WINDOW_S, KeyBuckets, prefix_cache_key
+from .cloud.keys import ROUTE_WINDOW_S, KeyBuckets, parts_digest, prefix_cache_key
 from .cloud.ledger import CacheLedger
 from .cloud.segments import SplitSpec
 from .conversations import (
@@ -346,15 +345,6 @@ class _Plan(NamedTuple):
     keys: tuple[str, ...] | None = None  # the blocks' registry keys (None: their ids)
     placements: tuple[_Placement, ...] | None = None  # a tenant's; None: the main index
     cached_prefixes: tuple[tuple[str, ...], ...] = ()  # ledger keys of its breakpoints
-
-
-def _path_digest(path: Sequence[str]) -> str:
-    """A short digest of an index path (its entries' ids in order)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for entry in path:
-        digest.update(entry.encode("utf-8", "surrogatepass"))
-        digest.update(b"\x1f")
-    return digest.hexdigest()
 
 
 _RETURN_QUANTILE = 0.95
@@ -1573,7 +1563,7 @@ class ContextPilot:
             # a tail, so such a key carries a digest of the whole path before it
             last = path[depth - 1]
             if last.startswith("\x00"):
-                return (salt, last, _path_digest(path[: depth - 1]))
+                return (salt, last, parts_digest(*path[: depth - 1]))
             return (salt, *path[:depth])
 
         now = self._clock()

@@ -6,8 +6,9 @@ where ``redis-server`` is not installed)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,27 @@ def clock() -> FakeClock:
 @pytest.fixture(scope="session")
 def check_prompt() -> Callable[[Prompt, Sequence[ContextBlock]], None]:
     return assert_prompt_accounts_for_blocks
+
+
+MarkedParts = Callable[[Mapping[str, Any]], list[tuple[str, Mapping[str, Any]]]]
+
+
+def openai_marked_parts(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(role, part)`` of each content part of an OpenAI request body (its Chat
+    Completions ``messages`` or its Responses ``input``) that carries a
+    ``prompt_cache_breakpoint``."""
+    return [
+        (message["role"], part)
+        for message in (*body.get("messages", ()), *body.get("input", ()))
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if "prompt_cache_breakpoint" in part
+    ]
+
+
+@pytest.fixture(scope="session")
+def marked_parts() -> MarkedParts:
+    return openai_marked_parts
 
 
 def _need_redis() -> None:

@@ -20,7 +20,7 @@ from contextpilot_rag.tokenizers import Tokenizer
 from contextpilot_rag.usage import InputTokens, parse_input_tokens
 
 if TYPE_CHECKING:
-    from conftest import FakeClock
+    from conftest import FakeClock, MarkedParts
 
 openai = pytest.importorskip("openai", reason="openai is not installed (pip install -e '.[dev]')")
 if not hasattr(openai.OpenAI, "responses"):
@@ -349,7 +349,7 @@ def test_a_request_without_an_api_key_is_refused(server: CloudCacheServer) -> No
 
 
 def test_the_pilots_responses_requests_carry_its_breakpoints_and_read_them_back(
-    gpt: Any, server: CloudCacheServer, tokenizer: Tokenizer
+    gpt: Any, server: CloudCacheServer, tokenizer: Tokenizer, marked_parts: MarkedParts
 ) -> None:
     """``responses.create(**prompt.to_openai_responses())`` on gpt-5.6: the plan's
     markers and explicit mode arrive, the next turn reads what the first wrote, and
@@ -374,13 +374,7 @@ def test_the_pilots_responses_requests_carry_its_breakpoints_and_read_them_back(
         usages.append(parse_input_tokens(response))
         body = server.requests[-1].body
         assert body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
-        marked = [
-            (item["role"], part)
-            for item in body["input"]
-            if isinstance(item["content"], list)
-            for part in item["content"]
-            if "prompt_cache_breakpoint" in part
-        ]
+        marked = marked_parts(body)
         assert 1 <= len(marked) <= 4 and all(role != "assistant" for role, _ in marked)
     assert usages[0].cache_write_tokens > 0 and usages[0].cache_read_tokens == 0
     assert usages[1].cache_read_tokens >= usages[0].cache_write_tokens // 2

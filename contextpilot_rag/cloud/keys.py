@@ -32,7 +32,14 @@ from collections.abc import Hashable, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["KEY_PREFIX", "ROUTE_WINDOW_S", "KeyBuckets", "bucket_key", "prefix_cache_key"]
+__all__ = [
+    "KEY_PREFIX",
+    "ROUTE_WINDOW_S",
+    "KeyBuckets",
+    "bucket_key",
+    "parts_digest",
+    "prefix_cache_key",
+]
 
 KEY_PREFIX = "cpk-"
 _HEX_CHARS = 32
@@ -40,7 +47,9 @@ ROUTE_WINDOW_S = 60.0
 """The window a route's request rate is counted over (a minute)."""
 
 
-def _digest(*parts: str) -> str:
+def parts_digest(*parts: str) -> str:
+    """A key naming ``parts`` in order (each length-prefixed, so no two sequences
+    share one): :data:`KEY_PREFIX` and a truncated SHA-256."""
     hasher = hashlib.sha256()
     for part in parts:
         data = part.encode("utf-8", "surrogatepass")
@@ -54,12 +63,12 @@ def prefix_cache_key(
 ) -> str:
     """The key of requests whose prompt starts with the system prompt named
     ``system_key`` and the blocks ``leading_block_ids``."""
-    return _digest("prefix", cache_salt or "", system_key, *leading_block_ids)
+    return parts_digest("prefix", cache_salt or "", system_key, *leading_block_ids)
 
 
 def bucket_key(key: str, bucket: int) -> str:
     """``key`` itself for bucket 0, else the ``bucket``-th variant of it (a digest)."""
-    return key if bucket == 0 else _digest("bucket", key, str(bucket))
+    return key if bucket == 0 else parts_digest("bucket", key, str(bucket))
 
 
 class KeyBuckets:

@@ -23,7 +23,7 @@ from contextpilot_rag.testing.cloud_server import CloudCacheServer
 from contextpilot_rag.usage import parse_input_tokens
 
 if TYPE_CHECKING:
-    from conftest import FakeClock
+    from conftest import FakeClock, MarkedParts
 
 CLAUDE = "claude-test"
 GPT = "gpt-test"
@@ -322,7 +322,7 @@ GPT_56 = "gpt-5.6-terra"
 
 
 def test_chat_openai_sends_gpt_56_breakpoints_and_the_next_turn_reads_them(
-    server: CloudCacheServer,
+    server: CloudCacheServer, marked_parts: MarkedParts
 ) -> None:
     """On ``gpt-5.6``, ``ChatOpenAI`` carries the plan's ``prompt_cache_breakpoint``
     markers and ``prompt_cache_options`` (explicit: no write of OpenAI's own), the
@@ -335,13 +335,7 @@ def test_chat_openai_sends_gpt_56_breakpoints_and_the_next_turn_reads_them(
     for body in bodies:
         assert body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
         assert body["prompt_cache_key"].startswith("cpk-")
-        marked = [
-            (message["role"], part)
-            for message in body["messages"]
-            if isinstance(message["content"], list)
-            for part in message["content"]
-            if "prompt_cache_breakpoint" in part
-        ]
+        marked = marked_parts(body)
         assert 1 <= len(marked) <= 4
         assert all(role != "assistant" for role, _ in marked)
         assert all(part["prompt_cache_breakpoint"] == {"mode": "explicit"} for _, part in marked)
