@@ -23,7 +23,8 @@ class NoteTemplates:
     """Wording of the notes. ``order`` receives ``{labels}`` (every block's label,
     most relevant first). ``location`` receives ``{groups}``: one ``location_group``
     per earlier turn, earliest first, each with that turn's ``{labels}`` and,
-    optionally, its 1-based ``{turn}`` (e.g. ``"{labels} (turn {turn})"``). Labels
+    optionally, its 1-based ``{turn}`` (e.g. ``"{labels} (turn {turn})"``), counting
+    the turns the prompt renders (behind a history window the first shown is 1). Labels
     (as the blocks show them, without brackets) are joined by ``separator``, groups
     by ``group_separator``.
 

@@ -279,10 +279,10 @@ def is_list_like(value: object) -> TypeGuard[Iterable[object]]:
     return isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
 
 
-def validate_blocks(blocks: object) -> tuple[ContextBlock, ...]:
-    """Check a request's blocks: a non-empty sequence of :class:`ContextBlock`, no id
-    used for two different texts. Exact repeats (same id, same text) are collapsed
-    to their first occurrence. Raises before anything is stored."""
+def validate_blocks(blocks: object, *, allow_empty: bool = False) -> tuple[ContextBlock, ...]:
+    """Check a request's blocks: a sequence of :class:`ContextBlock` (non-empty unless
+    ``allow_empty``), no id used for two different texts. Exact repeats (same id, same
+    text) are collapsed to their first occurrence. Raises before anything is stored."""
     if not is_list_like(blocks):
         raise InvalidBlockError(
             f"blocks must be a list of ContextBlock, got {type(blocks).__name__}"
@@ -301,8 +301,11 @@ def validate_blocks(blocks: object) -> tuple[ContextBlock, ...]:
             raise BlockConflictError(
                 f"block id {block.id!r} is used for two different texts in one request"
             )
-    if not unique:
-        raise EmptyContextError("no context blocks given; pass at least one ContextBlock")
+    if not unique and not allow_empty:
+        raise EmptyContextError(
+            "no context blocks given; pass at least one ContextBlock (a conversation's "
+            "turn may have none: pass its conversation_id)"
+        )
     return tuple(unique.values())
 
 

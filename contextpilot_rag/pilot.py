@@ -468,8 +468,13 @@ class ContextPilot:
         state apart from every other tenant's: it matches only the tenant's own earlier
         prompts (and the shared prefixes of blocks marked ``shared``), its conversation
         is the tenant's (the same id under another tenant is another conversation), and
-        the prompt carries the tenant's :attr:`Prompt.cache_salt` (``docs/tenants.md``)."""
-        unique = validate_blocks(blocks)
+        the prompt carries the tenant's :attr:`Prompt.cache_salt` (``docs/tenants.md``).
+
+        ``blocks`` may be empty only for a turn of a conversation (a retrieval with no
+        hit): the prompt then carries the history and the question, and the turn enters
+        the history like any other; without ``conversation_id``,
+        :class:`~.errors.EmptyContextError`."""
+        unique = validate_blocks(blocks, allow_empty=conversation_id is not None)
         self._check_request_text("query", query)
         if conversation_id is not None:
             _check_conversation_id(conversation_id, tenant)
@@ -893,7 +898,11 @@ class ContextPilot:
         final = order.final
         relabeled = _relabeled(final, duplicated, visible, self._own_labels(rendered))
         rendered = self._render_relabeled(rendered, final, relabeled)
-        notes = self._notes(blocks, final, duplicated, rendered, relabeled)
+        # a note's turn numbers count the turns the prompt renders (behind a history
+        # window the first one shown is turn 1): the model can only count those
+        first_shown = visible[0][0] if visible else 0
+        in_window = tuple((block, turn - first_shown) for block, turn in duplicated)
+        notes = self._notes(blocks, final, in_window, rendered, relabeled)
         if request_id is None:
             request_id = self._new_request_id(tenant)
         layout = _Layout(

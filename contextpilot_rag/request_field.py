@@ -7,7 +7,7 @@ The field (what the OpenAI SDKs send with ``extra_body={"contextpilot": {...}}``
     "contextpilot": {
         "documents": [{"id": "doc-7", "text": "...", "score": 0.82, "metadata": {...},
                        "shared": false}              # shared: a public document
-                      | "plain text", ...],          # required, at least one
+                      | "plain text", ...],          # at least one; [] in a conversation
         "conversation_id": "chat-42",                # optional: history + de-duplication
         "tenant": "acme",                            # optional: state and cache per tenant
         "system": "You answer from the documents."   # optional: the system prompt
@@ -75,18 +75,23 @@ def parse_pilot_fields(value: object) -> PilotFields:
     unknown = sorted(set(value) - _FIELD_KEYS)
     if unknown:
         raise FieldError(f"has unknown keys {unknown}; known: {sorted(_FIELD_KEYS)}", FIELD)
+    conversation_id = _name(value, "conversation_id")
     return PilotFields(
-        documents=_documents(value.get("documents")),
-        conversation_id=_name(value, "conversation_id"),
+        documents=_documents(value.get("documents"), in_conversation=conversation_id is not None),
+        conversation_id=conversation_id,
         tenant=_name(value, "tenant"),
         system=_text(value, "system"),
     )
 
 
-def _documents(value: object) -> tuple[ContextBlock, ...]:
+def _documents(value: object, *, in_conversation: bool) -> tuple[ContextBlock, ...]:
+    """The documents; a conversation's turn may have none (a retrieval with no hit)."""
     where = f"{FIELD}.documents"
-    if not isinstance(value, list) or not value:
-        raise FieldError("must be a non-empty list of documents", where)
+    if not isinstance(value, list) or not (value or in_conversation):
+        raise FieldError(
+            "must be a list of documents, non-empty unless the field names a conversation_id",
+            where,
+        )
     return tuple(_document(item, f"{where}[{index}]") for index, item in enumerate(value))
 
 

@@ -201,6 +201,8 @@ HOSTILE = (
 
 
 def _conversation_blocks(rng: random.Random, pool: list[ContextBlock]) -> list[ContextBlock]:
+    if rng.random() < 0.15:
+        return []  # a retrieval with no hit: the turn carries the history and its question
     return rng.sample(pool, rng.randint(2, 5))
 
 

@@ -106,6 +106,36 @@ def test_turn_with_only_known_blocks_sends_none_in_full(pilot: ContextPilot) -> 
     assert ids(prompt.deduplicated) == ["b", "a"]
 
 
+def test_a_turn_without_blocks_enters_the_history(tokenizer: Tokenizer) -> None:
+    """A retrieval with no hit: the turn carries the history and its question, is
+    answered like any other, and the next turn renders it and still points at the
+    blocks of the turn before it."""
+    pilot = turn_pilot(tokenizer)
+    pilot.optimize([A, B], "one", conversation_id="conv")
+    pilot.record_answer("conv", "first answer")
+    empty = pilot.optimize([], "thanks! and two?", conversation_id="conv")
+    assert empty.blocks == () and empty.stats.blocks_total == 0
+    assert [m["role"] for m in empty.messages] == ["system", "user", "assistant", "user"]
+    assert empty.messages[-1]["content"].endswith("Question: thanks! and two?")
+    pilot.record_answer(empty, "second answer")
+    prompt = pilot.optimize([B, C], "three", conversation_id="conv")
+    assert [m["content"] for m in prompt.messages[3:5]] == [
+        empty.messages[-1]["content"],
+        "second answer",
+    ]
+    assert ids(prompt.blocks) == ["c"] and ids(prompt.deduplicated) == ["b"]
+    assert "b (turn 1)" in prompt.messages[-1]["content"]
+    assert pilot.conversation("conv").turn_count == 3
+
+
+def test_a_conversation_may_open_with_a_turn_without_blocks(pilot: ContextPilot) -> None:
+    first = pilot.optimize([], "hello?", conversation_id="conv", tenant="t")
+    pilot.record_answer(first, "hi", tenant="t")
+    prompt = pilot.optimize([A], "one", conversation_id="conv", tenant="t")
+    assert ids(prompt.blocks) == ["a"]
+    assert [m["content"] for m in prompt.messages[1:3]] == [first.messages[-1]["content"], "hi"]
+
+
 def test_dedup_off_keeps_every_block(tokenizer: Tokenizer) -> None:
     pilot = ContextPilot(PilotConfig(dedup=False), tokenizer=tokenizer)
     pilot.optimize([A, B], "one", conversation_id="conv")
@@ -139,7 +169,8 @@ def test_dedup_points_only_at_rendered_turns(tokenizer: Tokenizer) -> None:
     prompt = pilot.optimize([A, B], "three", conversation_id="conv")
     assert ids(prompt.blocks) == ["a"]
     assert ids(prompt.deduplicated) == ["b"]
-    assert "b (turn 2)" in prompt.messages[-1]["content"]
+    # the window renders one turn (the conversation's second): the note counts from it
+    assert "b (turn 1)" in prompt.messages[-1]["content"]
 
 
 def test_max_history_turns_limits_the_rendered_history(tokenizer: Tokenizer) -> None:
@@ -152,7 +183,7 @@ def test_max_history_turns_limits_the_rendered_history(tokenizer: Tokenizer) -> 
     assert history[0].endswith("Question: two")
 
 
-def test_a_history_window_bounds_the_stored_record_and_keeps_turn_numbers(
+def test_a_history_window_bounds_the_stored_record_and_numbers_the_rendered_turns(
     tokenizer: Tokenizer,
 ) -> None:
     pilot = turn_pilot(tokenizer, max_history_turns=2)
@@ -165,7 +196,9 @@ def test_a_history_window_bounds_the_stored_record_and_keeps_turn_numbers(
     prompt = pilot.optimize([BLOCKS[29 % 4], C], "q30", conversation_id="conv")
     assert len(user_messages(prompt)) == 3  # the two rendered turns and this one
     label = prompt.label_of(BLOCKS[29 % 4].id)
-    assert f"{label} (turn 30)" in prompt.messages[-1]["content"]  # numbers count dropped turns
+    # the note counts the turns the prompt renders, not the 28 it dropped: the last
+    # answered turn (the conversation's 30th) is the second shown
+    assert f"{label} (turn 2)" in prompt.messages[-1]["content"]
 
 
 def test_a_turn_awaiting_its_answer_is_never_dropped(tokenizer: Tokenizer) -> None:

@@ -475,7 +475,7 @@ FAILING_CALLS: dict[str, FailingCall] = {
     "conflict-within-call": lambda p: p.optimize(
         [C, ContextBlock("a different text", id="c")], "q", conversation_id="conv"
     ),
-    "empty-blocks": lambda p: p.optimize([], "q", conversation_id="conv"),
+    "empty-blocks": lambda p: p.optimize([], "q"),  # (a conversation's turn may have none)
     "oversize-block": lambda p: p.optimize(
         [C, ContextBlock("many words " * 100)], "q", conversation_id="conv"
     ),

@@ -254,6 +254,25 @@ def test_max_history_turns_bounds_the_turns_sent_and_stored(
         server.stop()
 
 
+def test_a_conversation_turn_without_documents_carries_the_history(
+    sdk: openai.OpenAI, engines: list[OpenAICompatibleServer]
+) -> None:
+    """A retrieval with no hit in a conversation: the engine gets the history and the
+    question, and the turn is the next one's history (without a conversation, an empty
+    list stays a 400: see BAD_FIELDS)."""
+    ask(sdk, "Where is Paris?", conversation_id="empty-turn")
+    sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Thanks! And Rome?"}],
+        extra_body={"contextpilot": {"documents": [], "conversation_id": "empty-turn"}},
+    )
+    sent = received(engines)[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[-1]["content"].endswith("Question: Thanks! And Rome?")
+    ask(sdk, "And Berlin?", conversation_id="empty-turn")
+    assert received(engines)[-1]["messages"][3]["content"] == sent[-1]["content"]
+
+
 def test_a_completion_with_documents_sends_the_prompt_text(
     sdk: openai.OpenAI, engines: list[OpenAICompatibleServer]
 ) -> None:

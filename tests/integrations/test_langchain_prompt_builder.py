@@ -13,10 +13,8 @@ import pytest
 from contextpilot_rag import (
     ContextBlock,
     ContextPilot,
-    EmptyContextError,
     PilotConfig,
     Tokenizer,
-    UnknownConversationError,
 )
 from contextpilot_rag.cloud import CloudCacheConfig
 
@@ -82,17 +80,35 @@ def test_a_retrieval_without_hits_runs_through_the_chain(pilot: ContextPilot) ->
     assert handler.counts.unmatched == 2 and handler.counts.failed == 0  # no prompt to pair
 
 
-def test_no_documents_in_a_conversation_is_an_empty_context_error_naming_it(
+def test_a_turn_without_documents_enters_the_conversation_through_the_chain(
     pilot: ContextPilot,
 ) -> None:
-    """The pilot records only turns with documents: the turn could not enter the
-    conversation's history, so it is refused before anything is stored."""
-    builder = ContextPilotPromptBuilder(pilot=pilot)
-    config: Any = {"configurable": {"thread_id": "thread-1"}}
-    with pytest.raises(EmptyContextError, match="conversation 'thread-1'"):
-        builder.invoke({"documents": [], "question": "Which rivers?"}, config=config)
-    with pytest.raises(UnknownConversationError):
-        pilot.conversation("thread-1")
+    """A conversation's turn whose retrieval found nothing: the builder gives the
+    pilot's prompt (history and question), its answer is recorded as any other's, and
+    the next turn carries both byte for byte."""
+    handler = ContextPilotCallbackHandler(pilot)
+    answers = iter([AIMessage("Rivers: two."), AIMessage("You are welcome."), AIMessage("Ok.")])
+    found = iter([[Document(PASSAGE, id="doc-0")], [], [Document(PASSAGE, id="doc-0")]])
+    chain = (
+        {"documents": RunnableLambda(lambda _: next(found)), "question": RunnablePassthrough()}
+        | ContextPilotPromptBuilder(pilot=pilot, system=SYSTEM)
+        | GenericFakeChatModel(messages=answers)
+    )
+    config: Any = {"callbacks": [handler], "configurable": {"thread_id": "thread-1"}}
+    for question in ("Which rivers?", "Thanks!"):
+        pilot.record_answer("thread-1", chain.invoke(question, config=config).text)
+    assert handler.counts.failed == 0 and handler.counts.unmatched == 0
+    turns = pilot.conversation("thread-1").turns
+    assert [turn.answer for turn in turns] == ["Rivers: two.", "You are welcome."]
+    assert turns[1].block_ids == ()
+    builder = ContextPilotPromptBuilder(pilot=pilot, system=SYSTEM)
+    messages = builder.invoke(
+        {"documents": [Document(PASSAGE, id="doc-0")], "question": "More?"}, config=config
+    )
+    assert [text_of(message) for message in messages[3:5]] == [
+        "Context documents:\n\nQuestion: Thanks!",
+        "You are welcome.",
+    ]
 
 
 @pytest.mark.parametrize("thread_id", [7, UUID("5f0c8a3e-2b1d-4c6e-9a7f-0d3b2e1c4a58")])

@@ -375,7 +375,7 @@ def test_the_proxy_pre_call_hook_applies_the_pilot_and_removes_the_field(run: Ru
 @pytest.mark.parametrize(
     ("field", "messages", "message"),
     [
-        ({"documents": []}, None, "non-empty list"),
+        ({"documents": []}, None, "non-empty unless"),
         ({"documents": ["x"], "conversation": "c"}, None, "unknown keys"),
         ({"documents": [{"text": "x", "rank": 1}]}, None, "unknown keys"),
         ({"documents": ["x"]}, [{"role": "assistant", "content": "hi"}], "user's question"),

@@ -172,7 +172,7 @@ def test_a_request_without_the_field_reaches_the_engine_as_sent(gateway: Gateway
 @pytest.mark.parametrize(
     ("field", "stream", "message"),
     [
-        ({"documents": []}, False, "non-empty list"),
+        ({"documents": []}, False, "non-empty unless"),
         ({"documents": ["x"], "conversation": "c"}, False, "unknown keys ['conversation']"),
         ("not an object", True, "must be an object"),
     ],

@@ -609,6 +609,25 @@ def test_no_memories_found_passes_through(memory: RecordingMemory) -> None:
     assert format_memories(response) == ""
 
 
+def test_a_conversation_turn_without_memories_enters_its_history(
+    memory: RecordingMemory,
+) -> None:
+    """bob has no memories: his dedup turns still get the pilot's messages (history
+    and question), and each answer follows its turn in the next one."""
+    bob = {"user_id": "bob"}
+    wrapped = ContextPilotMemory(memory, dedup=True)
+    first = wrapped.search(QUERIES[0], conversation_id="chat-1", filters=bob)
+    assert first["results"] == [] and first[ANNOTATION_KEY]["request_id"] is not None
+    assert format_memories(first) == ""
+    wrapped.record_answer("chat-1", "I know nothing of you yet.", filters=bob)
+    second = wrapped.search(QUERIES[1], conversation_id="chat-1", filters=bob)
+    messages = second[ANNOTATION_KEY]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"] == first[ANNOTATION_KEY]["messages"][-1]["content"]
+    assert messages[2]["content"] == "I know nothing of you yet."
+    assert messages[-1]["content"].endswith(QUERIES[1])
+
+
 def test_a_blank_memory_is_kept_last_and_not_sent(memory: RecordingMemory) -> None:
     memory.add("   ", **USER, infer=False)
     wrapped = ContextPilotMemory(memory)

@@ -31,7 +31,7 @@ from typing_extensions import TypedDict, override
 
 from contextpilot_rag import ContextPilot, PilotConfig, Prompt
 from contextpilot_rag.cloud import CloudCacheConfig
-from contextpilot_rag.errors import ConfigError, EmptyContextError, InvalidInputError
+from contextpilot_rag.errors import ConfigError, InvalidInputError
 from contextpilot_rag.pilot import structure_guard_of
 
 from ._documents import check_documents, check_query, document_to_block
@@ -177,11 +177,11 @@ class ContextPilotPromptBuilder(RunnableSerializable[Mapping[str, Any], list[Bas
     conversation id is a non-empty ``str``; an ``int`` or ``UUID`` ``thread_id`` names
     the conversation ``str(thread_id)``.
 
-    No documents (a retrieval with no hit): without a conversation, the system prompt
-    and the question line alone, as the pilot writes them (plain content, no
-    :data:`MESSAGE_KEY`: there is no pilot prompt to pair or cache); with one,
-    :class:`~contextpilot_rag.errors.EmptyContextError`, since the pilot records only
-    turns with documents and the turn could not enter the conversation's history.
+    No documents (a retrieval with no hit): in a conversation, the pilot's prompt of
+    the turn (the history and the question; the turn enters the history, so record
+    its answer as any other); without one, the system prompt and the question line
+    alone, as the pilot writes them (plain content, no :data:`MESSAGE_KEY`: there is
+    no pilot prompt to pair or cache).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -245,26 +245,19 @@ class ContextPilotPromptBuilder(RunnableSerializable[Mapping[str, Any], list[Bas
         question = check_query(value.get("question"))
         documents = check_documents(value.get("documents", []))
         conversation_id = self._conversation(value, config)
-        if not documents:
-            return self._question_only(question, conversation_id)
+        if not documents and conversation_id is None:
+            return self._question_only(question)
         blocks = [document_to_block(doc, n, self.id_key) for n, doc in enumerate(documents)]
         prompt = self.pilot.optimize(
             blocks, question, conversation_id=conversation_id, system=self.system
         )
         return build_cached_messages(prompt, self.provider)
 
-    def _question_only(self, question: str, conversation_id: str | None) -> list[BaseMessage]:
-        """The messages of a turn without documents (a retrieval with no hit): the
-        system prompt and the pilot's question line, as the pilot writes them, with no
-        context and no :data:`MESSAGE_KEY` (no pilot prompt, so nothing to pair or
-        cache). Not for a conversation: the pilot records only turns with documents."""
-        if conversation_id is not None:
-            raise EmptyContextError(
-                f"no documents for a turn of conversation {conversation_id!r}: the pilot "
-                "records a conversation's turns only with documents, so this turn could not "
-                "enter its history nor its answer be recorded; route turns without documents "
-                "around the builder (e.g. RunnableBranch), or build them without a conversation"
-            )
+    def _question_only(self, question: str) -> list[BaseMessage]:
+        """The messages of a request without documents (a retrieval with no hit) and
+        without a conversation: the system prompt and the pilot's question line, as
+        the pilot writes them, with no context and no :data:`MESSAGE_KEY` (no pilot
+        prompt, so nothing to pair or cache)."""
         config = self.pilot.config
         system = self.system if self.system is not None else config.system_prompt
         query = structure_guard_of(self.pilot).escape(question)

@@ -115,9 +115,10 @@ class _PilotMemory:
         read = read_response(response)
         conversation_id = None if conversation is None else conversation.id
         tenant = None if conversation is None else conversation.tenant
+        # a conversation's turn without memories still enters its history
         prompt = (
             self.pilot.optimize(read.blocks, query, conversation_id=conversation_id, tenant=tenant)
-            if read.blocks
+            if read.blocks or conversation_id is not None
             else None
         )
         return rebuild_response(read, prompt, conversation_id=conversation_id, tenant=tenant)

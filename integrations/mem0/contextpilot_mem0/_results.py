@@ -105,7 +105,8 @@ def rebuild_response(
     tenant: str | None = None,
 ) -> dict[str, Any]:
     """A copy of the response whose results follow the prompt, each annotated.
-    ``prompt`` is ``None`` when no result had text (nothing was optimized); ``tenant``:
+    ``prompt`` is ``None`` when no result had text outside a conversation (nothing
+    was optimized); ``tenant``:
     the one the conversation is kept under."""
     placed = _placement(read, prompt)
     results = [
