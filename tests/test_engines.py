@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -45,6 +46,7 @@ from contextpilot_rag.engines.cache_info import (
     kv_cache_tokens_from_metrics,
 )
 from contextpilot_rag.engines.home import EngineLayout, engine_home
+from contextpilot_rag.engines.launch import normalise_extra_args
 from contextpilot_rag.engines.processes import group_members, is_running, process_info
 from contextpilot_rag.engines.state import read_records
 from contextpilot_rag.errors import ConfigError
@@ -424,6 +426,21 @@ def test_a_busy_port_is_refused_before_anything_starts(stand_in: StandIn) -> Non
         assert stand_in.pids() == first  # no second stand-in was spawned
 
 
+def test_an_engine_starts_again_on_a_port_its_predecessors_connections_still_hold(
+    stand_in: StandIn,
+) -> None:
+    """Stop, then start on the same port while the stopped engine's side of a closed
+    client connection waits in TIME_WAIT (about a minute): the engine binds as servers
+    do (SO_REUSEADDR), so the start goes ahead."""
+    spec = stand_in.spec()
+    engine = launch_engine(spec)
+    client = socket.create_connection(("127.0.0.1", spec.port))  # a pooled connection
+    engine.stop()  # the server closes first: its side of the connection waits
+    client.close()
+    with launch_engine(spec) as again:
+        assert httpx.get(f"{again.root_url}/health", timeout=5).status_code == 200
+
+
 def test_non_loopback_hosts_are_refused(fake_home: EngineLayout, stand_in: StandIn) -> None:
     for host in ("0.0.0.0", "192.168.1.10", "::", "example.com", "127.0.0.1 "):
         with pytest.raises(ConfigError, match="loopback"):
@@ -434,8 +451,16 @@ def test_non_loopback_hosts_are_refused(fake_home: EngineLayout, stand_in: Stand
         with pytest.raises(ConfigError, match="loopback"):
             start_engine("vllm", host=host)
     assert check_loopback("localhost") == "127.0.0.1"
-    with pytest.raises(ConfigError, match="--host"):
-        start_engine("vllm", extra_args=("--host=0.0.0.0",))
+    # also abbreviated, as vLLM's argparse reads them; other flags pass
+    for extra in (("--host=0.0.0.0",), ("--ho", "0.0.0.0"), ("--hos=::",), ("--por", "9")):
+        with pytest.raises(ConfigError, match="--host"):
+            start_engine("vllm", extra_args=extra)
+    assert normalise_extra_args(("--seed", "0", "--hf-token", "t")) == (
+        "--seed",
+        "0",
+        "--hf-token",
+        "t",
+    )
 
 
 @pytest.mark.parametrize(
@@ -449,6 +474,8 @@ def test_non_loopback_hosts_are_refused(fake_home: EngineLayout, stand_in: Stand
         ({"dtype": "float16"}, "dtype"),
         ({"cpu_bind": "all"}, "cpu_bind"),
         ({"cpu_bind": "0-1\n"}, "cpu_bind"),  # a final newline would reach the engine's env
+        ({"port": 8030, "kv_events": KVEventPorts(8029, 8030)}, "also a KV event port"),
+        ({"port": 8030, "kv_events": KVEventPorts(8030)}, "also a KV event port"),
     ],
 )
 def test_bad_start_arguments_are_config_errors(
@@ -456,6 +483,30 @@ def test_bad_start_arguments_are_config_errors(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         start_engine("vllm", **arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 0, -1])
+def test_a_startup_timeout_that_is_no_positive_finite_number_is_a_config_error(
+    stand_in: StandIn, seconds: float
+) -> None:
+    with pytest.raises(ConfigError, match="startup_timeout_s"):
+        stand_in.spec(startup_timeout_s=seconds)
+
+
+def test_a_kv_events_port_without_room_for_its_replay_port_is_a_usage_error(
+    fake_home: EngineLayout, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["engine", "start", "--kv-events-port", "65535"]) == 2
+    assert "65535 is not in 1..65534" in capsys.readouterr().out
+
+
+def test_an_engine_home_that_cannot_be_made_fails_with_a_message_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("CONTEXTPILOT_ENGINE_HOME", str(tmp_path / "a-file" / "engines"))
+    assert main(["engine", "install", "--engine", "llama-server"]) == 1
+    assert "engine home" in capsys.readouterr().out
 
 
 def test_usable_cpus_is_a_core_list_start_engine_accepts(fake_home: EngineLayout) -> None:
@@ -616,6 +667,31 @@ def test_an_external_engine_is_never_stopped_or_reset() -> None:
     assert engine.reset_prefix_cache() is False
     with pytest.raises(ConfigError):
         external_engine("gpu-box:8000", "llama-3")
+
+
+def test_a_plain_stop_removes_stale_records_rather_than_asking_which_to_stop(
+    fake_home: EngineLayout, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records left by engines that died (a crash, a reboot) are not engines running:
+    a plain ``engine stop`` removes them instead of asking for ``--port``."""
+    fake_home.run_dir.mkdir(parents=True)
+    for port in (8012, 8030):
+        record = {
+            "kind": "vllm",
+            "model_name": "m",
+            "port": port,
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "pid": 2**22 + port,  # above any pid this machine hands out: no process
+            "pgid": 2**22 + port,
+            "start_ticks": 1,
+            "command": ["python", "-m", "vllm"],
+            "log_path": "/dev/null",
+            "started_at": 0.0,
+        }
+        (fake_home.run_dir / f"vllm-{port}.json").write_text(json.dumps(record))
+    assert main(["engine", "stop"]) == 0
+    assert capsys.readouterr().out.count("removed its stale record") == 2
+    assert list(fake_home.run_dir.iterdir()) == []
 
 
 def test_status_lists_installed_engines_and_stale_records(

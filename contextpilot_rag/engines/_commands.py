@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Literal
 from .errors import EngineInstallError
 from .launch import log_tail
 
-__all__ = ["StepOutcome", "directory_size", "run_logged"]
+__all__ = ["StepOutcome", "directory_size", "ensure_venv", "run_logged"]
 
 StepOutcome = Literal["done", "skipped", "adopted"]
 """How an install step ended: built now, already complete, or found complete without
@@ -63,3 +64,28 @@ def directory_size(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def ensure_venv(venv: Path, python: Path, *, log_path: Path, what: str) -> None:
+    """Make ``venv`` (whose interpreter is ``python``) a venv with a working pip. One
+    whose pip does not run — ``venv`` interrupted after it wrote the interpreter but
+    before ensurepip finished — is made again from scratch (``--clear``)."""
+    if python.exists() and _pip_runs(python):
+        return
+    run_logged([sys.executable, "-m", "venv", "--clear", venv], log_path=log_path, what=what)
+
+
+def _pip_runs(python: Path) -> bool:
+    try:
+        return (
+            subprocess.run(
+                [str(python), "-m", "pip", "--version"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False

@@ -88,6 +88,9 @@ def _this_cpu() -> Sequence[str]:
     return cpu_flags(platform.machine(), cpuinfo)
 
 
+_UNPACKED = ".unpacked"  # written last into a completely unpacked source tree
+
+
 def _check_toolchain() -> None:
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
@@ -98,21 +101,29 @@ def _check_toolchain() -> None:
 
 
 def _sources(layout: EngineLayout, log: Path) -> Path:
-    """The vendored llama.cpp tree, downloaded and unpacked once."""
+    """The vendored llama.cpp tree, downloaded and unpacked once. The archive unpacks
+    into a scratch folder renamed into place when complete: an interrupted unpacking
+    leaves no tree that looks whole."""
     src = layout.llama_dir / "src"
     name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
     tree = src / name
-    if not (tree / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+    if not (tree / _UNPACKED).is_file():
         src.mkdir(parents=True, exist_ok=True)
         python = ensure_tools_venv(layout, log)
         requirement = f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
         download = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
         run_logged([*download, requirement, "-d", src], log_path=log, what="pip download")
+        scratch = src / f"{name}.partial"
+        shutil.rmtree(scratch, ignore_errors=True)
         with tarfile.open(src / f"{name}.tar.gz") as archive:
             if hasattr(tarfile, "data_filter"):
-                archive.extractall(src, filter="data")
+                archive.extractall(scratch, filter="data")
             else:  # Python < 3.10.12 / 3.11.4: no extraction filters
-                archive.extractall(src)
+                archive.extractall(scratch)
+        (scratch / name / _UNPACKED).touch()
+        shutil.rmtree(tree, ignore_errors=True)  # one left by an interrupted older install
+        (scratch / name).replace(tree)
+        scratch.rmdir()
     return tree / "vendor" / "llama.cpp"
 
 

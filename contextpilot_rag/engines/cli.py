@@ -124,6 +124,9 @@ def run_engine_command(args: argparse.Namespace, console: Console) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")
         return 1
+    except OSError as error:  # the engine home unwritable, a full disk, ...
+        console.print(f"[red]error:[/red] {error} (engine home {layout.home})")
+        return 1
 
 
 def _size(num_bytes: int) -> str:
@@ -155,6 +158,11 @@ def _start(args: argparse.Namespace, layout: EngineLayout, console: Console) -> 
     port = args.port if args.port is not None else DEFAULT_PORTS[args.engine]
     kv_events = None
     if args.kv_events_port is not None:
+        if not 0 < args.kv_events_port < 65535:
+            raise ConfigError(
+                f"--kv-events-port {args.kv_events_port} is not in 1..65534 "
+                "(the replay socket takes the port after it)"
+            )
         kv_events = KVEventPorts(args.kv_events_port, args.kv_events_port + 1)
     started = time.monotonic()
     with console.status(f"starting {args.engine} on 127.0.0.1:{port} (vLLM: a few minutes)"):
@@ -188,12 +196,13 @@ def _start(args: argparse.Namespace, layout: EngineLayout, console: Console) -> 
 def _stop(args: argparse.Namespace, layout: EngineLayout, console: Console) -> int:
     if args.port is not None and not 1 <= args.port <= 65535:
         raise ConfigError(f"port {args.port!r} is not in 1..65535")
-    records = [record for _, record in read_records(layout.run_dir) if record is not None]
-    if not args.all and args.port is None and len(records) > 1:
-        ports = ", ".join(str(record.port) for record in records)
+    # records of engines no longer running (a crash, a reboot) do not count: a plain
+    # stop removes them beside the one that runs
+    running = [r for _, r in read_records(layout.run_dir) if r is not None and r.is_running()]
+    if not args.all and args.port is None and len(running) > 1:
+        ports = ", ".join(str(record.port) for record in running)
         console.print(
-            f"[red]error:[/red] several engines are recorded (ports {ports}): "
-            "pass --port P or --all"
+            f"[red]error:[/red] several engines are running (ports {ports}): pass --port P or --all"
         )
         return 2
     outcomes = stop_recorded(layout.run_dir, port=args.port)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from .._numbers import is_finite_at_least
 from ..errors import ConfigError
 from .cache_info import kv_cache_tokens_from_log, kv_cache_tokens_from_metrics
 from .errors import EngineStartError
@@ -96,8 +97,15 @@ class LaunchSpec:
             raise ConfigError("an engine command is a non-empty sequence of strings")
         if not (isinstance(self.port, int) and 0 < self.port < 65536):
             raise ConfigError(f"port {self.port!r} is not in 1..65535")
-        if self.startup_timeout_s <= 0 or self.stop_grace_s < 0:
-            raise ConfigError("startup_timeout_s must be positive and stop_grace_s >= 0")
+        if not (
+            is_finite_at_least(self.startup_timeout_s, 0)
+            and self.startup_timeout_s > 0
+            and is_finite_at_least(self.stop_grace_s, 0)
+        ):
+            raise ConfigError(
+                "startup_timeout_s must be a positive number of seconds and stop_grace_s a "
+                f"number >= 0, got {self.startup_timeout_s!r} and {self.stop_grace_s!r}"
+            )
 
 
 class _Attached:
@@ -136,7 +144,9 @@ def launch_engine(spec: LaunchSpec) -> RunningEngine:
     """Start ``spec.command`` under the watchdog and wait until it serves
     ``spec.model_name``. On failure or Ctrl-C the process group is stopped before the
     error propagates (:class:`EngineStartError` with the log's tail)."""
-    if not _port_is_free(spec.port):
+    # as the engine binds it (SO_REUSEADDR): the closed connections of an engine just
+    # stopped on this port (TIME_WAIT, a minute) do not keep a new one from starting
+    if not _port_is_free(spec.port, reuse=True):
         raise EngineStartError(f"port {spec.port} on 127.0.0.1 is already in use")
     engine = _spawn(spec)
     try:
@@ -267,6 +277,13 @@ def normalise_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
     split into characters)."""
     if isinstance(extra_args, str) or not all(isinstance(arg, str) for arg in extra_args):
         raise ConfigError("extra_args is a sequence of strings, e.g. ('--seed', '0')")
-    if any(arg.split("=")[0] in _FORBIDDEN_FLAGS for arg in extra_args):
+    if any(_names_forbidden_flag(arg) for arg in extra_args):
         raise ConfigError("the engine's --host and --port are set by start_engine, not extra_args")
     return tuple(extra_args)
+
+
+def _names_forbidden_flag(arg: str) -> bool:
+    """Whether ``arg`` sets ``--host`` or ``--port``, also abbreviated as argparse
+    (vLLM's parser) accepts it: ``--ho 0.0.0.0``, ``--por=9``."""
+    flag = arg.split("=")[0]
+    return len(flag) > 3 and any(name.startswith(flag) for name in _FORBIDDEN_FLAGS)

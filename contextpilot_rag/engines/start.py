@@ -216,6 +216,11 @@ def _check_arguments(
         raise ConfigError(f"max_model_len {max_model_len!r} must be in 128..{spec.context_tokens}")
     if kv_events is not None and kind != "vllm":
         raise ConfigError("KV-cache events are published by vLLM only")
+    if kv_events is not None and port in (kv_events.publisher, kv_events.replay):
+        raise ConfigError(
+            f"port {port} is also a KV event port (publisher {kv_events.publisher}, replay "
+            f"{kv_events.replay}): the engine serves HTTP on one port and its events on others"
+        )
     if not _positive_int(slots) or not (threads is None or _positive_int(threads)):
         raise ConfigError(f"slots ({slots!r}) and threads ({threads!r}) must be integers >= 1")
 
