@@ -324,10 +324,20 @@ def _anthropic_input(node: object) -> InputTokens | None:
     )
 
 
+_LANGCHAIN_CACHE_FIELDS = (
+    "cache_read",
+    "cache_creation",
+    "ephemeral_5m_input_tokens",
+    "ephemeral_1h_input_tokens",
+)
+
+
 def _langchain_input(node: object) -> InputTokens | None:
     details = _field(node, "input_token_details")
     if details is None or _field(node, "input_tokens") is None:
         return None
+    if all(_field(details, name) is None for name in _LANGCHAIN_CACHE_FIELDS):
+        return None  # {} (an engine that reports no cache counts): no cache information
     total = _check_count("input_tokens", _field(node, "input_tokens"))
     read = _count_or_zero(details, "cache_read")
     hour = _count_or_zero(details, "ephemeral_1h_input_tokens")

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 import zmq
 
-from contextpilot_rag import ContextBlock, ContextPilot, Prompt
+from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
 from contextpilot_rag.errors import ConfigError, EndpointError, InvalidInputError
 from contextpilot_rag.kv_events import (
     AllBlocksCleared,
@@ -39,6 +39,7 @@ from contextpilot_rag.kv_events import (
 )
 from contextpilot_rag.kv_events.wire import decode_batch, decode_seq
 from contextpilot_rag.sim.block_hashes import chained_block_hashes
+from contextpilot_rag.tenants import TenantConfig
 
 BS = 4
 TOP_BIT = 1 << 63
@@ -389,6 +390,12 @@ def test_bad_events_are_refused_before_any_is_applied() -> None:
         {"block_hashes": (-1,), "parent_block_hash": None, "token_ids": (0,) * BS},
         {"block_hashes": (1,), "parent_block_hash": None, "token_ids": (0,) * 3},
         {"block_hashes": (1,), "parent_block_hash": True, "token_ids": (0,) * BS},
+        {  # the mirror keys blocks by their extra keys: a list there is refused here
+            "block_hashes": (1,),
+            "parent_block_hash": None,
+            "token_ids": (0,) * BS,
+            "extra_keys": ((["salt"],),),
+        },
     ],
 )
 def test_malformed_stored_events_are_refused(kwargs: dict[str, Any]) -> None:
@@ -456,6 +463,31 @@ def _event_nested(depth: int) -> bytes:
 def test_a_payload_nested_beyond_the_interpreters_recursion_is_a_typed_error() -> None:
     with pytest.raises(InvalidInputError):
         decode_batch(3, _event_nested(5_000))
+
+
+def test_blocks_stored_without_their_tokens_are_held_without_content() -> None:
+    """vLLM's offloading publishes placeholder stores (no tokens, block size 0 or the
+    real one) beside the GPU's events: the batch decodes, the mirror holds them (their
+    removal is known) and stays exact about what it can look up."""
+    engine, mirror = FakeEngineCache(), KVCacheMirror(BS)
+    gpu = engine.run(tokens(0, 8))
+    placeholder = {"block_hashes": [12, 13], "parent_block_hash": None, "token_ids": []}
+    placeholders = [
+        VllmBlockStored(
+            **placeholder, block_size=size, lora_id=None, medium="CPU", lora_name=None, group_idx=0
+        )
+        for size in (0, BS)
+    ]
+    payload = msgspec.msgpack.encode(VllmEventBatch(ts=0.0, events=[gpu, *placeholders]))
+    batch = decode_batch(7, payload)
+    assert len(batch.events) == 3 and batch.events[1].token_ids == ()
+    mirror.apply(batch.events)
+    assert mirror.cached_prefix_tokens(tokens(0, 8)) == 8
+    assert mirror.exact and len(mirror) == 4
+    stats = mirror.stats()
+    assert stats.unkeyed_stored == 2 and stats.duplicates_stored == 2
+    mirror.apply([BlockRemoved((12, 13), "CPU", 0)])
+    assert mirror.stats().unknown_removed == 0 and len(mirror) == 2 and mirror.exact
 
 
 def test_extra_keys_holding_a_map_of_mixed_key_types_decode() -> None:
@@ -593,6 +625,32 @@ def test_a_sequence_restarting_at_zero_clears_the_mirror(
     assert mirror.cached_prefix_tokens(tokens(0, 8)) == 0
     assert mirror.cached_prefix_tokens(tokens(300, 8)) == 8
     assert len(mirror) == 2 and subscriber.synced
+
+
+def test_a_restart_is_seen_when_the_subscriber_has_only_replayed_batches(
+    publisher: FakeVllmPublisher,
+) -> None:
+    """The subscriber syncs from the replay of an idle engine's batches 0-2; the engine
+    restarts and numbers its batches from 0 again. Those are new batches, not
+    duplicates of the replayed ones."""
+    engine = FakeEngineCache()
+    for start in (0, 100, 200):
+        publisher.publish([engine.run(tokens(start, 8))])
+    subscriber = subscribe(publisher).start()
+    try:
+        publisher.wait_for_subscriber()
+        assert subscriber.wait(lambda s: s.synced and s.last_seq == 2, 5), subscriber.stats()
+        publisher.restart()
+        engine = FakeEngineCache()
+        publisher.publish([engine.run(tokens(900, 8))])
+        publisher.publish([engine.run(tokens(950, 8))])
+        assert subscriber.wait(lambda s: s.restarts == 1 and s.last_seq == 1, 5), subscriber.stats()
+        mirror = subscriber.mirror
+        assert mirror.cached_prefix_tokens(tokens(0, 8)) == 0
+        assert mirror.cached_prefix_tokens(tokens(950, 8)) == 8
+        assert subscriber.synced and subscriber.stats().duplicates == 0
+    finally:
+        subscriber.stop()
 
 
 def test_malformed_messages_are_counted_and_the_thread_goes_on(
@@ -748,6 +806,32 @@ def test_a_removed_block_in_the_shared_prefix_evicts_every_prompt_claiming_it() 
     assert follow.stats.blocks_matched == 0
     assert follow.stats.reusable_tokens < scene.b.stats.reusable_tokens
     assert scene.tracker.stats().corrected == 2 and scene.tracker.stats().evicted == 2
+
+
+def test_a_tenants_salted_prompts_are_tracked_under_their_own_salt() -> None:
+    """vLLM keys a salted request's blocks with its ``cache_salt`` (an extra key of the
+    first block): ``track`` takes the prompt's salt by default, so the engine removing
+    a tenant's block corrects the tenant's index."""
+    pilot = ContextPilot(PilotConfig(tenants=TenantConfig(salt_key="k" * 32)))
+    engine, mirror = FakeEngineCache(), KVCacheMirror(BS)
+    tracker = KVCacheTracker(pilot, mirror)
+    a = pilot.optimize([doc(1), doc(2), doc(3)], "first question", tenant="acme")
+    b = pilot.optimize([doc(2), doc(1), doc(4)], "second question", tenant="acme")
+    assert a.cache_salt is not None and b.stats.blocks_matched == 2
+    for prompt in (a, b):
+        ids, end = engine_view(prompt)
+        stored = engine.run(ids)
+        if stored is not None:
+            first = stored.parent_block_hash is None
+            stored.extra_keys = [
+                (prompt.cache_salt,) if first and n == 0 else None
+                for n in range(len(stored.block_hashes))
+            ]
+            tracker.apply([ours(stored)])
+        tracker.track(prompt, ids, context_end=end)
+    ids, _ = engine_view(a)
+    assert tracker.apply([ours(engine.remove(ids, block_of(a, a.blocks[1].id)))]) == 2
+    assert pilot.index_stats(tenant="acme").requests == 0
 
 
 def test_an_untracked_request_sharing_the_lost_block_is_evicted_too() -> None:

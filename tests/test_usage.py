@@ -214,6 +214,19 @@ def test_a_report_without_cache_information_is_refused_naming_the_fields(report:
     report = report() if callable(report) else report
     with pytest.raises(InvalidInputError, match=r"cached_tokens.*cache_n.*cache_read"):
         parse_cache_usage(report)
+    with pytest.raises(InvalidInputError, match=r"cached_tokens.*cache_n.*cache_read"):
+        parse_input_tokens(report)  # never "nothing cached"
+
+
+def test_langchains_empty_input_token_details_is_no_cache_information() -> None:
+    """``ChatOpenAI`` against an engine that reports no cached tokens (vLLM without
+    ``--enable-prompt-tokens-details``) writes ``input_token_details: {}``: neither
+    reader takes that as nothing cached."""
+    usage = {"input_tokens": 100, "output_tokens": 5, "total_tokens": 105}
+    report = {**usage, "input_token_details": {}, "output_token_details": {}}
+    for parse in (parse_cache_usage, parse_input_tokens):
+        with pytest.raises(InvalidInputError, match="cache_read"):
+            parse(report)
 
 
 @pytest.mark.parametrize(

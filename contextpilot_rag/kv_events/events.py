@@ -53,6 +53,10 @@ class BlockStored:
     ``block_hashes[i - 1]`` (``parent_block_hash`` for the first; ``None`` when the
     run starts at the beginning of a sequence).
 
+    Empty ``token_ids`` (any ``block_size``, ``0`` included): blocks the engine stored
+    without sending their tokens (vLLM's placeholders for blocks offloaded to another
+    medium); the mirror holds them without content, so no lookup finds them.
+
     ``extra_keys`` has one entry per block (or is ``None``): what besides the tokens
     went into the block's hash (a LoRA name, multimodal ids, the request's
     ``cache_salt`` on its first block), as hashable tuples. ``medium`` and
@@ -76,16 +80,26 @@ class BlockStored:
         if self.parent_block_hash is not None:
             _check_hash("BlockStored.parent_block_hash", self.parent_block_hash)
         size = self.block_size
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        unkeyed = self.token_ids == ()  # placeholders: tokens not sent (vLLM offloading)
+        if not isinstance(size, int) or isinstance(size, bool) or size < (0 if unkeyed else 1):
             raise InvalidInputError(f"BlockStored.block_size must be an int >= 1, got {size!r}")
-        if not isinstance(self.token_ids, tuple) or len(self.token_ids) != size * len(
-            self.block_hashes
+        if not isinstance(self.token_ids, tuple) or not (
+            unkeyed or len(self.token_ids) == size * len(self.block_hashes)
         ):
             raise InvalidInputError(
-                "BlockStored.token_ids must be a tuple of block_size tokens per block hash"
+                "BlockStored.token_ids must be a tuple of block_size tokens per block hash "
+                "(or empty: blocks whose tokens the engine did not send)"
             )
-        if self.extra_keys is not None and len(self.extra_keys) != len(self.block_hashes):
-            raise InvalidInputError("BlockStored.extra_keys must have one entry per block hash")
+        if self.extra_keys is not None:
+            if len(self.extra_keys) != len(self.block_hashes):
+                raise InvalidInputError("BlockStored.extra_keys must have one entry per block hash")
+            for keys in self.extra_keys:
+                try:  # the mirror keys blocks by them: refused here, not mid-batch
+                    hash(keys)
+                except TypeError as error:
+                    raise InvalidInputError(
+                        f"BlockStored.extra_keys entries must be hashable: {error}"
+                    ) from error
         _check_optional_int("BlockStored.group_idx", self.group_idx)
         _check_optional_int("BlockStored.lora_id", self.lora_id)
 

@@ -70,7 +70,8 @@ class MirrorStats:
     ``orphans_stored``: blocks stored under a parent the mirror did not know (events
     were missed); ``unknown_removed``: removals of blocks it did not know;
     ``duplicates_stored``: stores of blocks already alive; ``dropped``: blocks dropped
-    to keep ``max_blocks``; ``rejected``: stored events of another block size."""
+    to keep ``max_blocks``; ``rejected``: stored events of another block size;
+    ``unkeyed_stored``: blocks stored without their tokens (held, found by no lookup)."""
 
     blocks: int
     exact: bool
@@ -82,6 +83,7 @@ class MirrorStats:
     duplicates_stored: int
     dropped: int
     rejected: int
+    unkeyed_stored: int = 0
 
 
 def _content_key(parent: int, tokens: tuple[int, ...], extra: tuple[Hashable, ...] | None) -> int:
@@ -144,6 +146,7 @@ class KVCacheMirror:
                 "duplicates_stored",
                 "dropped",
                 "rejected",
+                "unkeyed_stored",
             ),
             0,
         )
@@ -214,6 +217,8 @@ class KVCacheMirror:
         return MirrorChange(removed=removed, cleared=True)
 
     def _store(self, event: BlockStored) -> MirrorChange:
+        if not event.token_ids:
+            return self._store_unkeyed(event)
         if event.block_size != self._block_size:
             self._counts["rejected"] += 1
             self._exact = False
@@ -237,6 +242,24 @@ class KVCacheMirror:
                 self._add(engine_key, key)
                 stored += 1
             parent = self._blocks[engine_key]
+        return MirrorChange(removed=frozenset(removed - self._alive.keys()), stored=stored)
+
+    def _store_unkeyed(self, event: BlockStored) -> MirrorChange:
+        """Blocks stored without their tokens: held under the engine's hashes (so that
+        their removal is known, and blocks stored under them are no orphans) with no
+        content key; the mirror stays exact about every content it can look up."""
+        location: _Location = (event.medium, event.group_idx)
+        removed: set[int] = set()
+        stored = 0
+        for block_hash in event.block_hashes:
+            engine_key = (location, block_hash)
+            if engine_key in self._blocks:
+                self._counts["duplicates_stored"] += 1
+                continue
+            removed |= self._make_room()
+            self._add(engine_key, None)
+            self._counts["unkeyed_stored"] += 1
+            stored += 1
         return MirrorChange(removed=frozenset(removed - self._alive.keys()), stored=stored)
 
     def _parent_key(self, location: _Location, parent_hash: BlockHash | None) -> int | None:

@@ -32,6 +32,7 @@ last saw before it reconnects looks like a gap, not a restart.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -257,6 +258,9 @@ class KVEventSubscriber:
         self._losses = 0
         self._expected: int | None = None
         self._last_live: int | None = None
+        # digests of the batches a replay applied before any live batch arrived: a
+        # live batch numbered among them is a duplicate only if it is the same batch
+        self._replayed: dict[int, bytes] = {}
         self._last_seq: int | None = None
         self._applied_seq: int | None = None
 
@@ -337,10 +341,19 @@ class KVEventSubscriber:
 
     def _on_batch(self, seq: int, payload: bytes) -> MirrorChange:
         expected, last_live = self._expected, self._last_live
-        if last_live is not None and seq <= last_live:
+        if last_live is not None:
+            restarted = seq <= last_live
+        else:  # only replayed batches so far: a lower number that is another batch
+            restarted = (
+                expected is not None
+                and seq < expected
+                and (self._replayed.get(seq) != _digest(payload))
+            )
+        if restarted:
             self._count("restarts")
             expected = None  # a new publisher run
         self._last_live = seq
+        self._replayed.clear()
         if expected is None:
             if seq == 0:  # the publisher's first batch: its engine's cache was empty
                 return self._from_empty() | self._apply(seq, payload)
@@ -460,6 +473,12 @@ class KVEventSubscriber:
             if seq != next_seq:
                 logger.warning("KV-event replay wanted batch %d, got %d", next_seq, seq)
                 return None
+            if self._last_live is None:
+                self._replayed[seq] = _digest(payload)
             change |= self._apply(seq, payload)
             next_seq += 1
         return None
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()

@@ -41,11 +41,12 @@ the tracker's lock.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 from ..errors import ConfigError, InvalidInputError
 from ..prompt import Prompt
@@ -56,6 +57,15 @@ if TYPE_CHECKING:
     from ..pilot import ContextPilot
 
 __all__ = ["ChangeFeed", "KVCacheTracker", "TrackerStats", "context_end_tokens"]
+
+
+class _PromptSalt(enum.Enum):
+    """``track``'s default ``cache_salt``: the prompt's own."""
+
+    PROMPT = "the prompt's cache_salt"
+
+
+_PROMPT_SALT = _PromptSalt.PROMPT
 
 
 class ChangeFeed(Protocol):
@@ -192,15 +202,19 @@ class KVCacheTracker:
         token_ids: Sequence[int],
         *,
         context_end: int | None = None,
-        cache_salt: str | None = None,
+        cache_salt: str | Literal[_PromptSalt.PROMPT] | None = _PROMPT_SALT,
     ) -> None:
         """Watch ``prompt`` (already sent, so in the pilot's index), whose messages the
         engine tokenized as ``token_ids`` (see :func:`engine_token_ids`).
         ``context_end``: the engine token where its last context block ends (default:
         :func:`context_end_tokens`). ``cache_salt``: the ``cache_salt`` the request
-        carried. Tracking a request id again replaces it."""
+        carried (default: the prompt's own, :attr:`Prompt.cache_salt`, as the pilot's
+        request shapes send it; ``None``: none was sent). Tracking a request id again
+        replaces it."""
         if not isinstance(prompt, Prompt):
             raise InvalidInputError(f"track() takes a Prompt, got {type(prompt).__name__}")
+        if isinstance(cache_salt, _PromptSalt):
+            cache_salt = prompt.cache_salt
         keys = tuple(self._mirror.block_keys(token_ids, cache_salt=cache_salt))
         count = len(token_ids)
         if count < 1:
