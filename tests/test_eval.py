@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from contextpilot_rag import ContextBlock, ContextPilot, render_block
 from contextpilot_rag.cli import main
+from contextpilot_rag.errors import ConfigError
 from contextpilot_rag.evaluation import arms as arms_module
 from contextpilot_rag.evaluation.arms import ARM_NAMES, arm_spec, build_prompts
 from contextpilot_rag.evaluation.client import Endpoint, complete_all
@@ -25,8 +27,16 @@ from contextpilot_rag.evaluation.metrics import (
     rouge_l,
     token_f1,
 )
+from contextpilot_rag.evaluation.report import MetricSummary
 from contextpilot_rag.evaluation.retention import ExpectedBlock, lost_blocks
-from contextpilot_rag.evaluation.stats import bootstrap_mean, paired_difference, significant_drop
+from contextpilot_rag.evaluation.stats import (
+    MIN_CLUSTERS,
+    MIN_RESAMPLES,
+    bootstrap_mean,
+    paired_difference,
+    significant_drop,
+    too_few_clusters,
+)
 from contextpilot_rag.evaluation.tasks import (
     TaskFileError,
     load_jsonl_tasks,
@@ -146,6 +156,29 @@ def test_the_drop_flag_stays_down_for_an_identical_arm_and_for_noise() -> None:
     assert not significant_drop(noisy)
 
 
+@pytest.mark.parametrize("conversations", [1, 2, MIN_CLUSTERS - 1])
+def test_no_drop_is_called_on_fewer_conversations_than_a_verdict_needs(
+    conversations: int,
+) -> None:
+    """One conversation makes every resample the same (an interval of zero width around
+    any difference); a few make it far too narrow. Such a run shows the difference and
+    reads "few", never DROP."""
+    baseline = [0.5] * 4 * conversations
+    worse = [0.49 if n % 4 == 3 else 0.5 for n in range(len(baseline))]  # one turn each
+    clusters = [f"c{n // 4}" for n in range(len(baseline))]
+    difference = paired_difference(baseline, worse, clusters)
+    assert difference is not None and difference.high < 0 and difference.clusters == conversations
+    assert too_few_clusters(difference) and not significant_drop(difference)
+    summary = MetricSummary("f1", bootstrap_mean(worse, clusters), difference, False)
+    assert summary.flag == "few"
+
+
+@pytest.mark.parametrize("resamples", [1, MIN_RESAMPLES - 1, True, 2.5])
+def test_too_few_resamples_are_refused(resamples: object) -> None:
+    with pytest.raises(ConfigError, match="resamples"):
+        bootstrap_mean([0.1, 0.2], resamples=resamples)  # type: ignore[arg-type]
+
+
 def test_a_paired_difference_uses_only_tasks_both_arms_score() -> None:
     difference = paired_difference([1.0, None, 0.5], [0.0, 1.0, None], ["a", "b", "c"])
     assert difference is not None and difference.n == 1 and difference.mean == -1.0
@@ -205,6 +238,18 @@ def test_every_arm_retains_every_block_on_mtrag(contexts: str, window: int | Non
         assert [p.lost for p in prompts if p.lost] == [], name
     dedup = build_prompts(arm_spec("reordered+dedup+notes"), tasks, max_history_turns=window)
     assert sum(p.deduplicated for p in dedup) > 0
+
+
+@pytest.mark.parametrize("name", ARM_NAMES)
+def test_a_turn_without_its_reference_before_later_turns_is_a_config_error(name: str) -> None:
+    """Tasks built in Python (not through the task file's checks): a turn whose answer
+    the later turns' history needs, but without a reference, is refused up front."""
+    first, second = mtrag_tasks(contexts="reference", limit=2)
+    assert first.conversation_id == second.conversation_id
+    tasks = [replace(first, references=()), second]
+    with pytest.raises(ConfigError, match="needs a reference"):
+        build_prompts(arm_spec(name), tasks)
+    assert len(build_prompts(arm_spec(name), [first, replace(second, references=())])) == 2
 
 
 # -- tasks ---------------------------------------------------------------------------
@@ -327,7 +372,7 @@ def test_one_document_id_names_one_text_in_a_task_file() -> None:
 # -- the HTTP client -----------------------------------------------------------------
 
 
-def _chat(text: str) -> dict[str, Any]:
+def _chat(text: str | None) -> dict[str, Any]:
     return {
         "choices": [{"message": {"role": "assistant", "content": text}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 2},
@@ -344,14 +389,18 @@ def test_transient_failures_are_retried_and_client_errors_are_final() -> None:
             return httpx.Response(503, text="busy")
         if question == "too long":
             return httpx.Response(400, text="context length exceeded")
+        if question in ("thinks", "blank"):  # a reasoning model out of max_tokens
+            return httpx.Response(200, json=_chat(None if question == "thinks" else " \n"))
         return httpx.Response(200, json=_chat(f"re: {question}"))
 
     endpoint = Endpoint("http://engine.test/v1", "m")
-    requests = [[{"role": "user", "content": q}] for q in ("flaky", "too long", "fine")]
+    questions = ("flaky", "too long", "fine", "thinks", "blank")
+    requests = [[{"role": "user", "content": q}] for q in questions]
     done = complete_all(endpoint, requests, backoff_s=0.0, transport=httpx.MockTransport(respond))
-    assert [d.text for d in done] == ["re: flaky", None, "re: fine"]
-    assert [d.attempts for d in done] == [3, 1, 1]
+    assert [d.text for d in done] == ["re: flaky", None, "re: fine", None, None]
+    assert [d.attempts for d in done] == [3, 1, 1, 1, 1]
     assert done[1].error is not None and "400" in done[1].error
+    assert all("no answer text" in str(d.error) for d in done[3:])  # scored as nothing
     assert done[0].prompt_tokens == 10
 
 

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..blocks import render_block
+from ..errors import ConfigError
 from ..escaping import StructureGuard
 from ..pilot import ContextPilot, PilotConfig, structure_guard_of
 from ..prompt import Prompt
@@ -275,6 +276,24 @@ def build_prompts(
     tokenizer: Tokenizer | None = None,
 ) -> tuple[ArmPrompt, ...]:
     """What ``arm`` sends for each task, in task order (conversations replayed turn by
-    turn). A pure function of its arguments: one fresh pilot per call."""
+    turn). A pure function of its arguments: one fresh pilot per call. A turn followed
+    by later turns of its conversation needs a reference (its answer in their
+    history): :class:`~contextpilot_rag.errors.ConfigError` otherwise, before any
+    prompt is built."""
+    _check_histories(tasks)
     builder = _ArmBuilder(arm, max_history_turns, tokenizer)
     return tuple(builder.build(task) for task in tasks)
+
+
+def _check_histories(tasks: Sequence[EvalTask]) -> None:
+    """Every turn followed by a later turn of its conversation has a reference answer
+    (the task-file loader checks this too; tasks built in Python are checked here)."""
+    last = {task.conversation_id: index for index, task in enumerate(tasks)}
+    for index, task in enumerate(tasks):
+        followed = task.conversation_id is not None and index < last[task.conversation_id]
+        if followed and not task.references:
+            raise ConfigError(
+                f"task {task.task_id!r}: a turn followed by later turns of conversation "
+                f"{task.conversation_id!r} needs a reference (the assistant's answer "
+                "in their history)"
+            )

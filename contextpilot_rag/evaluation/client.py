@@ -92,10 +92,14 @@ def _parse(response: httpx.Response) -> Completion:
         text = data["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise _Final(f"not a chat completion: {exc!r}: {response.text[:200]}") from None
+    if not isinstance(text, str) or not text.strip():
+        # no answer to score (a reasoning model that spent max_tokens thinking returns
+        # null content): a failed request, not an answer that declines nothing
+        raise _Final(f"no answer text (content {text!r}); raise --max-tokens?")
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     return Completion(
-        text=text if isinstance(text, str) else "",
+        text=text,
         prompt_tokens=_count(usage.get("prompt_tokens")),
         cached_tokens=_count(details.get("cached_tokens")),
         completion_tokens=_count(usage.get("completion_tokens")),

@@ -3,9 +3,11 @@ difference from ``unmodified`` with its interval and the drop flag; evidence
 retention and failed requests per arm. As rich tables, JSON, a PNG and markdown.
 
 A **significant drop** (:func:`~.stats.significant_drop`) is flagged when the whole
-interval of ``arm − unmodified`` lies below ``−tolerance``: the data cannot be
-explained by noise alone. Its absence is not proof of no loss: read the interval's
-lower end as the largest loss the run cannot rule out.
+interval of ``arm − unmodified`` lies below ``−tolerance`` over at least
+:data:`~.stats.MIN_CLUSTERS` clusters: the data cannot be explained by noise alone.
+On fewer clusters the flag reads ``few``: the run cannot decide. Its absence is not
+proof of no loss: read the interval's lower end as the largest loss the run cannot
+rule out.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from ..bench.sections import pyplot, save_figure
 from .arms import BASELINE
 from .run import ArmRun, EvalRun
-from .stats import Estimate, bootstrap_mean, paired_difference, significant_drop
+from .stats import (
+    Estimate,
+    bootstrap_mean,
+    paired_difference,
+    significant_drop,
+    too_few_clusters,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -53,6 +61,16 @@ class MetricSummary:
     difference: Estimate | None
     """``arm − unmodified`` on the tasks both score (``None`` for the baseline)."""
     significant_drop: bool
+
+    @property
+    def flag(self) -> str:
+        """``"DROP"``, ``"no"``, ``"few"`` (fewer clusters than a verdict needs) or
+        ``""`` (no difference: the baseline, or no task both arms score)."""
+        if self.difference is None:
+            return ""
+        if self.significant_drop:
+            return "DROP"
+        return "few" if too_few_clusters(self.difference) else "no"
 
 
 @dataclass(frozen=True)
@@ -174,7 +192,7 @@ def _metric_rows(summary: EvalSummary) -> list[list[str]]:
     for arm in summary.arms:
         for m in arm.metrics:
             n = m.estimate.n if m.estimate is not None else 0
-            flag = "DROP" if m.significant_drop else ("–" if m.difference is None else "no")
+            flag = m.flag or "–"
             rows.append(
                 [
                     arm.name,
@@ -235,7 +253,7 @@ def rich_tables(summary: EvalSummary, title: str = "answer quality") -> list[Tab
             table.add_column(header, justify="right", no_wrap=True)
         for arm in summary.arms:
             m = arm.metric(metric)
-            flag = "DROP" if m.significant_drop else ("" if m.difference is None else "no")
+            flag = m.flag
             table.add_row(
                 arm.name,
                 str(m.estimate.n if m.estimate is not None else 0),
@@ -300,6 +318,7 @@ def _arm_json(arm: ArmSummary) -> dict[str, Any]:
                 "estimate": _estimate(m.estimate),
                 "difference_vs_unmodified": _estimate(m.difference),
                 "significant_drop": m.significant_drop,
+                "verdict": m.flag or None,
             }
             for m in arm.metrics
         },

@@ -10,6 +10,10 @@ the same scores and seed give the same interval.
 A *paired* difference compares two arms on the same tasks (the arms send the same
 questions): the per-task difference ``arm − baseline`` is bootstrapped, which removes
 the spread between easy and hard tasks that two separate intervals would carry.
+
+A percentile bootstrap over few clusters gives intervals far too narrow (one cluster:
+every resample is the same, an interval of zero width), so no drop is called on fewer
+than :data:`MIN_CLUSTERS` clusters: such a run can show a difference, not decide it.
 """
 
 from __future__ import annotations
@@ -22,30 +26,45 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
+    "MIN_CLUSTERS",
+    "MIN_RESAMPLES",
     "Estimate",
     "bootstrap_mean",
     "check_options",
     "paired_difference",
     "significant_drop",
+    "too_few_clusters",
 ]
+
+
+MIN_CLUSTERS = 10
+"""The fewest clusters (conversations, single-turn tasks) on which a drop is called:
+below it the percentile bootstrap's intervals are too narrow to trust (simulated with
+no real difference, seven turns per conversation: 1 conversation flags a drop in about
+half the runs, 4 in one of ten, at a nominal 2.5%)."""
+
+MIN_RESAMPLES = 100
+"""The fewest bootstrap resamples accepted: fewer make the percentile bounds noise."""
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over ``n`` scores and its ``confidence`` interval ``[low, high]``."""
+    """A mean over ``n`` scores (in ``clusters`` clusters) and its ``confidence``
+    interval ``[low, high]``."""
 
     mean: float
     low: float
     high: float
     n: int
     confidence: float = 0.95
+    clusters: int = 0
 
 
 def check_options(resamples: int, confidence: float = 0.95, tolerance: float = 0.0) -> None:
     """Raise :class:`~contextpilot_rag.errors.ConfigError` for unusable bootstrap
     options (checked before a run, not after it)."""
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ConfigError(f"resamples must be an integer >= 1, got {resamples!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < MIN_RESAMPLES:
+        raise ConfigError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {resamples!r}")
     if not 0.0 < confidence < 1.0:
         raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
     if not tolerance >= 0.0:
@@ -81,7 +100,9 @@ def bootstrap_mean(
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(means, [tail, 100.0 - tail])
     # the percentile bounds can miss the mean by rounding when every resample is equal
-    return Estimate(mean, min(float(low), mean), max(float(high), mean), len(values), confidence)
+    return Estimate(
+        mean, min(float(low), mean), max(float(high), mean), len(values), confidence, len(keys)
+    )
 
 
 def paired_difference(
@@ -111,6 +132,15 @@ def paired_difference(
 
 def significant_drop(difference: Estimate | None, tolerance: float = 0.0) -> bool:
     """A drop the data can tell from noise: the whole interval of ``arm − baseline``
-    lies below ``−tolerance`` (``tolerance`` > 0 ignores drops smaller than that)."""
-    check_options(1, tolerance=tolerance)
-    return difference is not None and difference.high < -tolerance
+    lies below ``−tolerance`` (``tolerance`` > 0 ignores drops smaller than that), over
+    at least :data:`MIN_CLUSTERS` clusters (:func:`too_few_clusters`)."""
+    check_options(MIN_RESAMPLES, tolerance=tolerance)
+    if difference is None or too_few_clusters(difference):
+        return False
+    return difference.high < -tolerance
+
+
+def too_few_clusters(estimate: Estimate | None) -> bool:
+    """Whether ``estimate`` rests on fewer than :data:`MIN_CLUSTERS` clusters, too few
+    for its interval to decide a drop."""
+    return estimate is not None and estimate.clusters < MIN_CLUSTERS
