@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -159,6 +160,23 @@ def test_bm25_custom_tokenizer_is_used() -> None:
     retriever = BM25Retriever(["a-b c", "d"], tokenizer=str.split)
     assert [block.text for block in retriever.retrieve("a-b", k=5)] == ["a-b c"]
     assert retriever.retrieve("a", k=5) == []
+
+
+def test_bm25_reads_a_tokenizer_that_yields_its_terms() -> None:
+    """A generator tokenizer (as ``jieba.cut`` returns) is read once, not lost in
+    checking it: CJK text the default tokenizer keeps in one run is found by its words."""
+    retriever = BM25Retriever(
+        ["巴黎 在 法国", "柏林 在 德国"], tokenizer=lambda text: (w for w in text.split())
+    )
+    assert [block.text for block in retriever.retrieve("巴黎", k=5)] == ["巴黎 在 法国"]
+
+
+@pytest.mark.parametrize("make", FACTORIES.values(), ids=FACTORIES.keys())
+def test_a_decomposed_accent_matches_the_composed_one(make: RetrieverFactory) -> None:
+    """NFD text (macOS files, some PDFs) is found by the NFC query a user types."""
+    nfd = unicodedata.normalize("NFD", "le café noir")
+    retriever = make([nfd, "un thé vert", "une bière"])
+    assert retriever.retrieve("café", k=1)[0].text == nfd
 
 
 def test_bm25_rejects_bad_configuration() -> None:
@@ -353,6 +371,8 @@ def test_embedding_is_lexical() -> None:
     embed = HashingEmbedder()
     same = embed(["Solar, PANELS!", "solar panels"])
     assert np.array_equal(same[0], same[1])
+    forms = embed([unicodedata.normalize(form, "Straße café") for form in ("NFC", "NFD")])
+    assert np.array_equal(forms[0], forms[1])
     car, automobile = embed(["car", "automobile"])
     assert abs(float(car @ automobile)) < 0.2  # synonyms are unrelated to it
 

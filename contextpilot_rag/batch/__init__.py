@@ -7,6 +7,7 @@ holds the planners, which work on integer block codes and know nothing of prompt
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -102,6 +103,7 @@ def plan_batch(
             f"unknown batch schedule {schedule!r}; choose 'prefix-tree', 'grouped' or 'builder'"
         )
     check_requests(requests, weights)
+    requests, weights = _dense_codes(requests, weights)
     if refine is None:
         refine = schedule != "builder" and len(requests) <= REFINE_UP_TO
     elif refine and schedule == "builder":
@@ -135,6 +137,29 @@ def plan_batch(
         best.joint_pass(JOINT_PARTNERS)
         sequences = best.sequences
     return BatchPlan(orders_of(requests, sequences), schedulers[schedule](sequences))
+
+
+def _dense_codes(
+    requests: Sequence[Sequence[int]], weights: Sequence[float] | None
+) -> tuple[Sequence[Sequence[int]], Sequence[float] | None]:
+    """``requests`` with codes renumbered ``0..distinct - 1`` in their order (and
+    ``weights`` to match) when the codes are sparse — hashed ids, say: the planners
+    size arrays by the largest code. Orders and schedule are positions and indices,
+    and the renumbering keeps the codes' order (the planners' ties), so the plan is
+    the same."""
+    flat = np.fromiter(
+        (code for request in requests for code in request),
+        dtype=np.int64,
+        count=sum(len(request) for request in requests),
+    )
+    if not flat.size or int(flat.max()) < 2 * flat.size + 1024:
+        return requests, weights
+    distinct, dense = np.unique(flat, return_inverse=True)
+    bounds = np.cumsum([0, *(len(request) for request in requests)])
+    renumbered = [dense[start:end].tolist() for start, end in itertools.pairwise(bounds)]
+    if weights is not None:
+        weights = [weights[code] for code in distinct.tolist()]
+    return renumbered, weights
 
 
 def shared_tokens(

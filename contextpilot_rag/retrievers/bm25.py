@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,9 @@ class BM25Retriever:
 
     def _terms_of(self, text: str) -> list[str]:
         terms = self._tokenize(text)
-        if isinstance(terms, str) or not all(isinstance(term, str) for term in terms):
+        if isinstance(terms, str) or not isinstance(terms, Iterable):
             raise ConfigError("the BM25 tokenizer must return a sequence of str")
-        return list(terms)
+        listed = list(terms)  # a generator (jieba.cut) is read once, here
+        if not all(isinstance(term, str) for term in listed):
+            raise ConfigError("the BM25 tokenizer must return a sequence of str")
+        return listed
