@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contextpilot_rag.batch import cluster as cluster_module
 from contextpilot_rag.batch.cluster import cluster_plan
 from contextpilot_rag.batch.plan import BatchPlan, check_plan
 from contextpilot_rag.bench.workloads import online_workload
@@ -47,6 +48,22 @@ def test_plans_are_valid_for_any_batch(
 ) -> None:
     plan = cluster_plan(requests, alpha=alpha, neighbors_per_block=neighbors)
     check_plan(plan, [len(request) for request in requests])
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches, st.sampled_from([0.0, 0.5]))
+def test_merged_block_lists_give_the_distances_the_slot_grid_gives(
+    requests: list[list[int]], alpha: float
+) -> None:
+    """Pairs with a request longer than the grid width merge their block lists (one
+    very long request must not make every pair cost its width squared): the same
+    shared counts and gaps, so the same plan, whichever way each pair is compared."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cluster_module, "_GRID_WIDTH", 1_000)  # every pair on the grid
+        grid = cluster_plan(requests, alpha=alpha)
+        patch.setattr(cluster_module, "_GRID_WIDTH", 0)  # every pair merged
+        merged = cluster_plan(requests, alpha=alpha)
+    assert merged == grid
 
 
 @settings(max_examples=40, deadline=None)

@@ -58,6 +58,8 @@ IntArray = npt.NDArray[np.int64]
 
 _PAD = -1  # an empty slot past the end of a shorter request
 _CHUNK_CELLS = 1 << 25  # slot comparisons per chunk of pairs: 32 MB of booleans
+_GRID_WIDTH = 64  # pairs of longer requests merge block lists instead of slot grids
+_MERGE_SLOTS = 1 << 22  # listed blocks per chunk of merged pairs
 
 
 @dataclass(frozen=True)
@@ -228,22 +230,66 @@ def _overlaps(
     batch: _Batch, first: IntArray, second: IntArray, progress: Progress
 ) -> tuple[IntArray, IntArray]:
     """Per pair: how many blocks the two requests share, and the sum over those blocks
-    of |position in first - position in second| (eq. 1's gap)."""
-    width = batch.width
-    gap_of_cell = np.abs(np.subtract.outer(np.arange(width), np.arange(width))).ravel()
-    left = batch.ranks.astype(np.int32)
-    right = np.where(batch.ranks == _PAD, _PAD - 1, batch.ranks).astype(np.int32)
+    of |position in first - position in second| (eq. 1's gap). Pairs of requests no
+    longer than :data:`_GRID_WIDTH` compare slot grids (fast, width² cells a pair);
+    a pair with a longer request merges its two block lists instead (linear in their
+    lengths), so one very long request does not make every pair cost its width²."""
     shared = np.empty(first.size, dtype=np.int64)
     gaps = np.empty(first.size, dtype=np.int64)
     advance = progress("batch: cluster distances", first.size)
-    chunk = max(1, _CHUNK_CELLS // max(1, width * width))
-    for start in range(0, first.size, chunk):
-        stop = min(start + chunk, first.size)
-        same = left[first[start:stop], :, None] == right[second[start:stop], None, :]
-        same = same.reshape(stop - start, width * width)
-        shared[start:stop] = np.count_nonzero(same, axis=1)
-        gaps[start:stop] = np.einsum("pc,c->p", same, gap_of_cell)
-        advance(stop - start)
+    wide = np.maximum(batch.lengths[first], batch.lengths[second]) > _GRID_WIDTH
+    narrow = np.flatnonzero(~wide)
+    width = min(batch.width, _GRID_WIDTH)
+    step = max(1, _CHUNK_CELLS // max(1, width * width))
+    for start in range(0, narrow.size, step):
+        chunk = narrow[start : start + step]
+        shared[chunk], gaps[chunk] = _grid_overlaps(batch, first[chunk], second[chunk], width)
+        advance(chunk.size)
+    rest = np.flatnonzero(wide)
+    slots = np.cumsum(batch.lengths[first[rest]] + batch.lengths[second[rest]])
+    start = 0
+    while start < rest.size:  # chunks of about _MERGE_SLOTS listed blocks
+        done = int(slots[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(slots, done + _MERGE_SLOTS, side="right")))
+        chunk = rest[start:stop]
+        shared[chunk], gaps[chunk] = _merged_overlaps(batch, first[chunk], second[chunk])
+        advance(chunk.size)
+        start = stop
+    return shared, gaps
+
+
+def _grid_overlaps(
+    batch: _Batch, first: IntArray, second: IntArray, width: int
+) -> tuple[IntArray, IntArray]:
+    """:func:`_overlaps` of pairs whose requests fit in ``width`` slots."""
+    gap_of_cell = np.abs(np.subtract.outer(np.arange(width), np.arange(width))).ravel()
+    ranks = batch.ranks[:, :width]
+    left = ranks[first].astype(np.int32)
+    right = np.where(ranks[second] == _PAD, _PAD - 1, ranks[second]).astype(np.int32)
+    same = (left[:, :, None] == right[:, None, :]).reshape(first.size, width * width)
+    return np.count_nonzero(same, axis=1), np.einsum("pc,c->p", same, gap_of_cell)
+
+
+def _merged_overlaps(batch: _Batch, first: IntArray, second: IntArray) -> tuple[IntArray, IntArray]:
+    """:func:`_overlaps` of any pairs: both requests' (block, position) lists sorted by
+    pair and block; a block the two share is a pair of equal neighbours."""
+    pair = np.arange(first.size)
+    rows = np.concatenate((first, second))
+    owner = np.concatenate((pair, pair))
+    lengths = batch.lengths[rows]
+    slot_row = np.repeat(rows, lengths)
+    slot_owner = np.repeat(owner, lengths)
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    block = batch.ranks[slot_row, position]
+    key = slot_owner * (batch.distinct_blocks + 1) + block
+    order = np.argsort(key, kind="stable")
+    key, position = key[order], position[order]
+    twin = key[1:] == key[:-1]  # a block in both lists (distinct within each)
+    owners = key[1:][twin] // (batch.distinct_blocks + 1)
+    gap = np.abs(position[1:][twin] - position[:-1][twin])
+    shared = np.bincount(owners, minlength=first.size)
+    gaps = np.bincount(owners, weights=gap, minlength=first.size).astype(np.int64)
     return shared, gaps
 
 
