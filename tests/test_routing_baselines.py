@@ -18,6 +18,7 @@ from contextpilot_rag.routing.baselines import (
     RoundRobinPolicy,
     SessionAffinityPolicy,
 )
+from contextpilot_rag.routing.prompt_keys import PromptKeys, serialise
 from contextpilot_rag.routing.types import Policy, ReplicaState, RouteMemory, RouteRequest
 from contextpilot_rag.sim.fleet import SimFleetView
 
@@ -148,6 +149,28 @@ def test_prefix_follows_the_longest_recorded_prefix() -> None:
     assert decision.replica_id == first
     assert decision.predicted_cached_tokens == 32
     assert policy.choose(req("d", (7, 8, 5)), view).replica_id == other
+
+
+def test_prefix_matches_a_routing_clients_boundaries_past_its_unkeyed_blocks() -> None:
+    """A RoutingClient keys only boundaries (every other block gets a hash unique to
+    its request): the prefix baseline matches the deepest shared boundary, not only
+    the first block."""
+    keys = PromptKeys()
+    document = {"role": "user", "content": "Document text. " * 400}
+
+    def request(rid: str, question: str) -> RouteRequest:
+        chat = [{"role": "system", "content": "sys " * 50}, document]
+        return keys.request(
+            serialise([*chat, {"role": "user", "content": question}]), request_id=rid
+        )
+
+    policy = PrefixCachePolicy()
+    first = policy.choose(request("a", "First question?"), fleet())
+    second = request("b", "Another question?")
+    decision = policy.choose(second, fleet())
+    assert decision.replica_id == first.replica_id and decision.reason == "prefix-match"
+    deepest = max(second.boundaries[:-1]) if len(second.boundaries) > 1 else 1
+    assert decision.predicted_cached_tokens >= deepest * second.block_tokens
 
 
 def test_prefix_falls_back_to_least_request_under_imbalance() -> None:

@@ -266,6 +266,41 @@ def test_a_prefill_end_releases_the_held_request_with_the_smallest_predicted_ttf
         assert idle(client) and client._held == {}
 
 
+def test_a_policy_failing_on_a_held_request_does_not_fail_the_request_that_released_it() -> None:
+    """The policy raises (a bug of its own) when the held request is offered again at
+    the first request's first token: the first request still gets its answer, and the
+    held one's caller gets the policy's error from its own offer."""
+    policy = CombinedPolicy(hold_wait_s=0.1)
+    with OpenAICompatibleServer(token_delay_s=0.3) as server:
+        endpoint = Endpoint(server.base_url, prefill_tokens_per_s=100.0)
+        client = RoutingClient([endpoint], model="m", policy=policy, learn_rates=False)
+        outcomes: dict[str, BaseException | ChatResult] = {}
+
+        def ask(question: str, docs: list[str]) -> None:
+            try:
+                outcomes[question] = client.chat(messages(question, docs))
+            except Exception as error:  # the test reads it
+                outcomes[question] = error
+
+        threads = {q: threading.Thread(target=ask, args=(q, d)) for q, d in (
+            ("First?", DOCS[:4]), ("Second?", DOCS[4:]))}  # fmt: skip
+        threads["First?"].start()
+        while client.replicas[0].queued_tokens == 0:
+            time.sleep(0.005)
+        threads["Second?"].start()
+        _held_count(client, 1)
+
+        def broken(request: RouteRequest, fleet: Any) -> Any:
+            raise ValueError("policy bug")
+
+        policy.choose = broken  # type: ignore[method-assign]
+        for thread in threads.values():
+            thread.join(timeout=10)
+        assert isinstance(outcomes["First?"], ChatResult)
+        assert isinstance(outcomes["Second?"], ValueError)
+        assert [r["messages"][-1]["content"] for r in server.requests] == ["First?"]
+
+
 def test_a_cancelled_held_request_leaves_nothing_held_or_booked() -> None:
     with OpenAICompatibleServer(token_delay_s=0.3) as server:
         client, first = _first_queued(server)
@@ -380,6 +415,10 @@ def test_bad_configuration_and_input_are_rejected() -> None:
         RoutingClient(["http://127.0.0.1:1/v1"])  # no model anywhere
     with pytest.raises(ConfigError):
         RoutingClient([Endpoint("http://127.0.0.1:1/v1", models=("x",))], model="y")
+    for number in ("prefill_tokens_per_s", "decode_tokens_per_s", "rtt_s"):
+        for bad in (float("nan"), float("inf")):  # refused here, not in every request
+            with pytest.raises(ConfigError, match=number):
+                Endpoint("http://127.0.0.1:1/v1", **{number: bad})
     client = RoutingClient(["http://127.0.0.1:1/v1"], model="m")
     with pytest.raises(InvalidInputError):
         client.chat(42)  # type: ignore[arg-type]
@@ -449,6 +488,25 @@ TOOL_STREAM: list[dict[str, Any]] = [
     {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "now"}}]},
     {"tool_calls": [{"index": 0, "function": {"arguments": '"cats"}'}}]},
 ]
+
+
+def test_hits_on_an_engine_that_reports_no_cached_tokens_do_not_inflate_its_prefill_rate() -> None:
+    """vLLM and SGLang leave ``prompt_tokens_details`` out by default. A repeated
+    prompt's short first token is a cache hit, not a fast prefill of the whole prompt:
+    the uncached part is what the policy predicted (about none here), so the rate the
+    client learns stays near the first, cold answer's instead of climbing toward the
+    whole prompt over the hit's TTFT (80,000 tokens/s)."""
+    prompt = [{"role": "user", "content": "A long shared document. " * 700}]
+    usage = {"prompt_tokens": 4000, "completion_tokens": 1}
+    with ScriptedChatServer([{"content": "ok"}], usage=usage, first_chunk_delay_s=0.05) as server:
+        endpoint = Endpoint(server.base_url, prefill_tokens_per_s=10_000.0)
+        with RoutingClient([endpoint], model="m", policy=CombinedPolicy()) as client:
+            client.chat(prompt, max_tokens=1)
+            after_cold = client.replicas[0].prefill_tokens_per_s
+            for _ in range(5):
+                decision = client.chat(prompt, max_tokens=1)
+            assert decision.text == "ok"
+            assert client.replicas[0].prefill_tokens_per_s <= after_cold * 1.01
 
 
 def test_streamed_tool_calls_are_joined_into_the_answer() -> None:
@@ -533,6 +591,23 @@ def test_route_keys_stay_the_same_while_the_token_estimate_is_refined() -> None:
     # boundary's character position above its CRC), now at other block counts
     kept = boundary_keys(before) & boundary_keys(after)
     assert {key >> 32 for key in kept} >= set(text.boundaries[:2])
+
+
+@pytest.mark.parametrize("chars_per_token", [3.5, 4.2, 4.6, 5.0, 6.0])
+def test_block_zero_keeps_its_key_when_a_boundary_moves_into_the_second_block(
+    chars_per_token: float,
+) -> None:
+    """A short system prompt ends inside block 0 or block 1 depending on the refined
+    estimate: block 0's key (the hash fallbacks' and session affinity's) is the first
+    block's text either way."""
+    keys = PromptKeys()
+    system = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
+    text = serialise([system, {"role": "user", "content": "Q1 " + "x" * 400}])
+    before = keys.request(text, request_id="a")
+    keys.chars_per_token = chars_per_token  # as observe_tokens leaves it
+    after = keys.request(text, request_id="b")
+    assert after.block_hashes[0] == before.block_hashes[0]
+    assert 1 not in after.boundaries
 
 
 def test_known_chat_templates_render_as_the_engine_does() -> None:

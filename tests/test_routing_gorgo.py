@@ -98,6 +98,29 @@ def test_tuner_is_deterministic_by_seed_and_frozen_stays_put() -> None:
     assert run(7) == run(7)
 
 
+def test_a_request_decided_under_earlier_weights_does_not_score_the_current_trial() -> None:
+    """Trials of two outcomes. ``late`` is decided with the initial weights but finishes
+    (very slowly) during the next trial: it is not that trial's evidence, so the
+    candidate weights are judged on ``c`` and ``d`` alone, which they did well."""
+    tuner = WeightTuner(window=2, seed=0)
+    policy = CostPolicy(tuner=tuner)
+    view = Fleet(0.0, (ReplicaState("r0", "m"), ReplicaState("r1", "m")))
+
+    def outcome(rid: str, decision: Decision, e2e_s: float) -> Outcome:
+        return Outcome(req(rid, [1, 2]), decision, ttft_s=0.1, e2e_s=e2e_s)
+
+    decided = {rid: policy.choose(req(rid, [1, 2]), view) for rid in ("a", "b", "late")}
+    policy.observe(outcome("a", decided["a"], 1.0))
+    policy.observe(outcome("b", decided["b"], 1.0))  # the initial weights' score
+    candidate = tuner.weights
+    assert candidate is not tuner.parent
+    decided |= {rid: policy.choose(req(rid, [1, 2]), view) for rid in ("c", "d")}
+    policy.observe(outcome("late", decided["late"], 100.0))
+    policy.observe(outcome("c", decided["c"], 0.5))
+    policy.observe(outcome("d", decided["d"], 0.5))
+    assert tuner.trials == 1 and tuner.successes == 1 and tuner.parent is candidate
+
+
 def test_cost_policy_freeze_stops_tuning() -> None:
     policy = CostPolicy(tuner=WeightTuner(window=1, seed=0))
     frozen = policy.freeze()
@@ -200,6 +223,14 @@ def test_the_combined_policy_credits_a_prefix_that_departed_replicas_held_longer
     view = Fleet(1.0, (ReplicaState("idle", "m"), ReplicaState("live", "m")))
     decision = policy.choose(req("q", blocks), view)
     assert decision.replica_id == "live" and decision.predicted_cached_tokens == 4 * 16
+
+
+@pytest.mark.parametrize(
+    "bad", [{"sigma": float("nan")}, {"sigma": 0.0}, {"e2e_weight": float("nan")}]
+)
+def test_tuner_settings_that_are_no_finite_numbers_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        WeightTuner(**bad)  # type: ignore[arg-type]
 
 
 def test_prompt_limits_are_validated() -> None:

@@ -163,6 +163,26 @@ def test_load_override_when_preferred_far_above_median() -> None:
     assert decision.reason == "load-override" and decision.replica_id != first.replica_id
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_load_override_on_queued_tokens_leaves_the_overloaded_replica(seed: int) -> None:
+    """Queued tokens trip the override while every replica has as many requests in
+    flight: the fallback, which balances requests in flight, must not hand the request
+    back to the route's replica (often its hash placement too)."""
+    policy = RanvierPolicy()
+    first = policy.choose(request([seed, 1, 2], [3], "a"), fleet())
+    flooded = {
+        r.replica_id: ReplicaState(
+            r.replica_id,
+            "m",
+            in_flight=1,
+            queued_tokens=500_000 if r.replica_id == first.replica_id else 0,
+        )
+        for r in fleet().replicas
+    }
+    decision = policy.choose(request([seed, 1, 2], [3], "b"), fleet(**flooded))
+    assert decision.reason == "load-override" and decision.replica_id != first.replica_id
+
+
 def test_independent_policies_converge_on_first_block() -> None:
     for first_block in range(20):
         a = RanvierPolicy().choose(request([first_block, 1], [2], "x"), fleet(8))
@@ -213,6 +233,17 @@ def test_capacity_model_stops_routes_to_evicted_prefixes() -> None:
     policy.choose(request([7, 8, 9, 10], [2, 4], "b"), only)  # evicts prefix [1, 2, 3, 4]
     decision = policy.choose(request([1, 2, 3, 4], [2, 4], "c"), only)
     assert decision.reason == "hash" and decision.predicted_cached_tokens == 0
+
+
+def test_the_capacity_model_leaves_routes_shared_by_a_peer_to_their_trust() -> None:
+    """The cache model sees only this router's dispatches, so it cannot have evicted a
+    route a peer learned: that route is followed as without the model."""
+    asked = request([1, 2, 3, 4], [2, 4], "a")
+    for config in (RanvierConfig(), RanvierConfig(capacity_tokens_per_replica=1_000_000)):
+        policy = RanvierPolicy(config)
+        policy.table.learn_peer(asked.block_hashes[3], "r3", 4, 0.0, 0.0)
+        decision = policy.choose(asked, fleet())
+        assert (decision.replica_id, decision.reason) == ("r3", "route")
 
 
 def test_decision_cost_is_measured() -> None:

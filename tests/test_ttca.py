@@ -105,6 +105,35 @@ def test_logistic_fit_learns_a_separable_toy() -> None:
     assert model.predict("unknown", _request("en")) is None
 
 
+def test_a_later_fit_over_other_tasks_leaves_the_models_it_does_not_refit_usable() -> None:
+    """Fitted in steps (one model, then another on requests of more tasks): the first
+    model keeps predicting as it did, on the task list it was fitted with."""
+    first = [_request(lang, request_id=f"a{i}") for i, lang in enumerate(["en", "ja"] * 10)]
+    model = AccuracyModel().fit(first, {"m": [r.features["language"] == "en" for r in first]})
+    before = model.predict("m", _request("en"))
+    tasks = ["qa", "code", "math", "chat"]
+    later = [
+        replace(_request(request_id=f"b{i}"), features={"language": "en", "task": tasks[i % 4]})
+        for i in range(20)
+    ]
+    model.fit(later, {"n": [i % 2 == 0 for i in range(20)]})
+    assert model.models == ("m", "n")
+    assert model.predict("m", _request("en")) == before
+    assert model.predict("n", later[0]) is not None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"costs": {"m": -1.0}}, {"costs": {"m": float("nan")}}, {"alpha": float("nan")},
+     {"q_floor": float("nan")}, {"response_smoothing": float("inf")}],
+)  # fmt: skip
+def test_laar_refuses_costs_and_settings_that_are_no_positive_finite_numbers(
+    bad: dict[str, object],
+) -> None:
+    with pytest.raises(ConfigError):
+        LaarPolicy(**bad)  # type: ignore[arg-type]
+
+
 def _fleet(*models: str, queued: tuple[int, ...] = ()) -> _Fleet:
     replicas = tuple(
         ReplicaState(f"{m}/0", m, queued_tokens=queued[i] if queued else 0)

@@ -173,15 +173,16 @@ class PrefixOwners:
     def longest_match(
         self, block_hashes: Sequence[int], is_candidate: Callable[[str], bool]
     ) -> tuple[int, str | None]:
-        """(matched blocks, owner) of the deepest block in the leading run of known
-        blocks whose owner is a candidate; (0, None) when there is none."""
+        """(matched blocks, owner) of the deepest known block whose owner is a
+        candidate; (0, None) when there is none. Block hashes are chained (a block's
+        hash names its whole prefix), so a known block past an unknown one is still a
+        match: the blocks a client cannot key (:mod:`.prompt_keys` gives them hashes
+        unique to the request) do not end the walk at its first boundary."""
         matched, owner = 0, None
         owners = self._owners
         for depth, block_hash in enumerate(block_hashes, start=1):
             replica_id = owners.get(block_hash)
-            if replica_id is None:
-                break
-            if is_candidate(replica_id):
+            if replica_id is not None and is_candidate(replica_id):
                 matched, owner = depth, replica_id
         return matched, owner
 
@@ -206,8 +207,8 @@ class PrefixCachePolicy(_NoFeedback):
 
     The table (:class:`PrefixOwners`) maps a chained block hash to the replica that
     last received it, bounded to ``capacity_blocks`` entries with LRU eviction. A
-    request goes to the candidate owning its longest matched prefix (walking its
-    blocks from the first until the first miss), unless that replica's ``in_flight``
+    request goes to the candidate owning its longest matched prefix (its deepest known
+    block: hashes are chained), unless that replica's ``in_flight``
     exceeds the fleet minimum by more than ``imbalance_threshold`` (default 8,
     AIBrix's default absolute imbalance count); then, and when nothing matches, it
     falls back to least-request. After each decision every block of the request is

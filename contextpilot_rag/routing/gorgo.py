@@ -23,6 +23,7 @@ and then frozen.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from ..errors import ConfigError
@@ -174,6 +175,9 @@ class PrefixLocations(RouteTableBase[_Holders]):
             del self._entries[key]
 
 
+_MAX_DECIDED = 65_536  # requests in flight whose deciding weights are remembered
+
+
 class CostPolicy:
     """Minimum-cost replica; weights from ``weights`` or, while tuning, from ``tuner``."""
 
@@ -191,6 +195,9 @@ class CostPolicy:
             raise ConfigError(f"recorded_boundaries must be >= 2, got {recorded_boundaries}")
         self.recorded_boundaries = recorded_boundaries
         self.tuner = tuner
+        # while tuning: the weights each request in flight was decided with, so that
+        # its outcome counts for the trial that chose it (bounded: oldest dropped)
+        self._decided_with: OrderedDict[str, CostWeights] = OrderedDict()
         self._fixed = weights or CostWeights()
         self.locations = locations if locations is not None else PrefixLocations()
 
@@ -209,6 +216,7 @@ class CostPolicy:
         if self.tuner is not None:
             self._fixed = self.tuner.freeze()
             self.tuner = None
+            self._decided_with.clear()
         return self._fixed
 
     def costs(
@@ -245,10 +253,17 @@ class CostPolicy:
         self.locations.record_route(
             request, best.replica_id, relied_on, fleet.now, self.recorded_boundaries
         )
+        if self.tuner is not None:
+            self._decided_with[request.request_id] = w
+            self._decided_with.move_to_end(request.request_id)
+            while len(self._decided_with) > _MAX_DECIDED:
+                self._decided_with.popitem(last=False)
         return Decision(best.replica_id, best.model, "min-cost", best_cached, best_cost)
 
     def observe(self, outcome: Outcome) -> None:
-        """Feed the tuner; forget prefixes the engine reported as not cached."""
-        if self.tuner is not None and outcome.error is None:
-            self.tuner.record(outcome.ttft_s, outcome.e2e_s)
+        """Feed the tuner (the outcome counts for the weights that decided it);
+        forget prefixes the engine reported as not cached."""
+        used = self._decided_with.pop(outcome.request.request_id, None)
+        if self.tuner is not None and outcome.error is None and used is not None:
+            self.tuner.record(outcome.ttft_s, outcome.e2e_s, weights=used)
         self.locations.correct(outcome)

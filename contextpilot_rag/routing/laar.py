@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from .._numbers import is_finite_at_least, is_int
 from ..errors import ConfigError, InvalidInputError
 from .common import candidate_replicas
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
@@ -75,43 +76,55 @@ class AccuracyModel:
     (callers treat that as "unknown": Q = 1). Deterministic: zero init, full batch."""
 
     def __init__(self, *, iterations: int = 400, learning_rate: float = 0.5, l2: float = 1e-3):
-        if iterations < 1 or learning_rate <= 0 or l2 < 0:
+        if not (
+            is_int(iterations)
+            and iterations >= 1
+            and is_finite_at_least(learning_rate, 0)
+            and learning_rate > 0
+            and is_finite_at_least(l2, 0)
+        ):
             raise ConfigError("AccuracyModel needs iterations >= 1, learning_rate > 0, l2 >= 0")
         self.iterations = iterations
         self.learning_rate = learning_rate
         self.l2 = l2
         self.tasks: tuple[str, ...] = ()
-        self._weights: dict[str, _Vector] = {}
+        # per model: the task list its features were built on, and its weights (a
+        # later fit over other tasks leaves the models it does not refit usable)
+        self._weights: dict[str, tuple[tuple[str, ...], _Vector]] = {}
 
     @property
     def models(self) -> tuple[str, ...]:
-        """The models fitted so far."""
+        """The models fitted so far (by this and earlier calls of :meth:`fit`)."""
         return tuple(self._weights)
 
     def fit(
         self, requests: Sequence[RouteRequest], labels: Mapping[str, Sequence[bool]]
     ) -> AccuracyModel:
         """Fit one regression per model; ``labels[m][i]`` is whether ``m`` answered
-        ``requests[i]`` correctly. Returns ``self``."""
+        ``requests[i]`` correctly. Models fitted by an earlier call and not named in
+        ``labels`` keep their regression. Returns ``self``."""
         if not requests:
             raise InvalidInputError("fit needs at least one request")
         for model, outcomes in labels.items():
             if len(outcomes) != len(requests):
                 raise InvalidInputError(f"labels for {model!r} must align with the requests")
-        self.tasks = tuple(sorted({str(r.features.get("task", "")) for r in requests}))
-        x = np.stack([request_features(r, self.tasks) for r in requests])
+        tasks = tuple(sorted({str(r.features.get("task", "")) for r in requests}))
+        x = np.stack([request_features(r, tasks) for r in requests])
         for model, outcomes in labels.items():
             y = np.asarray(outcomes, dtype=np.float64)
-            self._weights[model] = _fit_logistic(x, y, self.iterations, self.learning_rate, self.l2)
+            weights = _fit_logistic(x, y, self.iterations, self.learning_rate, self.l2)
+            self._weights[model] = (tasks, weights)
+        self.tasks = tasks
         return self
 
     def predict(self, model: str, request: RouteRequest) -> float | None:
         """``Q(model, request)``, or ``None`` for an unfitted model or a request
         without features."""
-        weights = self._weights.get(model)
-        if weights is None or not request.features:
+        fitted = self._weights.get(model)
+        if fitted is None or not request.features:
             return None
-        z = float(request_features(request, self.tasks) @ weights)
+        tasks, weights = fitted
+        z = float(request_features(request, tasks) @ weights)
         return float(1.0 / (1.0 + np.exp(-z)))
 
 
@@ -149,12 +162,22 @@ class LaarPolicy:
         response_smoothing: float = 0.2,
         q_floor: float = 0.02,
     ) -> None:
-        if alpha < 0 or not 0 < response_smoothing <= 1 or not 0 < q_floor <= 1:
+        if not (
+            is_finite_at_least(alpha, 0)
+            and is_finite_at_least(response_smoothing, 0)
+            and 0 < response_smoothing <= 1
+            and is_finite_at_least(q_floor, 0)
+            and 0 < q_floor <= 1
+        ):
             raise ConfigError(
                 "LaarPolicy needs alpha >= 0, 0 < response_smoothing <= 1, 0 < q_floor <= 1"
             )
+        costs = dict(costs or {})
+        for model, cost in costs.items():
+            if not (is_finite_at_least(cost, 0) and cost > 0):
+                raise ConfigError(f"LaarPolicy cost of model {model!r} must be > 0, got {cost!r}")
         self.accuracy = accuracy or AccuracyModel()
-        self.costs = dict(costs or {})
+        self.costs = costs
         self.alpha = alpha
         self.response_smoothing = response_smoothing
         self.q_floor = q_floor

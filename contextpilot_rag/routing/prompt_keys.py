@@ -23,10 +23,10 @@ probability 2⁻³², which costs at most one misrouted request: the engine's re
 cache hit corrects the route table). The boundary's block count is its character
 position converted to tokens with a ``chars_per_token`` estimate (refined from the
 engine's ``usage.prompt_tokens``), **aligned down** to the engine block; boundaries
-inside the first block are dropped. Other blocks get per-request unique hashes, so
-only boundaries can match. Block 0 always carries the key of the first block's text,
-measured with the *configured* ``chars_per_token`` (not the refined estimate), so it
-never changes while a client learns and hash fallbacks (Ranvier) agree across
+that align to block 0 or 1 are dropped. Other blocks get per-request unique hashes,
+so only boundaries can match. Block 0 always carries the key of the first block's
+text, measured with the *configured* ``chars_per_token`` (not the refined estimate),
+so it never changes while a client learns and hash fallbacks (Ranvier) agree across
 independent clients.
 
 **Salts.** A prompt sent with a ``cache_salt`` lives in its own namespace of the
@@ -317,8 +317,11 @@ class PromptKeys:
         crc, done = 0, 0
         for position in sorted(set(positions)):
             b = min(blocks, int(position / cpt) // block)
-            if b < 1 or b in keyed:
-                continue  # inside the first block, or a block already keyed (keep the first)
+            if b < 2 or b in keyed:
+                # inside the first block or ending in the second (its key would replace
+                # block 0's, which must not depend on the refined estimate), or a block
+                # already keyed (keep the first)
+                continue
             crc = zlib.crc32(body[done:position].encode(), crc)
             done = position
             keyed[b] = ((position << 32) | crc) & _MASK63

@@ -338,10 +338,11 @@ class RanvierPolicy:
         if match is not None and not self._overloaded(by_id[match.route.replica_id], candidates):
             chosen, reason = by_id[match.route.replica_id], "route"
             cached = match.route.blocks * request.block_tokens
-        else:
-            chosen = self._hash_fallback(request, candidates)
-            reason = "hash" if match is None else "load-override"
-            cached = 0
+        elif match is None:
+            chosen, reason, cached = self._hash_fallback(request, candidates), "hash", 0
+        else:  # the route's replica is overloaded: spread over the others
+            others = [r for r in candidates if r.replica_id != match.route.replica_id]
+            chosen, reason, cached = self._hash_fallback(request, others), "load-override", 0
         self._learn(request, chosen.replica_id, fleet.now)
         return Decision(chosen.replica_id, chosen.model, reason, min(cached, request.prompt_tokens))
 
@@ -355,8 +356,12 @@ class RanvierPolicy:
         model = self.cache_model
 
         def usable(key: int, route: Route) -> bool:
+            # the cache model sees only this router's dispatches: it judges the routes
+            # learned here, not those a peer (or a store) shared
             replica_id = route.replica_id
-            return replica_id in by_id and (model is None or model.holds(replica_id, key))
+            if replica_id not in by_id:
+                return False
+            return model is None or route.trust == "peer" or model.holds(replica_id, key)
 
         return self.table.lookup(request.block_hashes, request.boundaries, now, usable)
 

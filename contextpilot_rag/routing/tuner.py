@@ -19,6 +19,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, replace
 
+from .._numbers import is_finite_at_least
 from ..errors import ConfigError
 
 __all__ = ["CostWeights", "TunerBounds", "WeightTuner"]
@@ -90,10 +91,10 @@ class WeightTuner:
     ) -> None:
         if window < 1:
             raise ConfigError(f"window must be >= 1, got {window}")
-        if e2e_weight < 0:
-            raise ConfigError(f"e2e_weight must be >= 0, got {e2e_weight}")
-        if sigma <= 0:
-            raise ConfigError(f"sigma must be > 0, got {sigma}")
+        if not is_finite_at_least(e2e_weight, 0):
+            raise ConfigError(f"e2e_weight must be a finite number >= 0, got {e2e_weight!r}")
+        if not (is_finite_at_least(sigma, 0) and sigma > 0):
+            raise ConfigError(f"sigma must be a finite number > 0, got {sigma!r}")
         self.bounds = bounds or TunerBounds()
         self.window = window
         self.e2e_weight = e2e_weight
@@ -107,9 +108,13 @@ class WeightTuner:
         self.successes = 0
         self._samples: deque[float] = deque(maxlen=window)
 
-    def record(self, ttft_s: float, e2e_s: float) -> None:
-        """Add one outcome of the weights in use; ends a trial every ``window`` outcomes."""
-        if self.frozen:
+    def record(self, ttft_s: float, e2e_s: float, *, weights: CostWeights | None = None) -> None:
+        """Add one outcome of the weights in use; ends a trial every ``window`` outcomes.
+        ``weights``: the weights the outcome's decision was made with; an outcome of
+        other weights than the current trial's (a request decided before the last
+        trial ended, finishing during this one) is not this trial's evidence and is
+        left out."""
+        if self.frozen or (weights is not None and weights is not self.weights):
             return
         self._samples.append(ttft_s + self.e2e_weight * e2e_s)
         if len(self._samples) == self.window:

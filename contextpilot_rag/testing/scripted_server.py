@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,15 +17,28 @@ __all__ = ["ScriptedChatServer"]
 
 class ScriptedChatServer:
     """Answers every ``POST`` with the same SSE stream: one chunk per delta of
-    ``deltas``, a last chunk with ``finish_reason``, then ``[DONE]``. ``requests``
+    ``deltas``, a last chunk with ``finish_reason``, a usage chunk (``usage``, if
+    given), then ``[DONE]``; the first chunk after ``first_chunk_delay_s``. ``requests``
     holds the JSON bodies received. Use as a context manager; ``base_url`` is
     ``http://127.0.0.1:<port>/v1``."""
 
-    def __init__(self, deltas: Sequence[Mapping[str, Any]], *, finish_reason: str = "stop"):
-        chunks = [{"choices": [{"index": 0, "delta": dict(d)}]} for d in deltas]
+    def __init__(
+        self,
+        deltas: Sequence[Mapping[str, Any]],
+        *,
+        finish_reason: str = "stop",
+        usage: Mapping[str, Any] | None = None,
+        first_chunk_delay_s: float = 0.0,
+    ):
+        chunks: list[dict[str, Any]] = [
+            {"choices": [{"index": 0, "delta": dict(d)}]} for d in deltas
+        ]
         chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]})
-        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        self._body = body.encode()
+        if usage is not None:  # as engines send it with stream_options.include_usage
+            chunks.append({"choices": [], "usage": dict(usage)})
+        self._head, *rest = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+        self._tail = b"".join(rest) + b"data: [DONE]\n\n"
+        self._delay_s = first_chunk_delay_s  # a prefill's time to first token
         self.requests: list[dict[str, Any]] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -43,9 +57,12 @@ class ScriptedChatServer:
                 script.requests.append(json.loads(raw or b"{}"))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(script._body)))
+                self.send_header("Content-Length", str(len(script._head) + len(script._tail)))
                 self.end_headers()
-                self.wfile.write(script._body)
+                time.sleep(script._delay_s)
+                self.wfile.write(script._head)
+                self.wfile.flush()
+                self.wfile.write(script._tail)
 
             def log_message(self, *args: object) -> None:
                 pass

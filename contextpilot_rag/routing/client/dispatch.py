@@ -290,6 +290,13 @@ class Dispatcher:
                 decision, replica = self._offer(waiter.request, now)
             except (RoutingError, InvalidDecisionError):  # raised again in the caller's offer
                 continue
+            except Exception:  # a policy's own bug: never the finishing request's error
+                logger.warning(
+                    "re-offering held request %s failed; it stays held",
+                    waiter.request.request_id,
+                    exc_info=True,
+                )
+                continue
             if replica is None:
                 self.held.held_again(waiter, decision)
             else:
@@ -411,8 +418,13 @@ class Dispatcher:
         prompt_tokens = counts.prompt or 0
         self.keys.observe_tokens(plan.characters, prompt_tokens)
         if self.config.learn_rates:
-            uncached = prompt_tokens - (counts.cached or 0)
-            plan.replica.learn(uncached, ttft_s, counts.completion or 0, decode_s)
+            cached = counts.cached
+            if cached is None:
+                # the engine does not report cached tokens (vLLM and SGLang by default):
+                # the policy's prediction stands in, else a hit's short TTFT would read
+                # as a huge prefill rate over the whole prompt
+                cached = min(prompt_tokens, plan.decision.predicted_cached_tokens)
+            plan.replica.learn(prompt_tokens - cached, ttft_s, counts.completion or 0, decode_s)
 
     def _record(
         self, plan: Plan, outcome: Outcome, counts: TokenCounts, result: str | None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import cast
 from urllib.parse import unquote
 
+from ..._numbers import is_finite_at_least
 from ...errors import ConfigError
 from ..types import ReplicaState
 
@@ -70,10 +71,14 @@ class Endpoint:
         if isinstance(self.models, str) or not all(isinstance(m, str) and m for m in self.models):
             raise ConfigError("models must be a tuple of non-empty model names")
         object.__setattr__(self, "models", tuple(self.models))
-        if self.rtt_s is not None and self.rtt_s < 0:
-            raise ConfigError(f"rtt_s must be >= 0, got {self.rtt_s}")
-        if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
-            raise ConfigError("prefill_tokens_per_s and decode_tokens_per_s must be > 0")
+        if self.rtt_s is not None and not is_finite_at_least(self.rtt_s, 0):
+            raise ConfigError(f"rtt_s must be a finite number >= 0, got {self.rtt_s!r}")
+        rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s)
+        if not all(is_finite_at_least(rate, 0) and rate > 0 for rate in rates):
+            raise ConfigError(
+                "prefill_tokens_per_s and decode_tokens_per_s must be finite numbers > 0, "
+                f"got {rates[0]!r} and {rates[1]!r}"
+            )
         for name in ("slot", "max_cached_prompts", "max_batch"):
             value, least = getattr(self, name), 0 if name == "slot" else 1
             if value is not None and (type(value) is not int or value < least):
