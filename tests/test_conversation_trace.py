@@ -3,8 +3,10 @@ benchmark that routes a family of them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import conversation_knobs
@@ -14,8 +16,9 @@ import pytest
 from lib.sections import begin_marker, end_marker
 
 from contextpilot_rag.errors import ConfigError
-from contextpilot_rag.routing import CombinedPolicy
+from contextpilot_rag.routing import CombinedPolicy, make_policy
 from contextpilot_rag.routing.types import RouteRequest
+from contextpilot_rag.sim.fleet import default_fleet, simulate
 from contextpilot_rag.sim.traces import conversation_trace
 
 
@@ -92,8 +95,8 @@ def test_later_turns_extend_the_previous_turn_of_their_session(trace: list) -> N
         previous = last.get(request.session)
         if previous is not None:
             assert request.arrival_s >= previous.arrival_s  # type: ignore[attr-defined]
-            before = previous.block_hashes  # type: ignore[attr-defined]
-            assert request.block_hashes[: len(before)] == before
+            before = previous.block_hashes[: previous.prompt_tokens // 512]  # type: ignore[attr-defined]
+            assert request.block_hashes[: len(before)] == before  # its full blocks
             assert request.prompt_tokens > previous.prompt_tokens  # type: ignore[attr-defined]
             extended += 1
         last[request.session] = request
@@ -101,9 +104,14 @@ def test_later_turns_extend_the_previous_turn_of_their_session(trace: list) -> N
 
 
 def test_block_hashes_match_the_prompt_and_every_block_end_is_a_boundary(trace: list) -> None:  # type: ignore[type-arg]
+    partial_ids: list[int] = []
     for request in trace:
-        assert len(request.block_hashes) == request.prompt_tokens // 512
-        assert request.boundaries == tuple(range(1, len(request.block_hashes) + 1))
+        full = request.prompt_tokens // 512
+        assert len(request.block_hashes) == -(-request.prompt_tokens // 512)  # Mooncake: ceil
+        assert request.boundaries == tuple(range(1, full + 1))
+        partial_ids += request.block_hashes[full:]
+    all_ids = Counter(h for request in trace for h in request.block_hashes)
+    assert partial_ids and all(all_ids[h] == 1 for h in partial_ids)  # never shared
     # sessions of one application share its prompt's blocks; others share none
     several = conversation_trace(seed=3, n_requests=3000, apps=20, app_prefix_tokens=(512, 2048))
     assert 1 < len({r.block_hashes[0] for r in several if r.block_hashes}) <= 20
@@ -341,3 +349,25 @@ def test_small_tails_run_writes_its_section_within_the_floor(tmp_path: Path) -> 
         assert float(cells[4].rstrip("×")) >= 1.0  # no router prefills less than the floor
         assert 0 < float(cells[5].rstrip("%")) <= 100  # prefill duty
     assert "| prefix | 1." in text  # the summary's prefill work over floor
+
+
+def test_a_later_turn_without_a_new_full_block_reads_every_full_block_from_cache() -> None:
+    """The simulators recompute a prompt's last block id; with Mooncake's ceil ids that
+    is the partial block, so a turn that adds no full block still reads all its full
+    ones (vLLM would; floor ids made the last full block a miss)."""
+    trace = conversation_trace(seed=1, n_requests=4000)
+    turns: dict[str, list[RouteRequest]] = {}
+    for request in trace:
+        turns.setdefault(str(request.session), []).append(request)
+    pairs = [
+        (a, b)
+        for session in turns.values()
+        for a, b in itertools.pairwise(session)
+        if a.prompt_tokens // 512 == b.prompt_tokens // 512 and b.prompt_tokens % 512
+    ]
+    first, second = pairs[0]
+    result = simulate(
+        [first, second], make_policy("session"), default_fleet(1, 1, block_tokens=512)
+    )
+    later = next(r for r in result.records if r.request_id == second.request_id)
+    assert later.cached_tokens == second.prompt_tokens // 512 * 512

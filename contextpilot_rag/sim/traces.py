@@ -342,8 +342,9 @@ def conversation_trace(
     ``max_output_tokens``. A prompt never exceeds the context window
     ``max_input_tokens``: a first message is cut to fit, and a session whose next turn
     would not fit ends. Block hashes are chained ids as in the Mooncake format (equal
-    id = equal prefix up to that block); every block end is a boundary. Deterministic
-    in its arguments."""
+    id = equal prefix up to that block; ``ceil(prompt / block_tokens)`` of them, a
+    partial last block's never shared); every full block's end is a boundary.
+    Deterministic in its arguments."""
     _ConversationArguments(
         n_requests=n_requests, duration_s=duration_s, block_tokens=block_tokens, apps=apps,
         mean_turns=mean_turns, max_turns=max_turns, mean_input_tokens=mean_input_tokens,
@@ -389,11 +390,15 @@ def conversation_trace(
                 prompt = int(window)
             full = prompt // block_tokens
             blocks += hashes.fresh(full - len(blocks))
+            # a partial last block gets an id of its own, as Mooncake's traces give
+            # ceil(input / block) ids: the simulators recompute the last id's block,
+            # which must be the partial one, not the last full one (cached)
+            partial = hashes.fresh(1) if prompt % block_tokens else []
             requests.append(
                 RouteRequest(
                     request_id=f"conversation-{number}-{turn}",
                     prompt_tokens=prompt,
-                    block_hashes=tuple(blocks),
+                    block_hashes=(*blocks, *partial),
                     block_tokens=block_tokens,
                     expected_output_tokens=max(1, round(outputs[number][turn])),
                     boundaries=tuple(range(1, full + 1)),
