@@ -8,9 +8,11 @@ a spend past the budget stops the run with a ProviderError. Offline: loopback on
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,7 +21,13 @@ from typing import Any
 import pytest
 
 from contextpilot_rag.bench import cloud_live
-from contextpilot_rag.bench.cloud_live import LiveOptions, live_markdown, run_live_suite
+from contextpilot_rag.bench.cloud_live import (
+    OPENAI_MAX_TOKENS,
+    LiveOptions,
+    live_markdown,
+    reasoning_effort,
+    run_live_suite,
+)
 from contextpilot_rag.bench.cloud_suite import OURS
 from contextpilot_rag.bench.cloud_workloads import CloudWorkload, cloud_workload
 from contextpilot_rag.cli import main
@@ -82,7 +90,9 @@ def test_measured_usage_is_read_back_and_matches_the_prediction(
     else:
         ours = [r for r in sent if f", arm {arms}]" in _system_text(r.body)]
         assert all(r.body.get("prompt_cache_key") for r in ours)
-        assert all(r.body["max_completion_tokens"] == 1 for r in sent)
+        # GPT-5 refuses a cap that fits no visible token: a few, at the least reasoning
+        assert all(r.body["max_completion_tokens"] == OPENAI_MAX_TOKENS for r in sent)
+        assert all(r.body["reasoning_effort"] == "none" for r in sent)  # gpt-5.4
     assert "measured" in live_markdown(result) and OURS in live_markdown(result)
 
 
@@ -272,6 +282,26 @@ def test_a_base_url_with_credentials_is_refused(server: CloudCacheServer) -> Non
     with pytest.raises(ConfigError, match="carries credentials") as refused:
         LiveOptions("openai", base_url=url, **FAST)
     assert "G4tewayPw" not in str(refused.value) and "***@127.0.0.1" in str(refused.value)
+    with pytest.raises(ConfigError, match="carries credentials or a query") as refused:
+        LiveOptions("openai", base_url=server.openai_base_url + "?key=K3yInQuery", **FAST)
+    assert "K3yInQuery" not in str(refused.value)
+
+
+def test_the_sdks_base_url_variable_is_checked_and_reported(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --base-url: the SDK reads ``ANTHROPIC_BASE_URL``. A URL with credentials
+    there is refused before anything is sent; a plain one is the run's reported URL."""
+    with_password = server.anthropic_base_url.replace("http://", "http://gw:G4tewayPw@")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", with_password)
+    options = LiveOptions("anthropic", **FAST)
+    with pytest.raises(ConfigError, match="carries credentials") as refused:
+        run_live_suite(_workloads(), options)
+    assert "G4tewayPw" not in str(refused.value) and not server.requests
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.anthropic_base_url)
+    result = run_live_suite(_workloads(), options)
+    assert result.base_url == server.anthropic_base_url.rstrip("/")
+    assert server.anthropic_base_url.rstrip("/") in live_markdown(result)
 
 
 def test_a_spend_past_the_budget_stops_sending(
@@ -368,3 +398,114 @@ def test_the_command_measures_on_the_given_api(
     )
     assert "lower the workload scale (--scale) to 0.0" in " ".join(capsys.readouterr().out.split())
     assert len(server.requests) == sent  # refused before sending anything
+
+
+@pytest.mark.parametrize(
+    ("model", "effort"),
+    [("gpt-5.4", "none"), ("gpt-5.6-terra", "none"), ("gpt-5", "minimal"),
+     ("gpt-5-mini", "minimal"), ("o4-mini", "low"), ("gpt-4.1", None), ("gpt-4o", None)],
+)  # fmt: skip
+def test_openai_runs_ask_for_the_least_reasoning_each_model_takes(
+    model: str, effort: str | None
+) -> None:
+    assert reasoning_effort(model) == effort
+
+
+@pytest.mark.parametrize("max_usd", [float("inf"), float("nan")])
+def test_a_budget_that_is_no_finite_number_is_refused(max_usd: float) -> None:
+    with pytest.raises(ConfigError, match="max_usd"):
+        LiveOptions("anthropic", max_usd=max_usd)
+
+
+def test_a_conversations_next_turn_leaves_only_after_its_previous_one_is_answered(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a time scale that makes every send time due at once, with workers to spare,
+    a turn still waits for the answer to the turn before it (a provider serves a cache
+    entry only after the response that wrote it)."""
+    spans: list[tuple[str, int, float, float]] = []
+    real_sender = cloud_live._sender
+
+    def timed_sender(options: LiveOptions, client: Any) -> Any:
+        send = real_sender(options, client)
+
+        def timed(body: dict[str, Any]) -> Any:
+            started = time.monotonic()
+            time.sleep(0.02)  # a slow answer: an early next turn would overlap it
+            response = send(body)
+            first = body["messages"][0]["content"]  # the conversation's opening turn
+            opening = "".join(part["text"] for part in first) if isinstance(first, list) else first
+            sender = _system_text(body).splitlines()[0] + opening
+            spans.append((sender, len(body["messages"]), started, time.monotonic()))
+            return response
+
+        return timed
+
+    monkeypatch.setattr(cloud_live, "_sender", timed_sender)
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **{**FAST, "workers": 8})
+    run_live_suite([cloud_workload("multi-turn", 1, 0.02)], options)
+    by_sender: dict[str, list[tuple[int, float, float]]] = {}
+    for sender, turn, started, ended in spans:
+        by_sender.setdefault(sender, []).append((turn, started, ended))
+    checked = 0
+    for turns in by_sender.values():
+        ordered = sorted(turns)
+        for (_, _, ended), (_, started, _) in itertools.pairwise(ordered):
+            assert started >= ended
+            checked += 1
+    assert checked > 0
+
+
+def _flaky_sender(monkeypatch: pytest.MonkeyPatch, failures: list[BaseException]) -> list[int]:
+    """Replace the run's sender by one that raises ``failures`` on the first calls (then
+    sends for real); returns the list of calls made, by size of the failures left."""
+    real_sender = cloud_live._sender
+    calls: list[int] = []
+
+    def flaky(options: LiveOptions, client: Any) -> Any:
+        send = real_sender(options, client)
+
+        def maybe(body: dict[str, Any]) -> Any:
+            calls.append(len(failures))
+            if failures:
+                raise failures.pop(0)
+            return send(body)
+
+        return maybe
+
+    monkeypatch.setattr(cloud_live, "_sender", flaky)
+    return calls
+
+
+def _sdk_error(kind: str) -> BaseException:
+    import anthropic
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
+    if kind == "timeout":
+        return anthropic.APITimeoutError(request=request)
+    status = {"rate": 429, "overloaded": 529, "server": 500}[kind]
+    response = httpx.Response(status, headers={"retry-after": "0"}, request=request)
+    error_class = anthropic.RateLimitError if status == 429 else anthropic.InternalServerError
+    return error_class("refused", response=response, body=None)
+
+
+def test_refusals_that_processed_nothing_are_sent_again(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _flaky_sender(monkeypatch, [_sdk_error("rate"), _sdk_error("overloaded")])
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **FAST)
+    result = run_live_suite([cloud_workload("multi-turn", 1, 0.02)], options)
+    assert calls[:3] == [2, 1, 0]  # the first request, twice refused, then sent
+    assert len(server.requests) == sum(r.measured.arms[0].requests for r in result.runs) * 3
+
+
+@pytest.mark.parametrize("kind", ["timeout", "server"])
+def test_a_failure_that_may_have_been_billed_is_not_retried_and_counts_at_its_most(
+    server: CloudCacheServer, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    calls = _flaky_sender(monkeypatch, [_sdk_error(kind)])
+    options = LiveOptions("anthropic", base_url=server.anthropic_base_url, **FAST)
+    with pytest.raises(ProviderError, match=r"\((0\.\d*[1-9]\d*) USD spent"):
+        run_live_suite([cloud_workload("multi-turn", 1, 0.02)], options)
+    assert calls == [1] and not server.requests

@@ -17,8 +17,9 @@ How a run stays a fair comparison:
   arm, so no arm reads another arm's cache entries, and no run reads an earlier run's.
 * Prompts are built exactly as in the emulated suite, on the workload's own clock,
   each turn's answer the workload's synthetic one (a reply from the model would change
-  the next turn's prompt from arm to arm); ``max_tokens`` (1 by default) keeps the
-  output small, since only input tokens are compared.
+  the next turn's prompt from arm to arm); ``max_tokens`` (1 on Anthropic, 16 and the
+  least reasoning effort on OpenAI by default) keeps the output small, since only input
+  tokens are compared.
 * Requests go out at ``at_s × time_scale`` seconds after the start, from a pool of
   ``workers`` threads. ``time_scale`` 1 keeps the workload's timing, which is what
   decides what a 5-minute cache still holds; a smaller one shortens the run but lets
@@ -44,6 +45,7 @@ import copy
 import json
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -80,6 +82,7 @@ from .sections import markdown_table, pyplot, save_figure
 
 __all__ = [
     "API_KEY_VARIABLES",
+    "OPENAI_MAX_TOKENS",
     "SMALLEST_SCALE",
     "TOKEN_MARGIN",
     "LiveOptions",
@@ -88,6 +91,7 @@ __all__ = [
     "live_markdown",
     "live_plot",
     "live_tables",
+    "reasoning_effort",
     "run_live_suite",
     "write_live_json",
 ]
@@ -97,6 +101,12 @@ API_KEY_VARIABLES: Mapping[str, str] = {
     "openai": "OPENAI_API_KEY",
 }
 """The environment variable each SDK reads its key from."""
+
+OPENAI_MAX_TOKENS = 16
+"""OpenAI's default output cap: its GPT-5 models answer a request whose
+``max_completion_tokens`` leaves room for no visible token with HTTP 400, so a run
+asks for a few tokens, and for the least reasoning the model takes
+(:func:`reasoning_effort`)."""
 
 TOKEN_MARGIN = 1.3
 """The budget check counts prompts with the offline tokenizer; the provider's own
@@ -114,9 +124,13 @@ class LiveOptions:
     otherwise). ``api_key``: ``None`` reads :data:`API_KEY_VARIABLES`. ``max_usd``:
     the most the whole run may cost (input and output). ``time_scale``: send times
     relative to the workload's (1: as generated). ``workers``: requests in flight at
-    most. ``max_tokens``: output tokens asked per request. ``timeout_s``: per request.
-    ``retries``: the SDK's retries of a failed request (a rate limit's 429 waits as the
-    API says) before the run stops; a retried request is late, which the report shows.
+    most. ``max_tokens``: output tokens asked per request (``None``:
+    :attr:`chosen_max_tokens`). ``timeout_s``: per request.
+    ``retries``: how often a request the API refused without processing it (a rate
+    limit's 429, an overload's 529, no connection) is sent again, after the API's
+    ``retry-after`` or a backoff, before the run stops; a timeout or another error is
+    not retried (it may have been billed: it counts at its most against ``max_usd``).
+    A retried request is late, which the report shows.
     """
 
     provider: str
@@ -126,7 +140,7 @@ class LiveOptions:
     max_usd: float = 1.0
     time_scale: float = 1.0
     workers: int = 8
-    max_tokens: int = 1
+    max_tokens: int | None = None
     timeout_s: float = 120.0
     retries: int = 5
 
@@ -139,11 +153,8 @@ class LiveOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} must be a non-empty str or None")
-        if self.base_url is not None and display_url(self.base_url) != self.base_url:
-            raise ConfigError(  # the SDKs' HTTP client logs every request's URL
-                f"base_url {display_url(self.base_url)!r} carries credentials: give the key "
-                "as api_key (or its environment variable), not in the URL"
-            )
+        if self.base_url is not None:
+            _check_url(self.base_url, "base_url")
         for name in ("max_usd", "time_scale", "timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -152,8 +163,12 @@ class LiveOptions:
             raise ConfigError(f"time_scale must be at most 1, got {self.time_scale!r}")
         for name, least in (("workers", 1), ("max_tokens", 1), ("retries", 0)):
             value = getattr(self, name)
+            if name == "max_tokens" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not math.isfinite(self.max_usd):
+            raise ConfigError(f"max_usd must be a finite number of USD, got {self.max_usd!r}")
         try:
             DEFAULT_PRICES.price(self.chosen_model)
         except ContextPilotError as error:
@@ -162,6 +177,14 @@ class LiveOptions:
     @property
     def chosen_model(self) -> str:
         return self.model or DEFAULT_MODELS[self.provider]
+
+    @property
+    def chosen_max_tokens(self) -> int:
+        """``max_tokens``, else 1 on Anthropic and :data:`OPENAI_MAX_TOKENS` on OpenAI
+        (whose reasoning models refuse a cap that fits no visible token)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return 1 if self.provider == "anthropic" else OPENAI_MAX_TOKENS
 
     @property
     def price(self) -> ModelPrice:
@@ -202,8 +225,12 @@ class _Job:
     order: tuple[int, int, int]  # workload, request, arm: the send order at equal times
     body: dict[str, Any]
     breakpoints: int  # its cache_control markers (Anthropic)
+    sender: tuple[int, int, str] = (0, 0, "")  # workload, arm, user: whose turns in order
+    prompt_tokens: int = 0  # as the emulator counted them
     usage: InputTokens | None = None
     late_s: float = 0.0
+    after: threading.Event | None = None  # the sender's previous request answered
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class _Arm:
@@ -263,8 +290,17 @@ def _plan(
                 tokens.learn(prompt)
                 scaled = replace(timed, at_s=timed.at_s * options.time_scale)
                 body = salted(prompt, scaled)
-                marked = arm.predictor.send_body(body, scaled).breakpoints
-                arm.jobs.append(_Job(scaled.at_s, (w, r, a), body, marked))
+                replayed = arm.predictor.send_body(body, scaled)
+                usage = replayed.usage
+                tokens_in = (
+                    usage.uncached_tokens
+                    + usage.cache_read_tokens
+                    + usage.cache_write_5m_tokens
+                    + usage.cache_write_1h_tokens
+                )
+                sender = (w, a, timed.user)
+                job = _Job(scaled.at_s, (w, r, a), body, replayed.breakpoints, sender, tokens_in)
+                arm.jobs.append(job)
             arms.append(arm)
         planned.append(arms)
     return planned
@@ -277,7 +313,47 @@ def _worst_cost_usd(planned: Sequence[Sequence[_Arm]], options: LiveOptions) -> 
     prompt_tokens = sum(arm.predictor.tally.result().prompt_tokens for arm in every)
     requests = sum(len(arm.jobs) for arm in every)
     output = price.output if price.output is not None else 5 * price.input
-    return (prompt_tokens * TOKEN_MARGIN * highest + requests * options.max_tokens * output) / 1e6
+    cap = options.chosen_max_tokens
+    return (prompt_tokens * TOKEN_MARGIN * highest + requests * cap * output) / 1e6
+
+
+def _worst_job_usd(job: _Job, options: LiveOptions) -> float:
+    """The most one request can cost (as :func:`_worst_cost_usd` counts it)."""
+    price = options.price
+    highest = max(price.input, price.cache_write_5m or 0.0)
+    output = price.output if price.output is not None else 5 * price.input
+    return (job.prompt_tokens * TOKEN_MARGIN * highest + options.chosen_max_tokens * output) / 1e6
+
+
+_NOT_PROCESSED = frozenset({429, 529})  # rate limited, overloaded: refused before any work
+
+
+def _retry_after_s(error: BaseException, attempt: int) -> float | None:
+    """How long to wait before sending a failed request again, or ``None`` when it must
+    not be sent again: only a request the API refused unprocessed (429, 529, no
+    connection) is retried, after the API's ``retry-after`` or an exponential backoff.
+    A timeout or another error may come after the API processed (and billed) it."""
+    if type(error).__name__ == "APITimeoutError":
+        return None
+    status = getattr(error, "status_code", None)
+    if status not in _NOT_PROCESSED and type(error).__name__ != "APIConnectionError":
+        return None
+    response = getattr(error, "response", None)
+    header = None if response is None else response.headers.get("retry-after")
+    try:
+        asked = float(header) if header is not None else None
+    except ValueError:
+        asked = None
+    backoff = min(30.0, 0.5 * 2**attempt)
+    return backoff if asked is None or not math.isfinite(asked) else min(60.0, max(0.0, asked))
+
+
+def _may_have_billed(error: BaseException) -> bool:
+    """Whether a failed request may have been processed and billed all the same."""
+    if type(error).__name__ == "APITimeoutError":
+        return True
+    status = getattr(error, "status_code", None)
+    return isinstance(status, int) and status >= 500 and status not in _NOT_PROCESSED
 
 
 SMALLEST_SCALE = 1e-4
@@ -320,6 +396,32 @@ def _scale_that_fits(
     return low, least
 
 
+_SDK_DEFAULT_URLS = {
+    "anthropic": "https://api.anthropic.com",
+    "openai": "https://api.openai.com/v1",
+}
+
+
+def _check_url(url: str, name: str) -> None:
+    """Refuse a URL that carries credentials (``user:pass@``, or a query string, where
+    gateways take keys): the SDKs' HTTP client logs every request's URL, and the report
+    names it."""
+    shown = display_url(url)
+    if shown != url or "?" in url:
+        raise ConfigError(
+            f"{name} {shown.partition('?')[0]!r} carries credentials or a query: give the "
+            "key as api_key (or its environment variable), not in the URL"
+        )
+
+
+def _used_url(options: LiveOptions, client: Any) -> str | None:
+    """The base URL the SDK client sends to (also one it took from ``ANTHROPIC_BASE_URL``
+    / ``OPENAI_BASE_URL``), checked as a given one is; ``None`` for the provider's own."""
+    used = str(client.base_url).rstrip("/")
+    _check_url(used, "the SDK's base URL (from --base-url or its environment variable)")
+    return None if used == _SDK_DEFAULT_URLS[options.provider] else used
+
+
 def _api_key(options: LiveOptions) -> str:
     """The key the run sends: ``options.api_key``, else its environment variable."""
     variable = API_KEY_VARIABLES[options.provider]
@@ -339,7 +441,7 @@ def _client(options: LiveOptions, key: str) -> Any:
                 api_key=key,
                 base_url=options.base_url,
                 timeout=options.timeout_s,
-                max_retries=options.retries,
+                max_retries=0,  # retried here: see _retry_after_s
             )
         import openai
 
@@ -347,7 +449,7 @@ def _client(options: LiveOptions, key: str) -> Any:
             api_key=key,
             base_url=options.base_url,
             timeout=options.timeout_s,
-            max_retries=options.retries,
+            max_retries=0,
         )
     except ImportError as error:
         raise ConfigError(
@@ -355,14 +457,31 @@ def _client(options: LiveOptions, key: str) -> Any:
         ) from error
 
 
+def reasoning_effort(model: str) -> str | None:
+    """The least ``reasoning_effort`` an OpenAI model takes (only input tokens are
+    compared): ``"none"`` on GPT-5.1 and later, ``"minimal"`` on GPT-5, ``"low"`` on the
+    o-series; ``None`` (not sent) for models without reasoning."""
+    name = model.lower()
+    if re.match(r"gpt-5\.\d", name):
+        return "none"
+    if re.match(r"gpt-5(-|$)", name):
+        return "minimal"
+    if re.match(r"o\d", name):
+        return "low"
+    return None
+
+
 def _sender(options: LiveOptions, client: Any) -> Callable[[dict[str, Any]], Any]:
-    model, max_tokens = options.chosen_model, options.max_tokens
+    model, max_tokens = options.chosen_model, options.chosen_max_tokens
     if options.provider == "anthropic":
 
         def send_anthropic(body: dict[str, Any]) -> Any:
             return client.messages.create(model=model, max_tokens=max_tokens, **body)
 
         return send_anthropic
+
+    effort = reasoning_effort(model)
+    reasoning = {} if effort is None else {"reasoning_effort": effort}
 
     def send_openai(body: dict[str, Any]) -> Any:
         extra = {key: value for key, value in body.items() if key != "messages"}
@@ -371,6 +490,7 @@ def _sender(options: LiveOptions, client: Any) -> Callable[[dict[str, Any]], Any
             messages=body["messages"],
             max_completion_tokens=max_tokens,
             extra_body=extra or None,
+            **reasoning,
         )
 
     return send_openai
@@ -389,6 +509,13 @@ class _Dispatch:
 
     def run(self, jobs: Sequence[_Job], tick: Callable[[], None]) -> None:
         started = time.monotonic()
+        # a conversation's next turn leaves only once its previous one is answered (the
+        # provider serves a cache entry only after the response that wrote it): with a
+        # time_scale below 1 its due time may come first, and the wait shows as late
+        previous: dict[tuple[int, int, str], threading.Event] = {}
+        for job in jobs:
+            job.after = previous.get(job.sender)
+            previous[job.sender] = job.done
         with ThreadPoolExecutor(self._options.workers, thread_name_prefix="cloud-live") as pool:
             futures: list[Future[None]] = []
             try:
@@ -406,14 +533,38 @@ class _Dispatch:
                     self.failure, self.failed_job = ProviderError("interrupted"), None
 
     def _one(self, job: _Job, started: float, tick: Callable[[], None]) -> None:
+        try:
+            self._answer(job, started, tick)
+        finally:
+            job.done.set()
+
+    def _send_retrying(self, job: _Job) -> Any:
+        """Send ``job``, again after a refusal that processed nothing (``retries`` times
+        at most); any other failure is raised at once (a retry could bill it twice)."""
+        attempt = 0
+        while True:
+            try:
+                return self._send(job.body)
+            except Exception as error:
+                wait_s = _retry_after_s(error, attempt)
+                if wait_s is None or attempt >= self._options.retries or self.failure is not None:
+                    raise
+            attempt += 1
+            time.sleep(wait_s)
+
+    def _answer(self, job: _Job, started: float, tick: Callable[[], None]) -> None:
+        if job.after is not None:
+            job.after.wait()  # submitted earlier, so already taken by a worker
         if self.failure is not None:
             return
         job.late_s = max(0.0, time.monotonic() - started - job.due_s)
         try:
-            response = self._send(job.body)
+            response = self._send_retrying(job)
             usage = parse_input_tokens(response)
         except Exception as error:  # the SDK's errors, reported with the job below
             with self._lock:
+                if _may_have_billed(error):  # counted at the most it can have cost
+                    self.spent_usd += _worst_job_usd(job, self._options)
                 if self.failure is None:
                     self.failure, self.failed_job = error, job
             return
@@ -471,7 +622,9 @@ def run_live_suite(
             )
         raise ConfigError(f"{over} or lower the workload scale (--scale) to {fits:g}")
     key = _api_key(options)
-    send = _sender(options, _client(options, key))
+    client = _client(options, key)
+    used_url = _used_url(options, client)
+    send = _sender(options, client)
     jobs = sorted(
         (job for arms in planned for arm in arms for job in arm.jobs),
         key=lambda job: (job.due_s, job.order),
@@ -499,7 +652,7 @@ def run_live_suite(
         options.provider,
         options.chosen_model,
         run_id,
-        options.base_url,
+        used_url,
         options.time_scale,
         scale,
         dispatch.spent_usd,

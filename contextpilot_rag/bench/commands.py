@@ -248,7 +248,10 @@ def add_bench_parser(commands: Any) -> None:
         "--workers", type=int, default=8, help="requests in flight at most (default 8)"
     )
     live.add_argument(
-        "--max-tokens", type=int, default=1, help="output tokens per request (default 1)"
+        "--max-tokens",
+        type=int,
+        help="output tokens per request (default: 1 on Anthropic, 16 on OpenAI, whose "
+        "reasoning models refuse a cap that fits no visible token)",
     )
     live.add_argument(
         "--families",
