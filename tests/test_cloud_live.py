@@ -509,3 +509,39 @@ def test_a_failure_that_may_have_been_billed_is_not_retried_and_counts_at_its_mo
     with pytest.raises(ProviderError, match=r"\((0\.\d*[1-9]\d*) USD spent"):
         run_live_suite([cloud_workload("multi-turn", 1, 0.02)], options)
     assert calls == [1] and not server.requests
+
+
+def test_a_run_that_stops_still_reports_the_requests_every_arm_answered(
+    server: CloudCacheServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 7th request fails (a server error, not retried): the first two requests of
+    the workload were answered in all three arms, and the money they cost still buys
+    their comparison, measured beside predicted, marked incomplete; exit status 1."""
+    real_sender = cloud_live._sender
+    calls: list[int] = []
+
+    def failing_seventh(options: LiveOptions, client: Any) -> Any:
+        send = real_sender(options, client)
+
+        def maybe(body: dict[str, Any]) -> Any:
+            calls.append(1)
+            if len(calls) == 7:
+                raise _sdk_error("server")
+            return send(body)
+
+        return maybe
+
+    monkeypatch.setattr(cloud_live, "_sender", failing_seventh)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+    out = tmp_path / "live.json"
+    argv = ["bench", "--suite", "cloud", "--live", "--scale", "0.02", "--provider", "anthropic"]
+    argv += ["--base-url", server.anthropic_base_url, "--time-scale", "0.001", "--workers", "1"]
+    argv += ["--max-usd", "20", "--families", "multi-turn", "--json", str(out)]
+    assert main(argv) == 1
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert saved["stopped"] and "USD spent" in saved["stopped"]
+    (run,) = saved["runs"]
+    assert [arm["requests"] for arm in run["measured"]["arms"]] == [2, 2, 2]
+    assert [arm["requests"] for arm in run["predicted"]["arms"]] == [2, 2, 2]
+    measured, predicted = run["measured"]["arms"][0], run["predicted"]["arms"][0]
+    assert measured["cache_write_5m_tokens"] == predicted["cache_write_5m_tokens"]  # same requests

@@ -87,6 +87,7 @@ __all__ = [
     "TOKEN_MARGIN",
     "LiveOptions",
     "LiveRun",
+    "LiveRunStopped",
     "LiveSuiteResult",
     "live_markdown",
     "live_plot",
@@ -215,6 +216,18 @@ class LiveSuiteResult:
     spent_usd: float  # input and output, as the responses reported them
     elapsed_s: float
     price: ModelPrice
+    stopped: str | None = None  # why a run stopped early: then only the requests every
+    # arm had answered are compared (measured and predicted alike); None: complete
+
+
+class LiveRunStopped(ProviderError):
+    """A live run stopped early (a failed request, the budget, Ctrl-C). ``partial``:
+    what it measured before, over the requests every arm had answered (``None`` when
+    there were none), so the money spent still yields its comparison."""
+
+    def __init__(self, message: str, partial: LiveSuiteResult | None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 @dataclass
@@ -227,6 +240,7 @@ class _Job:
     breakpoints: int  # its cache_control markers (Anthropic)
     sender: tuple[int, int, str] = (0, 0, "")  # workload, arm, user: whose turns in order
     prompt_tokens: int = 0  # as the emulator counted them
+    predicted: InputTokens | None = None  # the emulator's usage for it
     usage: InputTokens | None = None
     late_s: float = 0.0
     after: threading.Event | None = None  # the sender's previous request answered
@@ -299,7 +313,9 @@ def _plan(
                     + usage.cache_write_1h_tokens
                 )
                 sender = (w, a, timed.user)
-                job = _Job(scaled.at_s, (w, r, a), body, replayed.breakpoints, sender, tokens_in)
+                job = _Job(
+                    scaled.at_s, (w, r, a), body, replayed.breakpoints, sender, tokens_in, usage
+                )
                 arm.jobs.append(job)
             arms.append(arm)
         planned.append(arms)
@@ -633,31 +649,47 @@ def run_live_suite(
     dispatch = _Dispatch(options, send)
     started = time.perf_counter()
     dispatch.run(jobs, tick)
+
+    def result(runs: Sequence[LiveRun], stopped: str | None) -> LiveSuiteResult:
+        return LiveSuiteResult(
+            tuple(runs),
+            options.provider,
+            options.chosen_model,
+            run_id,
+            used_url,
+            options.time_scale,
+            scale,
+            dispatch.spent_usd,
+            time.perf_counter() - started,
+            options.price,
+            stopped,
+        )
+
     if dispatch.failure is not None:
         spent = f"{dispatch.spent_usd:.4f} USD spent before the run stopped"
         if isinstance(dispatch.failure, ProviderError):
-            raise ProviderError(f"{dispatch.failure} ({spent})")
-        where = _describe(dispatch.failed_job, workloads, planned)
-        # an API (or a gateway) that quotes the request's key in its error must not
-        # put the key in this message: it reaches the terminal and the logs
-        # (nor as the chained cause, whose text a traceback prints)
-        said = str(dispatch.failure).replace(key, "***")
-        raise ProviderError(f"{where}: {said} ({spent})") from None
-    runs = tuple(
-        _live_run(workload, arms, options)
-        for workload, arms in zip(workloads, planned, strict=True)
-    )
-    return LiveSuiteResult(
-        runs,
-        options.provider,
-        options.chosen_model,
-        run_id,
-        used_url,
-        options.time_scale,
-        scale,
-        dispatch.spent_usd,
-        time.perf_counter() - started,
-        options.price,
+            message = f"{dispatch.failure} ({spent})"
+        else:
+            where = _describe(dispatch.failed_job, workloads, planned)
+            # an API (or a gateway) that quotes the request's key in its error must not
+            # put the key in this message: it reaches the terminal and the logs
+            # (nor as the chained cause, whose text a traceback prints)
+            said = str(dispatch.failure).replace(key, "***")
+            message = f"{where}: {said} ({spent})"
+        answered = [
+            run
+            for workload, arms in zip(workloads, planned, strict=True)
+            if (run := _live_run(workload, arms, options, answered_only=True)) is not None
+        ]
+        partial = result(answered, message) if answered else None
+        raise LiveRunStopped(message, partial) from None
+    return result(
+        [
+            run
+            for workload, arms in zip(workloads, planned, strict=True)
+            if (run := _live_run(workload, arms, options)) is not None
+        ],
+        None,
     )
 
 
@@ -675,11 +707,33 @@ def _describe(
     return f"{workload.family} seed {workload.seed}, {planned[w][a].name}, request {r + 1}"
 
 
-def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOptions) -> LiveRun:
+def _live_run(
+    workload: CloudWorkload,
+    arms: Sequence[_Arm],
+    options: LiveOptions,
+    *,
+    answered_only: bool = False,
+) -> LiveRun | None:
+    """The measured and predicted arms of one workload; ``answered_only`` (a run that
+    stopped): over the requests every arm had answered, ``None`` when there are none."""
+    price = options.price
+    if answered_only:
+        kept = set.intersection(*({job.order[1] for job in arm.jobs if job.usage} for arm in arms))
+        if not kept:
+            return None
+        predicted = [_Tally(arm.name, price) for arm in arms]
+        for arm, tally in zip(arms, predicted, strict=True):
+            for job in arm.jobs:
+                if job.order[1] in kept and job.predicted is not None:
+                    tally.add(job.predicted, job.breakpoints)
+    else:
+        kept = {job.order[1] for arm in arms for job in arm.jobs}
+        predicted = [arm.predictor.tally for arm in arms]
     for arm in arms:
         for job in arm.jobs:
-            assert job.usage is not None  # every job was answered (no failure)
-            arm.measured.add(job.usage, job.breakpoints)
+            if job.order[1] in kept:
+                assert job.usage is not None  # answered in every arm
+                arm.measured.add(job.usage, job.breakpoints)
     names = _practices(options.provider, options.chosen_model)
 
     def run_of(tallies: Sequence[_Tally]) -> CloudRun:
@@ -695,8 +749,8 @@ def _live_run(workload: CloudWorkload, arms: Sequence[_Arm], options: LiveOption
 
     return LiveRun(
         run_of([arm.measured for arm in arms]),
-        run_of([arm.predictor.tally for arm in arms]),
-        max((job.late_s for arm in arms for job in arm.jobs), default=0.0),
+        run_of(predicted),
+        max((job.late_s for arm in arms for job in arm.jobs if job.usage), default=0.0),
     )
 
 
@@ -757,7 +811,13 @@ _SUMMARY_HEADER = [
 
 def _facts(result: LiveSuiteResult) -> str:
     where = result.base_url or f"{result.provider}'s API"
-    return (
+    stopped = ""
+    if result.stopped is not None:
+        stopped = (
+            f"**Incomplete**: the run stopped ({result.stopped}); only the requests every "
+            "arm had answered are compared. "
+        )
+    return stopped + (
         f"Measured on {where} with {result.model} (run {result.run_id}; workloads at scale "
         f"{result.scale:g}, send times × {result.time_scale:g}); priced at the list prices "
         f"read on {result.price.read_on} ({result.price.source}); spent {result.spent_usd:.4f} "

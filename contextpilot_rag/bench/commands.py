@@ -391,6 +391,7 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
     """``bench --suite cloud --live``: the same arms on the provider's API."""
     from .cloud_live import (
         LiveOptions,
+        LiveRunStopped,
         live_markdown,
         live_plot,
         live_tables,
@@ -423,15 +424,22 @@ def run_live_cloud_bench(args: argparse.Namespace, console: Console) -> int:
         f"Live: {options.provider} ({options.chosen_model}) at "
         f"{args.base_url or 'the provider API'}; at most {options.max_usd:g} USD."
     )
-    with rich_step_progress() as progress:
-        result = run_live_suite(
-            workloads,
-            options,
-            progress=_progress_arm(progress),
-            scale=args.scale,
-            workloads_at=workloads_at,
-        )
-    _report(result, args, console, _Report(live_tables, write_live_json, live_markdown, live_plot))
+    report = _Report(live_tables, write_live_json, live_markdown, live_plot)
+    try:
+        with rich_step_progress() as progress:
+            result = run_live_suite(
+                workloads,
+                options,
+                progress=_progress_arm(progress),
+                scale=args.scale,
+                workloads_at=workloads_at,
+            )
+    except LiveRunStopped as stopped:
+        if stopped.partial is not None:  # what the money bought so far (marked incomplete)
+            console.print("[yellow]the run stopped: the requests every arm answered[/yellow]")
+            _report(stopped.partial, args, console, report)
+        raise
+    _report(result, args, console, report)
     console.print(f"spent {result.spent_usd:.4f} USD (run {result.run_id})")
     return 0
 
