@@ -38,9 +38,10 @@ from .errors import (
 from .evaluation.cli import add_eval_parser, run_eval_command
 from .experiment import ExperimentResult, run_multiturn, run_online
 from .jsonl import process_lines
-from .pilot import ContextPilot, pilot_on_store
+from .pilot import ContextPilot, PilotConfig, pilot_on_store
 from .serve.cli import add_serve_parser, run_serve
 from .stores.url import redacted
+from .tenants import SALT_KEY_ENV, TenantConfig
 
 __all__ = ["main"]
 
@@ -175,22 +176,29 @@ def _optimize(args: argparse.Namespace) -> int:
             source = _optimize_input(args.input, files)
             sink = _optimize_output(args.output, source, files)
             failed = _write_results(pilot, source, sink, stop_on_error=args.stop_on_error)
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except _OutputFailed as failed_write:  # a full disk: the output is truncated
+        print(f"contextpilot-rag optimize: {failed_write}", file=sys.stderr)
+        return 2
     except ContextPilotError as exc:
         message = str(exc)
         if args.store:
             message = message.replace(args.store, redacted(args.store))
         print(f"contextpilot-rag optimize: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        _discard_stdout()
-        return EXIT_BROKEN_PIPE
     return 1 if failed else 0
 
 
 def _optimize_pilot(store: str | None) -> ContextPilot:
     """The pilot on ``store``, checked to answer (a store that does not is a
-    ``ConfigError``; the pilot would else plan alone and fail each conversation)."""
-    return ContextPilot() if store is None else pilot_on_store(None, store)
+    ``ConfigError``; the pilot would else plan alone and fail each conversation). Its
+    tenants' ``cache_salt`` derive from ``$CONTEXTPILOT_SALT_KEY`` where set, so runs
+    and processes sharing a store (and ``serve``) give a tenant the same salts."""
+    salt_key = os.environ.get(SALT_KEY_ENV) or None
+    config = None if salt_key is None else PilotConfig(tenants=TenantConfig(salt_key=salt_key))
+    return ContextPilot(config) if store is None else pilot_on_store(config, store)
 
 
 def _optimize_input(path: str, files: contextlib.ExitStack) -> TextIO:
@@ -212,7 +220,7 @@ def _jsonl_reader(file: str | int) -> TextIO:
     """A path, or a descriptor left open when the reader closes."""
     return open(
         file,
-        encoding="utf-8",
+        encoding="utf-8-sig",  # a leading byte-order mark (Windows editors) is no text
         errors="surrogateescape",
         newline="\n",
         closefd=isinstance(file, str),
@@ -222,13 +230,20 @@ def _jsonl_reader(file: str | int) -> TextIO:
 def _optimize_output(path: str, source: TextIO, files: contextlib.ExitStack) -> TextIO:
     """The output, opened (truncated) only once it is known not to be the input."""
     if path == "-":
-        return sys.stdout
-    if _same_regular_file(source, path):
+        try:  # JSON Lines in UTF-8 whatever the locale, as the input is read
+            descriptor = sys.stdout.fileno()
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            return sys.stdout  # replaced by a caller (tests): already text
+        sink = open(descriptor, "w", encoding="utf-8", newline="\n", closefd=False)  # noqa: SIM115 - closed by files
+    elif _same_regular_file(source, path):
         raise ConfigError(f"the output {path!r} is the input: write to another file")
-    try:
-        return files.enter_context(open(path, "w", encoding="utf-8", newline="\n"))
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    else:
+        try:
+            sink = open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by files
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    files.callback(_close_output, sink)  # its last flush can fail too (a full disk)
+    return sink
 
 
 def _same_regular_file(source: TextIO, path: str) -> bool:
@@ -245,15 +260,41 @@ def _write_results(
     """Each line's result to ``sink`` as it is made; whether some line failed."""
     failed = False
     for result in process_lines(pilot, source):
-        sink.write(json.dumps(result, ensure_ascii=False) + "\n")
+        _emit(sink, json.dumps(result, ensure_ascii=False) + "\n")
         error = result.get("error")
         if error is not None:
             failed = True
             print(f"line {result['line']}: {error['type']}: {error['message']}", file=sys.stderr)
             if stop_on_error:
                 break
-        sink.flush()
+        _emit(sink, None)
     return failed
+
+
+class _OutputFailed(Exception):
+    """The output could not be written (not a closed pipe: that ends quietly)."""
+
+
+def _emit(sink: TextIO, text: str | None) -> None:
+    """Write ``text`` to ``sink`` (``None``: flush it)."""
+    try:
+        if text is None:
+            sink.flush()
+        else:
+            sink.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _OutputFailed(f"cannot write the output: {exc.strerror or exc}") from None
+
+
+def _close_output(sink: TextIO) -> None:
+    try:
+        sink.close()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _OutputFailed(f"cannot write the output: {exc.strerror or exc}") from None
 
 
 def _discard_stdout() -> None:

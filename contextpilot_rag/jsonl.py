@@ -32,7 +32,7 @@ from ._json_lines import json_object
 from .errors import ContextPilotError, InvalidInputError
 from .pilot import ContextPilot
 from .prompt import Prompt
-from .request_field import parse_pilot_fields
+from .request_field import FIELD, FieldError, parse_pilot_fields
 
 __all__ = ["LineError", "LineResult", "process_line", "process_lines"]
 
@@ -78,6 +78,10 @@ def _request(pilot: ContextPilot, item: Mapping[str, Any]) -> Prompt:
         raise LineError("'question' must be a non-empty string")
     try:
         fields = parse_pilot_fields({k: v for k, v in item.items() if k != "question"})
+    except FieldError as exc:  # named as the line names it, not as serve's field
+        where = exc.param.removeprefix(f"{FIELD}.")
+        message = str(exc).removeprefix(f"'{exc.param}' ")
+        raise LineError(f"'{where}' {message}") from exc
     except InvalidInputError as exc:
         raise LineError(f"{exc}") from exc
     return pilot.optimize(
@@ -116,6 +120,9 @@ def _prompt_result(number: int, prompt: Prompt) -> LineResult:
     }
     if prompt.conversation_id is not None:
         result["conversation_id"] = prompt.conversation_id
+        # the pilot no longer held the conversation (expired, or evicted past its bound):
+        # this turn starts it afresh, without the history
+        result["history_lost"] = prompt.history_lost
     if prompt.tenant is not None:
         result["tenant"] = prompt.tenant
     if prompt.cache_salt is not None:

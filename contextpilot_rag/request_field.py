@@ -128,8 +128,13 @@ def _document(item: object, where: str) -> ContextBlock:
 
 
 def _is_number(value: object) -> bool:
-    is_real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return is_real and math.isfinite(value)  # type: ignore[arg-type]
+    """A finite int or float (an int past float's range, which JSON allows, is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _name(field: Mapping[str, Any], key: str) -> str | None:

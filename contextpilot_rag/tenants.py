@@ -61,8 +61,8 @@ MAX_TENANT_CHARS = 256
 """The longest tenant name accepted."""
 
 SALT_KEY_ENV = "CONTEXTPILOT_SALT_KEY"
-"""The environment variable ``contextpilot-rag serve`` reads the salt key from (the
-library itself never reads the environment)."""
+"""The environment variable ``contextpilot-rag serve`` and ``optimize`` read the salt
+key from (the library itself never reads the environment)."""
 
 _SALT_POLICIES: tuple[SaltPolicy, ...] = ("private", "always", "never")
 _TENANT_KEY = "\x1ftenant:"  # starts every tenant's conversation key; refused as a plain id

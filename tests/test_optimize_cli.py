@@ -234,3 +234,72 @@ def test_a_reader_that_goes_away_ends_the_run_quietly_with_141(tmp_path: Path) -
         code = running.wait(timeout=120)
     assert code == EXIT_BROKEN_PIPE == 141
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_a_score_past_floats_range_is_its_lines_error_named_as_the_line_names_it(
+    tmp_path: Path,
+) -> None:
+    huge = {"question": "q", "documents": [{"text": "a", "score": 10**400}]}
+    code, out = _run(tmp_path, huge, TURN_1)
+    assert code == 1 and [r["line"] for r in out] == [1, 2]
+    message = out[0]["error"]["message"]
+    assert message.startswith("'documents[0].score' must be") and "contextpilot." not in message
+    assert "messages" in out[1]  # the next line still runs
+
+
+def test_a_conversation_the_pilot_no_longer_holds_is_flagged_history_lost(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, TURN_1, TURN_2)
+    assert code == 0 and [r["history_lost"] for r in out] == [False, False]
+    assert (
+        "history_lost"
+        not in _run(tmp_path, {k: v for k, v in TURN_1.items() if k != "conversation_id"})[1][0]
+    )
+
+
+def test_a_byte_order_mark_before_the_first_line_is_no_text(tmp_path: Path) -> None:
+    source = tmp_path / "bom.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + json.dumps(TURN_1).encode() + b"\n")
+    sink = tmp_path / "out.jsonl"
+    assert main(["optimize", "-i", str(source), "-o", str(sink)]) == 0
+    assert "error" not in json.loads(sink.read_text(encoding="utf-8"))
+
+
+def test_standard_output_is_utf8_json_lines_whatever_the_locale(tmp_path: Path) -> None:
+    line = {"question": "巴黎在哪里?", "documents": ["巴黎是法国的首都。"]}
+    source = _write(tmp_path / "in.jsonl", line, line)
+    done = subprocess.run(
+        [sys.executable, "-m", "contextpilot_rag", "optimize", "-i", str(source)],
+        capture_output=True,
+        env={**_environ(), "PYTHONIOENCODING": "cp1252"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(row) for row in done.stdout.decode("utf-8").splitlines()]
+    assert len(results) == 2 and "巴黎" in results[0]["messages"][-1]["content"]
+
+
+def test_an_output_that_cannot_be_written_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    source = _write(tmp_path / "in.jsonl", TURN_1)
+    assert main(["optimize", "-i", str(source), "-o", "/dev/full"]) == 2
+    assert "cannot write the output" in capsys.readouterr().err
+
+
+def test_tenant_salts_follow_the_salt_key_variable_across_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = {**TURN_1, "tenant": "acme"}
+    monkeypatch.setenv("CONTEXTPILOT_SALT_KEY", "k" * 32)
+    first = _run(tmp_path, line)[1][0]["cache_salt"]
+    assert _run(tmp_path, line)[1][0]["cache_salt"] == first  # another run, the same key
+    monkeypatch.setenv("CONTEXTPILOT_SALT_KEY", "j" * 32)
+    assert _run(tmp_path, line)[1][0]["cache_salt"] != first
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return {key: value for key, value in os.environ.items() if key != "PYTHONIOENCODING"}

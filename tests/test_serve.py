@@ -1042,3 +1042,16 @@ def test_store_errors_are_answered_with_their_status_not_500(
         assert (answer.status, answer.body()["error"]["code"]) == (status, code)
         assert answer.headers.get("Retry-After") == "1"
         assert "10.0.0.5" not in str(answer.body())  # the store's address is not shown
+
+
+def test_a_port_in_use_ends_serve_with_the_documented_status_1(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """uvicorn exits 3 when it cannot bind; the command's documented status is 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = ["serve", "--endpoint", "http://127.0.0.1:1/v1", "--model", MODEL]
+        assert main([*command, "--port", str(port)]) == 1
+    assert "address already in use" in capfd.readouterr().err.lower()

@@ -117,4 +117,6 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     except ConfigError as exc:
         console.print(str(exc), style="red", markup=False, highlight=False)
         return 2
+    except SystemExit as exit_:  # uvicorn's start-up failure (a port in use) exits 3
+        return 0 if exit_.code in (None, 0) else 1
     return 0
