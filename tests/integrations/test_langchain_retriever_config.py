@@ -251,3 +251,22 @@ def test_the_base_retriever_sees_the_callers_config(pilot: ContextPilot) -> None
     assert child["configurable"]["index"] == "news"
     assert child["recursion_limit"] == 7
     assert child.get("run_name") is None  # the caller named its own run, not this one
+
+
+def test_a_retrieval_without_hits_is_still_a_turn_of_the_conversation(pilot: ContextPilot) -> None:
+    """With dedup, a retrieval that finds nothing is recorded as a turn without
+    documents: the pilot's history window then counts turns as the application's chat
+    history does, and never points at a turn the application's window dropped."""
+    found = ContextPilotRetriever(
+        base_retriever=FixedRetriever(doc_ids=["doc-0"]), pilot=pilot, dedup=True,
+        conversation_id="chat-1",
+    )  # fmt: skip
+    nothing = ContextPilotRetriever(
+        base_retriever=FixedRetriever(doc_ids=[]), pilot=pilot, dedup=True,
+        conversation_id="chat-1",
+    )  # fmt: skip
+    found.invoke("Which rivers?")
+    pilot.record_answer("chat-1", "Two.")
+    assert nothing.invoke("Thanks!") == []
+    turns = pilot.conversation("chat-1").turns
+    assert len(turns) == 2 and turns[1].block_ids == () and turns[1].question == "Thanks!"

@@ -374,6 +374,19 @@ def test_empty_node_list_passes_through_untouched(pilot: ContextPilot) -> None:
     assert pilot.index_stats() == ContextPilot(tokenizer=pilot.tokenizer).index_stats()
 
 
+def test_a_retrieval_without_hits_is_still_a_turn_of_the_deduplicated_conversation(
+    pilot: ContextPilot,
+) -> None:
+    """With dedup, no nodes is a turn without documents: the pilot's history window
+    counts turns as the chat history does."""
+    session = ContextPilotNodePostprocessor(pilot=pilot, conversation_id="alice", dedup=True)
+    session.postprocess_nodes(retrieved(["doc-0"]), QueryBundle("Which rivers?"))
+    pilot.record_answer("alice", "Two.")
+    assert session.postprocess_nodes([], QueryBundle("Thanks!")) == []
+    turns = pilot.conversation("alice").turns
+    assert len(turns) == 2 and turns[1].block_ids == () and turns[1].question == "Thanks!"
+
+
 def test_without_a_query_bundle_the_order_is_the_same(tokenizer: Tokenizer) -> None:
     with_query = ContextPilotNodePostprocessor(pilot=ContextPilot(tokenizer=tokenizer))
     without = ContextPilotNodePostprocessor(pilot=ContextPilot(tokenizer=tokenizer))

@@ -91,14 +91,20 @@ def optimize_documents(
 ) -> list[Document]:
     """Run ``pilot.optimize`` on ``documents`` and return annotated copies in the
     optimized order: the blocks sent in full first, then the de-duplicated ones;
-    each exact repeat right after its first occurrence. No documents: ``[]``, and
-    the pilot is not called. Errors are raised before the pilot stores anything."""
+    each exact repeat right after its first occurrence. No documents: ``[]`` (with
+    dedup in a conversation the pilot records the turn, without documents, so its
+    history window counts turns as the application's history does). Errors are raised
+    before the pilot stores anything."""
     query = check_query(query)
     docs = check_documents(documents)
+    conversation_id = options.conversation_id if options.dedup else None
     if not docs:
+        if conversation_id is not None:
+            # a retrieval with no hit is still a turn: the pilot's history window
+            # counts it, as the application's chat history does
+            pilot.optimize([], query, conversation_id=conversation_id)
         return []
     blocks = [document_to_block(doc, position, options.id_key) for position, doc in enumerate(docs)]
-    conversation_id = options.conversation_id if options.dedup else None
     prompt = pilot.optimize(blocks, query, conversation_id=conversation_id)
     # The location note stays whatever ``annotate`` says: it is all that points to the
     # text of a de-duplicated document, which format_documents leaves out.

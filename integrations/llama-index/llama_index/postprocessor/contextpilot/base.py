@@ -209,6 +209,10 @@ class ContextPilotNodePostprocessor(BaseNodePostprocessor):
             for position, (item, shown) in enumerate(zip(items, escaped, strict=True))
         ]
         if not blocks:
+            if self.dedup and self.conversation_id is not None:
+                # a retrieval with no hit is still a turn: the pilot's history window
+                # counts it, as the application's chat history does
+                self.pilot.optimize([], query, conversation_id=self.conversation_id)
             return []
         prompt = self.pilot.optimize(
             blocks, query, conversation_id=self.conversation_id if self.dedup else None
