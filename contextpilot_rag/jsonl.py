@@ -24,6 +24,7 @@ completely before it records it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -84,13 +85,14 @@ def _request(pilot: ContextPilot, item: Mapping[str, Any]) -> Prompt:
         raise LineError(f"'{where}' {message}") from exc
     except InvalidInputError as exc:
         raise LineError(f"{exc}") from exc
-    return pilot.optimize(
-        fields.documents,
-        question,
-        conversation_id=fields.conversation_id,
-        system=fields.system,
-        tenant=fields.tenant,
-    )
+    with _line_keys({"query": "question"}):
+        return pilot.optimize(
+            fields.documents,
+            question,
+            conversation_id=fields.conversation_id,
+            system=fields.system,
+            tenant=fields.tenant,
+        )
 
 
 def _answer(pilot: ContextPilot, item: Mapping[str, Any]) -> str:
@@ -105,8 +107,28 @@ def _answer(pilot: ContextPilot, item: Mapping[str, Any]) -> str:
     for key, value in (("tenant", tenant), ("request_id", request_id)):
         if value is not None and not isinstance(value, str):
             raise LineError(f"'{key}' must be a string")
-    pilot.record_answer(conversation_id, answer, request_id=request_id, tenant=tenant)
+    with _line_keys({"text": "answer"}):
+        pilot.record_answer(conversation_id, answer, request_id=request_id, tenant=tenant)
     return conversation_id
+
+
+@contextlib.contextmanager
+def _line_keys(renamed: Mapping[str, str]) -> Iterator[None]:
+    """An input error of the pilot's that starts with one of its argument names
+    (``query``, ``text``), named as the line names it (``'question'``, ``'answer'``)."""
+    try:
+        yield
+    except InvalidInputError as exc:
+        message = str(exc)
+        for name, key in renamed.items():
+            if message.startswith(f"{name} "):
+                named = f"'{key}'{message[len(name) :]}"
+                try:  # the same error type, as the output line reports it
+                    renamed_error = type(exc)(named)
+                except TypeError:
+                    renamed_error = LineError(named)
+                raise renamed_error from exc
+        raise
 
 
 def _prompt_result(number: int, prompt: Prompt) -> LineResult:

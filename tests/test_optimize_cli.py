@@ -303,3 +303,13 @@ def _environ() -> dict[str, str]:
     import os
 
     return {key: value for key, value in os.environ.items() if key != "PYTHONIOENCODING"}
+
+
+def test_the_pilots_errors_name_the_lines_keys(tmp_path: Path) -> None:
+    long_question = {"question": "why? " * 400_000, "documents": ["a"]}
+    bad_answer = {"conversation_id": "c1", "answer": "broken \ud800 text"}
+    code, out = _run(tmp_path, TURN_1, long_question, bad_answer)
+    assert code == 1
+    assert out[1]["error"]["message"].startswith("'question' is ")
+    assert out[2]["error"]["message"].startswith("'answer' ")
+    assert out[1]["error"]["type"] == "InvalidInputError"
