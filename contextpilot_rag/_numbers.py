@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["is_finite_at_least", "is_int", "is_number"]
+__all__ = ["is_finite_at_least", "is_finite_positive", "is_int", "is_number"]
 
 
 def is_int(value: object) -> bool:
@@ -22,3 +22,8 @@ def is_number(value: object) -> bool:
 def is_finite_at_least(value: object, low: float) -> bool:
     """A finite number at least ``low``."""
     return is_number(value) and math.isfinite(value) and value >= low  # type: ignore[arg-type,operator]
+
+
+def is_finite_positive(value: object) -> bool:
+    """A finite number above 0 (a rate, a timeout, a price multiplier)."""
+    return is_finite_at_least(value, 0) and value > 0  # type: ignore[operator]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .._numbers import is_finite_at_least, is_int, is_number
+from .._numbers import is_finite_positive, is_int, is_number
 from ..errors import ConfigError
 from .model_names import match_model_name
 
@@ -108,7 +108,7 @@ class ProviderRules:
         if not isinstance(writes, Mapping) or set(writes) != set(lifetimes):
             raise ConfigError("ProviderRules.write_multiplier must price every lifetime of ttl_s")
         multipliers = (*writes.values(), self.read_multiplier)
-        if any(not (is_finite_at_least(m, 0) and m > 0) for m in multipliers):
+        if not all(is_finite_positive(m) for m in multipliers):
             raise ConfigError("ProviderRules multipliers must be finite numbers > 0")
         rate = self.key_rate_per_minute
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):

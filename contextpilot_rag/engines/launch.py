@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from .._numbers import is_finite_at_least
+from .._numbers import is_finite_at_least, is_finite_positive
 from ..errors import ConfigError
 from .cache_info import kv_cache_tokens_from_log, kv_cache_tokens_from_metrics
 from .errors import EngineStartError
@@ -98,9 +98,7 @@ class LaunchSpec:
         if not (isinstance(self.port, int) and 0 < self.port < 65536):
             raise ConfigError(f"port {self.port!r} is not in 1..65535")
         if not (
-            is_finite_at_least(self.startup_timeout_s, 0)
-            and self.startup_timeout_s > 0
-            and is_finite_at_least(self.stop_grace_s, 0)
+            is_finite_positive(self.startup_timeout_s) and is_finite_at_least(self.stop_grace_s, 0)
         ):
             raise ConfigError(
                 "startup_timeout_s must be a positive number of seconds and stop_grace_s a "

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .._numbers import is_finite_at_least, is_int
+from .._numbers import is_finite_at_least, is_finite_positive, is_int
 from ..errors import ConfigError, InvalidInputError
 from .common import candidate_replicas
 from .types import Decision, FleetView, Outcome, ReplicaState, RouteRequest
@@ -79,8 +79,7 @@ class AccuracyModel:
         if not (
             is_int(iterations)
             and iterations >= 1
-            and is_finite_at_least(learning_rate, 0)
-            and learning_rate > 0
+            and is_finite_positive(learning_rate)
             and is_finite_at_least(l2, 0)
         ):
             raise ConfigError("AccuracyModel needs iterations >= 1, learning_rate > 0, l2 >= 0")
@@ -164,17 +163,17 @@ class LaarPolicy:
     ) -> None:
         if not (
             is_finite_at_least(alpha, 0)
-            and is_finite_at_least(response_smoothing, 0)
-            and 0 < response_smoothing <= 1
-            and is_finite_at_least(q_floor, 0)
-            and 0 < q_floor <= 1
+            and is_finite_positive(response_smoothing)
+            and response_smoothing <= 1
+            and is_finite_positive(q_floor)
+            and q_floor <= 1
         ):
             raise ConfigError(
                 "LaarPolicy needs alpha >= 0, 0 < response_smoothing <= 1, 0 < q_floor <= 1"
             )
         costs = dict(costs or {})
         for model, cost in costs.items():
-            if not (is_finite_at_least(cost, 0) and cost > 0):
+            if not is_finite_positive(cost):
                 raise ConfigError(f"LaarPolicy cost of model {model!r} must be > 0, got {cost!r}")
         self.accuracy = accuracy or AccuracyModel()
         self.costs = costs

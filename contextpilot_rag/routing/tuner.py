@@ -19,7 +19,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, replace
 
-from .._numbers import is_finite_at_least
+from .._numbers import is_finite_at_least, is_finite_positive
 from ..errors import ConfigError
 
 __all__ = ["CostWeights", "TunerBounds", "WeightTuner"]
@@ -93,7 +93,7 @@ class WeightTuner:
             raise ConfigError(f"window must be >= 1, got {window}")
         if not is_finite_at_least(e2e_weight, 0):
             raise ConfigError(f"e2e_weight must be a finite number >= 0, got {e2e_weight!r}")
-        if not (is_finite_at_least(sigma, 0) and sigma > 0):
+        if not is_finite_positive(sigma):
             raise ConfigError(f"sigma must be a finite number > 0, got {sigma!r}")
         self.bounds = bounds or TunerBounds()
         self.window = window

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .._numbers import is_finite_at_least
+from .._numbers import is_finite_at_least, is_finite_positive
 from ..errors import ConfigError, InvalidInputError, InvalidRouteRequestError
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class ReplicaState:
         )
         rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s)
         if not all(is_finite_at_least(value, low) for value, low in at_least) or not all(
-            is_finite_at_least(rate, 0) and rate > 0 for rate in rates
+            is_finite_positive(rate) for rate in rates
         ):
             raise ConfigError(
                 f"replica {self.replica_id!r}: rtt_s, in_flight, queued_tokens, "

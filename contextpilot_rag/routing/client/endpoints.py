@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import cast
 from urllib.parse import unquote
 
-from ..._numbers import is_finite_at_least
+from ..._numbers import is_finite_at_least, is_finite_positive
 from ...errors import ConfigError
 from ..types import ReplicaState
 
@@ -74,7 +74,7 @@ class Endpoint:
         if self.rtt_s is not None and not is_finite_at_least(self.rtt_s, 0):
             raise ConfigError(f"rtt_s must be a finite number >= 0, got {self.rtt_s!r}")
         rates = (self.prefill_tokens_per_s, self.decode_tokens_per_s)
-        if not all(is_finite_at_least(rate, 0) and rate > 0 for rate in rates):
+        if not all(is_finite_positive(rate) for rate in rates):
             raise ConfigError(
                 "prefill_tokens_per_s and decode_tokens_per_s must be finite numbers > 0, "
                 f"got {rates[0]!r} and {rates[1]!r}"
