@@ -217,20 +217,23 @@ class KVCacheMirror:
         return MirrorChange(removed=removed, cleared=True)
 
     def _store(self, event: BlockStored) -> MirrorChange:
-        if not event.token_ids:
-            return self._store_unkeyed(event)
-        if event.block_size != self._block_size:
+        """Store ``event``'s blocks. Blocks stored without their tokens (vLLM's offload
+        placeholders) are held under the engine's hashes with no content key (so that
+        their removal is known, and blocks stored under them are no orphans); the
+        mirror stays exact about every content it can look up."""
+        unkeyed = not event.token_ids
+        if not unkeyed and event.block_size != self._block_size:
             self._counts["rejected"] += 1
             self._exact = False
             return MirrorChange()
         location: _Location = (event.medium, event.group_idx)
-        parent = self._parent_key(location, event.parent_block_hash)
+        parent = None if unkeyed else self._parent_key(location, event.parent_block_hash)
         removed: set[int] = set()
         stored = 0
         for index, block_hash in enumerate(event.block_hashes):
             engine_key = (location, block_hash)
             key = None
-            if parent is not None:
+            if parent is not None and not unkeyed:
                 key = _content_key(parent, event.block_tokens(index), event.block_extra(index))
             if engine_key in self._blocks:
                 self._counts["duplicates_stored"] += 1
@@ -240,26 +243,9 @@ class KVCacheMirror:
             else:
                 removed |= self._make_room()
                 self._add(engine_key, key)
+                self._counts["unkeyed_stored"] += unkeyed
                 stored += 1
             parent = self._blocks[engine_key]
-        return MirrorChange(removed=frozenset(removed - self._alive.keys()), stored=stored)
-
-    def _store_unkeyed(self, event: BlockStored) -> MirrorChange:
-        """Blocks stored without their tokens: held under the engine's hashes (so that
-        their removal is known, and blocks stored under them are no orphans) with no
-        content key; the mirror stays exact about every content it can look up."""
-        location: _Location = (event.medium, event.group_idx)
-        removed: set[int] = set()
-        stored = 0
-        for block_hash in event.block_hashes:
-            engine_key = (location, block_hash)
-            if engine_key in self._blocks:
-                self._counts["duplicates_stored"] += 1
-                continue
-            removed |= self._make_room()
-            self._add(engine_key, None)
-            self._counts["unkeyed_stored"] += 1
-            stored += 1
         return MirrorChange(removed=frozenset(removed - self._alive.keys()), stored=stored)
 
     def _parent_key(self, location: _Location, parent_hash: BlockHash | None) -> int | None:
