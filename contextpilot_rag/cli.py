@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TextIO
 
 import httpx
@@ -277,20 +277,24 @@ class _OutputFailed(Exception):
 
 def _emit(sink: TextIO, text: str | None) -> None:
     """Write ``text`` to ``sink`` (``None``: flush it)."""
-    try:
+    with _writing():
         if text is None:
             sink.flush()
         else:
             sink.write(text)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _OutputFailed(f"cannot write the output: {exc.strerror or exc}") from None
 
 
 def _close_output(sink: TextIO) -> None:
-    try:
+    with _writing():
         sink.close()
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    """A failed write of the output as :class:`_OutputFailed` (a closed pipe stays a
+    ``BrokenPipeError``: it ends the command quietly)."""
+    try:
+        yield
     except BrokenPipeError:
         raise
     except OSError as exc:

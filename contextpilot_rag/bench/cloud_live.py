@@ -306,15 +306,15 @@ def _plan(
                 body = salted(prompt, scaled)
                 replayed = arm.predictor.send_body(body, scaled)
                 usage = replayed.usage
-                tokens_in = (
-                    usage.uncached_tokens
-                    + usage.cache_read_tokens
-                    + usage.cache_write_5m_tokens
-                    + usage.cache_write_1h_tokens
-                )
                 sender = (w, a, timed.user)
                 job = _Job(
-                    scaled.at_s, (w, r, a), body, replayed.breakpoints, sender, tokens_in, usage
+                    scaled.at_s,
+                    (w, r, a),
+                    body,
+                    replayed.breakpoints,
+                    sender,
+                    usage.prompt_tokens,
+                    usage,
                 )
                 arm.jobs.append(job)
             arms.append(arm)
@@ -323,22 +323,26 @@ def _plan(
 
 
 def _worst_cost_usd(planned: Sequence[Sequence[_Arm]], options: LiveOptions) -> float:
-    price = options.price
-    highest = max(price.input, price.cache_write_5m or 0.0)  # the arms mark 5-minute entries
     every = [arm for arms in planned for arm in arms]
     prompt_tokens = sum(arm.predictor.tally.result().prompt_tokens for arm in every)
     requests = sum(len(arm.jobs) for arm in every)
-    output = price.output if price.output is not None else 5 * price.input
-    cap = options.chosen_max_tokens
-    return (prompt_tokens * TOKEN_MARGIN * highest + requests * cap * output) / 1e6
+    return _worst_usd(prompt_tokens, requests, options)
 
 
 def _worst_job_usd(job: _Job, options: LiveOptions) -> float:
     """The most one request can cost (as :func:`_worst_cost_usd` counts it)."""
+    return _worst_usd(job.prompt_tokens, 1, options)
+
+
+def _worst_usd(prompt_tokens: int, requests: int, options: LiveOptions) -> float:
+    """The most ``requests`` requests of ``prompt_tokens`` in all can cost: every prompt
+    token at the highest input-side price (the arms mark 5-minute entries), with
+    :data:`TOKEN_MARGIN`, plus the output cap of each request."""
     price = options.price
     highest = max(price.input, price.cache_write_5m or 0.0)
     output = price.output if price.output is not None else 5 * price.input
-    return (job.prompt_tokens * TOKEN_MARGIN * highest + options.chosen_max_tokens * output) / 1e6
+    cap = options.chosen_max_tokens
+    return (prompt_tokens * TOKEN_MARGIN * highest + requests * cap * output) / 1e6
 
 
 _NOT_PROCESSED = frozenset({429, 529})  # rate limited, overloaded: refused before any work
