@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
@@ -615,19 +615,25 @@ def test_on_the_proxy_the_strategy_attaches_itself_before_the_first_routing(
         strategy.detach()
 
 
-def test_a_call_whose_end_is_never_reported_is_released_after_the_route_ttl() -> None:
+def registry_only(names: Sequence[str]) -> SimpleNamespace:
+    """A stand-in for the parts of a ``Router`` the sync path reads: its registry of
+    deployments ``names`` (nothing is sent through it)."""
     deployments = [
         {
             "model_name": MODEL,
             "litellm_params": {"model": f"openai/{MODEL}"},
             "model_info": {"id": n},
         }
-        for n in NAMES
+        for n in names
     ]
-    router = SimpleNamespace(
+    return SimpleNamespace(
         register_plugin=lambda plugin: None,
         registry=lambda: SimpleNamespace(deployments=lambda model: deployments),
     )
+
+
+def test_a_call_whose_end_is_never_reported_is_released_after_the_route_ttl() -> None:
+    router = registry_only(NAMES)
     clock = FakeClock()
     strategy = ContextPilotRoutingStrategy(
         "combined", fleet=FleetConfig(route_ttl_s=60.0), clock=clock
@@ -647,18 +653,7 @@ def test_a_call_whose_end_is_never_reported_is_released_after_the_route_ttl() ->
 def test_one_strategys_call_never_closes_another_strategys_route() -> None:
     """LiteLLM's callbacks are process-wide: every strategy in a process is told of
     every call's end, so the first route of each must not share an id."""
-    deployments = [
-        {
-            "model_name": MODEL,
-            "litellm_params": {"model": f"openai/{MODEL}"},
-            "model_info": {"id": n},
-        }
-        for n in NAMES[:1]  # one deployment: both strategies route to the same id
-    ]
-    router = SimpleNamespace(
-        register_plugin=lambda plugin: None,
-        registry=lambda: SimpleNamespace(deployments=lambda model: deployments),
-    )
+    router = registry_only(NAMES[:1])  # one deployment: both strategies route to it
     first = ContextPilotRoutingStrategy("combined").attach(router)
     second = ContextPilotRoutingStrategy("combined").attach(router)
     try:
@@ -675,6 +670,27 @@ def test_one_strategys_call_never_closes_another_strategys_route() -> None:
     finally:
         first.detach()
         second.detach()
+
+
+def test_a_call_id_two_requests_share_releases_neither_on_one_failure() -> None:
+    """On the proxy a client may choose ``litellm_call_id`` (``x-litellm-call-id``):
+    one request's failure must not release another in-flight request's route."""
+    router = registry_only(NAMES)
+    strategy = ContextPilotRoutingStrategy("combined").attach(router)
+    try:
+        requests = [as_the_proxy_sends(chat(f"System {n}. " * 40, "Hi?")) for n in range(3)]
+        requests[1]["litellm_call_id"] = requests[0]["litellm_call_id"]  # the client's choice
+        for request in [*requests, requests[0]]:  # the last, the first one's retry
+            messages = request["messages"]
+            strategy.get_available_deployment(MODEL, messages, request_kwargs=request)
+        # the retry closed the first attempt's route and kept the id shared
+        assert strategy.open_routes == 3
+        strategy.request_failed(requests[1], RuntimeError("refused by a guardrail"))
+        assert strategy.open_routes == 3  # neither request is known to be the one that failed
+        strategy.request_failed(requests[2], RuntimeError("refused by a guardrail"))
+        assert strategy.open_routes == 2  # an id no other request has still closes
+    finally:
+        strategy.detach()
 
 
 def test_a_policy_is_chosen_by_its_registry_name_with_its_options() -> None:

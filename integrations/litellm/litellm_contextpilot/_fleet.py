@@ -98,6 +98,8 @@ class Route:
     characters: int  # of the routing text, to refine the characters-per-token estimate
     idle: bool  # nothing else was in flight on the replica when it was dispatched
     call_id: str | None = None  # LiteLLM's litellm_call_id: one per request, shared by its retries
+    attempt_of: int | None = None  # the request's marker (Fleet.open), shared by its retries
+    shared_call: bool = False  # another request has the same call_id (Fleet.open)
 
 
 class _Replica:
@@ -203,8 +205,21 @@ class Fleet:
         now: float,
         characters: int,
         call_id: str | None = None,
+        attempt_of: int | None = None,
     ) -> Route:
-        """Book a dispatch to ``decision.replica_id`` (a replica of the last ``states``)."""
+        """Book a dispatch to ``decision.replica_id`` (a replica of the last ``states``).
+
+        ``attempt_of`` tells a request's attempts apart from other requests' (the
+        ``id`` of the proxy's logging object, one per request, shared by its
+        retries). An open route with the same ``call_id`` and another ``attempt_of``
+        is another request's: on the proxy a client may choose the id
+        (``x-litellm-call-id``), and one request's failure would release another's
+        routes. Every route of such an id is left out of :meth:`open_of_call`; each
+        closes on its own end, or expires."""
+        others = [r for r in self._open.values() if call_id is not None and r.call_id == call_id]
+        shared = any(route.attempt_of != attempt_of for route in others)
+        for route in others if shared else ():
+            route.shared_call = True
         replica = self._replicas[decision.replica_id]
         idle = replica.in_flight == 0
         replica.in_flight += 1
@@ -219,13 +234,19 @@ class Fleet:
             characters,
             idle,
             call_id,
+            attempt_of,
+            shared,
         )
         self._open[route.route_id] = route
         return route
 
     def open_of_call(self, call_id: str) -> list[str]:
         """The ids of the open routes booked for LiteLLM's call ``call_id``."""
-        return [route.route_id for route in self._open.values() if route.call_id == call_id]
+        return [
+            route.route_id
+            for route in self._open.values()
+            if route.call_id == call_id and not route.shared_call
+        ]
 
     def close(self, route_ids: Iterable[object], replica_id: str | None) -> Route | None:
         """Close the newest open route of ``route_ids`` that went to ``replica_id`` (any

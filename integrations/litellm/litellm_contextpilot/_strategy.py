@@ -267,7 +267,7 @@ class ContextPilotRoutingStrategy(ProxyFailureLogger, CustomRoutingStrategyBase)
         earlier = earlier if isinstance(earlier, RouteIds) else RouteIds()
         self._close_unreported(earlier, "failed before a retry or fallback", failed=True)
         request, characters = self._route_request(kwargs, sent_metadata(kwargs), messages, input)
-        decision, route = self._decide(request, deployments, characters, _call_id(kwargs))
+        decision, route = self._decide(request, deployments, characters, _call_of(kwargs))
         metadata[ROUTES_KEY] = RouteIds([*earlier, route.route_id])
         logger.debug("route %s -> %s (%s)", route.route_id, decision.replica_id, decision.reason)
         return _chosen(deployments, decision), route
@@ -302,7 +302,7 @@ class ContextPilotRoutingStrategy(ProxyFailureLogger, CustomRoutingStrategyBase)
         request: RouteRequest,
         deployments: Sequence[Deployment],
         characters: int,
-        call_id: str | None,
+        call: tuple[str | None, int | None],
     ) -> tuple[Decision, Route]:
         """The policy's decision over ``deployments`` (with other processes' routes and
         load, given a store), booked as an open route."""
@@ -320,7 +320,7 @@ class ContextPilotRoutingStrategy(ProxyFailureLogger, CustomRoutingStrategyBase)
                     f"policy {self.policy.name!r} chose {decision.replica_id!r}, which is "
                     "not among the deployments"
                 )
-            route = self._fleet.open(request, decision, now, characters, call_id)
+            route = self._fleet.open(request, decision, now, characters, *call)
         if shared is not None:
             shared.learned(request, decision.replica_id)
         return decision, route
@@ -516,6 +516,14 @@ def _call_id(request: Mapping[str, Any]) -> str | None:
     """LiteLLM's id of a request (``litellm_call_id``), the same for all its attempts."""
     found = request.get("litellm_call_id")
     return found if isinstance(found, str) and found else None
+
+
+def _call_of(kwargs: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The call's id and its request's marker: the ``id`` of the logging object the
+    proxy makes once per request (its retries share it; a client cannot choose it),
+    ``None`` without one (:meth:`Fleet.open`)."""
+    logging_obj = kwargs.get("litellm_logging_obj")
+    return _call_id(kwargs), (id(logging_obj) if logging_obj is not None else None)
 
 
 def _error_of(kwargs: Any) -> str:
