@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ConfigError
 from .greedy import greedy_plan
@@ -102,8 +103,8 @@ def plan_batch(
         raise ConfigError(
             f"unknown batch schedule {schedule!r}; choose 'prefix-tree', 'grouped' or 'builder'"
         )
-    check_requests(requests, weights)
-    requests, weights = _dense_codes(requests, weights)
+    flat = check_requests(requests, weights)
+    requests, weights = _dense_codes(requests, weights, flat)
     if refine is None:
         refine = schedule != "builder" and len(requests) <= REFINE_UP_TO
     elif refine and schedule == "builder":
@@ -140,18 +141,15 @@ def plan_batch(
 
 
 def _dense_codes(
-    requests: Sequence[Sequence[int]], weights: Sequence[float] | None
+    requests: Sequence[Sequence[int]],
+    weights: Sequence[float] | None,
+    flat: npt.NDArray[np.int64],
 ) -> tuple[Sequence[Sequence[int]], Sequence[float] | None]:
     """``requests`` with codes renumbered ``0..distinct - 1`` in their order (and
     ``weights`` to match) when the codes are sparse — hashed ids, say: the planners
     size arrays by the largest code. Orders and schedule are positions and indices,
     and the renumbering keeps the codes' order (the planners' ties), so the plan is
-    the same."""
-    flat = np.fromiter(
-        (code for request in requests for code in request),
-        dtype=np.int64,
-        count=sum(len(request) for request in requests),
-    )
+    the same. ``flat``: every request's codes in one array (:func:`check_requests`)."""
     if not flat.size or int(flat.max()) < 2 * flat.size + 1024:
         return requests, weights
     distinct, dense = np.unique(flat, return_inverse=True)

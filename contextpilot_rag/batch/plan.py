@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import InvalidInputError
 
@@ -72,11 +73,14 @@ def orders_of(
     return tuple(orders)
 
 
-def check_requests(requests: Sequence[Sequence[int]], weights: Sequence[float] | None) -> None:
+def check_requests(
+    requests: Sequence[Sequence[int]], weights: Sequence[float] | None
+) -> npt.NDArray[np.int64]:
     """Raise :class:`InvalidInputError` unless every request holds distinct
     non-negative int codes and ``weights`` (when given) has a finite weight >= 0 for
     every code: a planner given a repeated or negative code returned orders that were
-    not a permutation of the request."""
+    not a permutation of the request. Returns every request's codes in one array,
+    in order."""
     lengths = [len(request) for request in requests]
     try:
         flat = np.fromiter(itertools.chain.from_iterable(requests), np.int64, sum(lengths))
@@ -90,9 +94,10 @@ def check_requests(requests: Sequence[Sequence[int]], weights: Sequence[float] |
                 f"request {number} holds a block code twice; codes must be distinct"
             )
     if weights is None:
-        return
+        return flat
     top = int(flat.max()) if flat.size else -1
     if len(weights) <= top:
         raise InvalidInputError(f"weights has {len(weights)} entries; codes go up to {top}")
     if any(not (isinstance(w, numbers.Real) and math.isfinite(w) and w >= 0) for w in weights):
         raise InvalidInputError("weights must be finite numbers >= 0")
+    return flat
