@@ -103,6 +103,16 @@ def test_a_read_finds_a_cached_prefix_up_to_20_blocks_before_a_breakpoint() -> N
     assert miss.cache_write_tokens == 2000 + 18 * 10 + 20
 
 
+def test_a_lookback_of_0_reads_a_cached_prefix_however_far_back() -> None:
+    """``ProviderRules.lookback_blocks=0`` is documented as no limit (the breakpoint
+    planner folds breakpoints on that reading)."""
+    model = AnthropicCacheModel(ProviderRules(provider="anthropic", lookback_blocks=0))
+    shared = [2000] + [10] * 40
+    model.request(blocks(shared, {0: TTL_5M_S}), now_s=0)
+    far = model.request(blocks([*shared, 10], {41: TTL_5M_S}), now_s=1)
+    assert far.cache_read_tokens == 2000
+
+
 def test_an_earlier_breakpoint_keeps_a_far_prefix_readable() -> None:
     model = AnthropicCacheModel()
     shared = [2000] + [10] * 18
@@ -274,6 +284,22 @@ def test_24h_retention_keeps_a_prefix_for_a_day() -> None:
     model.request(prompt, now_s=0, retention="24h")
     assert model.lookup(prompt, now_s=86_399) == 1024
     assert model.lookup(prompt, now_s=86_400) == 0
+
+
+def test_memory_follows_the_live_entries_not_the_requests() -> None:
+    """A prompt refreshed on every request leaves no trail of stale expiry items (a
+    24-hour lifetime kept a day of them), and routes idle for a minute are dropped
+    from the rate table."""
+    model = OpenAICacheModel()
+    prompt = tokens(8192)
+    for now_s in range(3000):
+        model.request(prompt, now_s=float(now_s), retention="24h")
+    cache = model._machines.caches[model.route(prompt)]
+    assert len(cache) == 8192 // 128 - 7  # the steps from 1,024 tokens on
+    assert len(cache._heap) <= 2 * len(cache) + cache._SLACK
+    for number in range(3000):  # distinct routes, a minute apart
+        model.request([number, *tokens(1024)], now_s=4000.0 + 61 * number)
+    assert len(model._machines._recent) <= 2 + 2 * model._machines._SLACK
 
 
 def test_an_unknown_retention_is_an_error() -> None:

@@ -132,8 +132,14 @@ class _ExpiringEntries:
     """Cache entries keyed by prefix identity, each alive until ``expires_s``.
 
     Invariant: every live key has at least one heap item with its current ``expires_s``;
-    heap items whose time no longer matches their entry are stale and skipped.
+    heap items whose time no longer matches their entry are stale and skipped. Every
+    refresh pushes an item, so the heap is rebuilt from the entries whenever it holds
+    more than twice as many items as entries (plus a constant): memory follows the
+    entries, not the traffic (an entry refreshed on every request, with a 24-hour
+    lifetime, would otherwise leave a day of stale items behind).
     """
+
+    _SLACK = 64  # heap items beyond twice the entries before a rebuild
 
     def __init__(self) -> None:
         self._entries: dict[Any, _Entry] = {}
@@ -151,6 +157,11 @@ class _ExpiringEntries:
         self._entries[key] = entry
         self._pushes += 1
         heapq.heappush(self._heap, (entry.expires_s, self._pushes, key))
+        if len(self._heap) > 2 * len(self._entries) + self._SLACK:
+            start, self._pushes = self._pushes, self._pushes + len(self._entries)
+            items = enumerate(self._entries.items(), start=start + 1)
+            self._heap = [(entry.expires_s, n, key) for n, (key, entry) in items]
+            heapq.heapify(self._heap)
 
     def purge(self, now_s: float) -> None:
         """Drop every entry expired at ``now_s``."""
@@ -279,7 +290,8 @@ class AnthropicCacheModel:
     def _read_at(self, breakpoint: int, keys: Sequence[tuple[str, bytes]], now_s: float) -> int:
         """The last block within the lookback window of ``breakpoint`` whose prefix is
         cached, or -1."""
-        first = max(breakpoint - max(self.rules.lookback_blocks, 1) + 1, 0)
+        lookback = self.rules.lookback_blocks  # 0: no limit
+        first = max(breakpoint - lookback + 1, 0) if lookback else 0
         for block in range(breakpoint, first - 1, -1):
             if self._entries.alive(keys[block], now_s) is not None:
                 return block
@@ -504,12 +516,18 @@ class _CacheMachines:
     of that many moves one machine on.
 
     Invariant: ``_recent[route]`` holds the times of the route's admitted requests, of
-    which those older than a minute are dropped when the route is next admitted."""
+    which those older than a minute are dropped when the route is next admitted; the
+    routes with none in the last minute are dropped whenever the table has doubled
+    since the last sweep, so it holds about the routes of the last minute, however
+    many routes came before."""
+
+    _SLACK = 64  # routes beyond twice those kept by the last sweep before the next
 
     def __init__(self, rules: OpenAICacheRules) -> None:
         self.caches = [_ExpiringEntries() for _ in range(rules.machines)]
         self._limit = rules.overflow_requests_per_minute
         self._recent: dict[bytes, deque[float]] = {}
+        self._swept = 0  # routes kept by the last sweep
 
     def __len__(self) -> int:
         """Live and not-yet-purged entries, over all machines."""
@@ -519,6 +537,7 @@ class _CacheMachines:
         for entries in self.caches:
             entries.clear()
         self._recent.clear()
+        self._swept = 0
 
     def home(self, route: bytes) -> int:
         """The machine of ``route`` when it is not overflowing."""
@@ -528,6 +547,9 @@ class _CacheMachines:
         """Count one request on ``route`` at ``now_s``; the machine it goes to."""
         if self._limit is None:
             return self.home(route)
+        if len(self._recent) > 2 * self._swept + self._SLACK:
+            self._recent = {r: t for r, t in self._recent.items() if t[-1] > now_s - 60.0}
+            self._swept = len(self._recent)
         recent = self._recent.setdefault(route, deque())
         while recent and recent[0] <= now_s - 60.0:
             recent.popleft()
