@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .blocks import ContextBlock
 from .errors import ConfigError
-from .escaping import CONTROL_TOKEN
+from .escaping import StructureGuard
 
 __all__ = ["NoteTemplates", "location_note", "order_note", "shown_note"]
 
@@ -104,13 +104,11 @@ def _label(block: ContextBlock, labels: Mapping[str, str] | None) -> str:
     return labels.get(block.id, block.label) if labels else block.label
 
 
-def shown_note(reported: object) -> str | None:
+def shown_note(reported: object, guard: StructureGuard) -> str | None:
     """A note as an outside record (document metadata an adapter wrote) reports it:
-    the text when the pilot could have made it — one line (every template's notes
-    are), no chat-template control token — else ``None``: a forged record cannot add
-    a question line or a turn marker to the prompt through a note."""
-    if not isinstance(reported, str) or not reported:
-        return None
-    if len(reported.splitlines()) != 1 or CONTROL_TOKEN.search(reported):
+    the text when the pilot could have made it (:meth:`StructureGuard.is_note` of the
+    pilot's layout), else ``None``: a forged record cannot add a question line, a label
+    line or a turn marker to the prompt through a note."""
+    if not isinstance(reported, str) or not guard.is_note(reported):
         return None
     return reported

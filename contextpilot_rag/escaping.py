@@ -92,19 +92,45 @@ class StructureGuard:
 
     ``lead_ins`` are the literal beginnings of the structural lines of the layout
     (``"Most relevant first:"``, ``"Question:"``, ...); an empty one is ignored (a
-    template that starts with its placeholder has no lead-in to protect)."""
+    template that starts with its placeholder has no lead-in to protect).
+    ``note_lead_ins``: those of the order and location notes (:meth:`is_note`), an
+    empty one for a note template that starts with its placeholder."""
 
-    __slots__ = ("_first_chars", "_lead_ins")
+    __slots__ = ("_bare_notes", "_first_chars", "_lead_ins", "_note_lead_ins")
 
-    def __init__(self, lead_ins: Iterable[str]) -> None:
+    def __init__(self, lead_ins: Iterable[str], *, note_lead_ins: Iterable[str] = ()) -> None:
         normalized = {_normalized(lead_in) for lead_in in lead_ins}
-        self._lead_ins = tuple(sorted(lead_in for lead_in in normalized if lead_in))
+        notes = {_normalized(lead_in) for lead_in in note_lead_ins}
+        self._lead_ins = tuple(sorted(lead_in for lead_in in normalized | notes if lead_in))
+        self._note_lead_ins = tuple(sorted(lead_in for lead_in in notes if lead_in))
+        self._bare_notes = "" in notes
         # what a suspect line can start with: a lead-in's first character or "["
         self._first_chars = frozenset({"[", *(lead_in[0] for lead_in in self._lead_ins)})
 
     @property
     def lead_ins(self) -> tuple[str, ...]:
         return self._lead_ins
+
+    @property
+    def note_lead_ins(self) -> tuple[str, ...]:
+        """The notes' lead-ins (normalized), with ``""`` for a note template that has
+        none."""
+        return (*self._note_lead_ins, *(("",) if self._bare_notes else ()))
+
+    def is_note(self, text: str) -> bool:
+        """Whether ``text`` could be one of this layout's notes: one line, no control
+        token, starting as a note does (a note template without a lead-in: not
+        imitating any other structural line). An outside record (document metadata)
+        that reports a note is shown only then, so it cannot add a question line, a
+        label line or a turn marker to the prompt."""
+        if not text or len(text.splitlines()) != 1 or CONTROL_TOKEN.search(text):
+            return False
+        visible = _normalized(text)
+        if not visible or _LABEL_LINE.fullmatch(visible):
+            return False
+        if self._note_lead_ins and visible.startswith(self._note_lead_ins):
+            return True
+        return self._bare_notes and not self._imitates(text)
 
     def escape(self, text: str) -> str:
         """``text`` safe to render inside a prompt: control tokens broken, lines that

@@ -276,7 +276,8 @@ class PilotConfig:
             self.context_header,
         )
         return StructureGuard(
-            lead_in for template in templates for lead_in in template_line_lead_ins(template)
+            (lead_in for template in templates for lead_in in template_line_lead_ins(template)),
+            note_lead_ins=map(template_lead_in, (self.notes.order, self.notes.location)),
         )
 
 

@@ -52,7 +52,7 @@ def format_documents(documents: Sequence[Document], *, pilot: ContextPilot | Non
         annotation = doc.metadata.get(ANNOTATION_KEY)
         if isinstance(annotation, Mapping):
             for key in ("order_note", "location_note"):
-                note = shown_note(annotation.get(key))  # None for a forged one
+                note = shown_note(annotation.get(key), guard)  # None for a forged one
                 if note is not None:
                     notes.setdefault(note)
             if annotation.get("deduplicated"):

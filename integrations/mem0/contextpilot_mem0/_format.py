@@ -60,7 +60,7 @@ def format_memories(
     if notes and isinstance(summary, Mapping):
         reported = summary.get("notes", ())
         if isinstance(reported, Sequence) and not isinstance(reported, str):
-            shown = (shown_note(note) for note in reported)  # None for a forged one
+            shown = (shown_note(note, guard) for note in reported)  # None for a forged one
             rendered += [note + "\n\n" for note in shown if note is not None]
     return "".join(rendered)
 

@@ -349,7 +349,8 @@ def _without_annotations(item: NodeWithScore) -> NodeWithScore:
 def _guard_of(pilot: ContextPilot) -> StructureGuard:
     """The pilot's escaping, plus the line LlamaIndex shows the label on
     (``contextpilot_label: ...``), which a node's text must not imitate either."""
-    return StructureGuard((*structure_guard_of(pilot).lead_ins, f"{LABEL_KEY}:"))
+    guard = structure_guard_of(pilot)
+    return StructureGuard((*guard.lead_ins, f"{LABEL_KEY}:"), note_lead_ins=guard.note_lead_ins)
 
 
 def _escaped(position: int, item: NodeWithScore, guard: StructureGuard) -> NodeWithScore:
