@@ -530,7 +530,7 @@ def default_arm(workload: Workload, tokenizer: Tokenizer) -> ArmFactory:
         config = PilotConfig(index=IndexConfig(capacity_tokens=capacity))
         pilot = ContextPilot(config, tokenizer=tokenizer)
         build, prompts = pilot_arm(pilot, workload, block_lookup(workload))
-        return build, lambda: dedup_misses(prompts)
+        return build, lambda: dedup_misses(prompts, pilot)
 
     return make
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .bench.workloads import Workload, WorkloadRequest, multiturn_workload, online_workload
-from .blocks import ContextBlock
+from .blocks import ContextBlock, render_block
 from .index import IndexConfig
-from .pilot import ContextPilot, PilotConfig
+from .pilot import ContextPilot, PilotConfig, structure_guard_of
 from .prompt import Prompt
 from .sim.replay import (
     ArmResult,
@@ -100,12 +100,17 @@ def pilot_arm(
     return build, built
 
 
-def dedup_misses(prompts: Iterable[Prompt]) -> int:
-    """De-duplicated blocks whose full text is NOT in the prompt's history (must be 0)."""
+def dedup_misses(prompts: Iterable[Prompt], pilot: ContextPilot | None = None) -> int:
+    """De-duplicated blocks whose rendering (label line and escaped text, as
+    ``pilot``'s layout renders them; the default layout's without one) is NOT in an
+    earlier user message of the prompt (must be 0)."""
+    guard = structure_guard_of(pilot)
     misses = 0
     for prompt in prompts:
-        history = "".join(m["content"] for m in prompt.messages[:-1] if m["role"] == "user")
-        misses += sum(1 for block in prompt.deduplicated if block.text.strip() not in history)
+        history = [m["content"] for m in prompt.messages[:-1] if m["role"] == "user"]
+        for block in prompt.deduplicated:
+            rendered = render_block(block, guard, label=prompt.label_of(block.id))
+            misses += not any(rendered in message for message in history)
     return misses
 
 
@@ -118,7 +123,7 @@ def _ours(workload: Workload, tokenizer: Tokenizer, **options: Any) -> ArmFactor
         config = replace(PilotConfig(index=IndexConfig(capacity_tokens=capacity)), **options)
         pilot = ContextPilot(config, tokenizer=tokenizer)
         build, prompts = pilot_arm(pilot, workload, block_lookup(workload))
-        return build, lambda: dedup_misses(prompts)
+        return build, lambda: dedup_misses(prompts, pilot)
 
     return make
 
