@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
+from ._numbers import is_finite_positive, is_int
 from .blocks import ContextBlock
 from .errors import BlockConflictError, ConfigError, ConversationStateError
 
@@ -315,10 +316,14 @@ class InMemoryConversationStore:
         ttl_s: float | None = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(max_conversations, int) or max_conversations < 1:
-            raise ConfigError("max_conversations must be a positive int")
-        if ttl_s is not None and not ttl_s > 0:
-            raise ConfigError("conversation ttl_s must be > 0 or None")
+        if not is_int(max_conversations) or max_conversations < 1:
+            raise ConfigError(
+                f"max_conversations must be a positive int, got {max_conversations!r}"
+            )
+        if ttl_s is not None and not is_finite_positive(ttl_s):
+            raise ConfigError(
+                f"conversation ttl_s must be a finite number > 0 or None, got {ttl_s!r}"
+            )
         self._max = max_conversations
         self._ttl_s = ttl_s
         self._clock = clock

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ._numbers import is_finite_positive
 from .errors import ConfigError
 
 __all__ = [
@@ -73,7 +74,10 @@ class TiktokenTokenizer:
 
 class HFTokenizer:
     """Adapter for a Hugging Face ``tokenizers.Tokenizer`` (or a path to its
-    ``tokenizer.json``), e.g. the serving model's own tokenizer."""
+    ``tokenizer.json``), or a ``transformers`` tokenizer (``AutoTokenizer``), e.g. the
+    serving model's own tokenizer. Anything else (a tiktoken encoding: use
+    :class:`TiktokenTokenizer`) is a :class:`ConfigError` here, not a failure inside
+    ``optimize``."""
 
     def __init__(self, tokenizer: Any) -> None:
         if isinstance(tokenizer, str):
@@ -83,13 +87,23 @@ class HFTokenizer:
                 tokenizer = _HF.from_file(tokenizer)
             except Exception as exc:
                 raise ConfigError(f"cannot load tokenizer file {tokenizer!r}: {exc}") from exc
-        if not callable(getattr(tokenizer, "encode", None)):
-            raise ConfigError("HFTokenizer needs a tokenizers.Tokenizer or a tokenizer.json path")
         self._tokenizer = tokenizer
         self.name = "hf"
+        try:  # what optimize() will call, tried once here
+            probe = self.encode("probe")
+        except Exception as exc:
+            raise ConfigError(
+                "HFTokenizer needs a tokenizers.Tokenizer, a transformers tokenizer or a "
+                f"tokenizer.json path; encode() of {type(tokenizer).__name__} failed: {exc!r}"
+            ) from exc
+        if not all(isinstance(token, int) for token in probe):
+            raise ConfigError(
+                f"HFTokenizer: encode() of {type(tokenizer).__name__} gave no token ids"
+            )
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        encoded = self._tokenizer.encode(text, add_special_tokens=False)
+        return list(getattr(encoded, "ids", encoded))  # tokenizers: an Encoding
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
@@ -101,8 +115,10 @@ class CharEstimateTokenizer:
     equal text as equal tokens."""
 
     def __init__(self, chars_per_token: float = 4.0) -> None:
-        if chars_per_token <= 0:
-            raise ConfigError("chars_per_token must be > 0")
+        if not is_finite_positive(chars_per_token):
+            raise ConfigError(
+                f"chars_per_token must be a finite number > 0, got {chars_per_token!r}"
+            )
         self._width = chars_per_token
         self.name = f"chars/{chars_per_token:g}"
 
@@ -114,7 +130,9 @@ class CharEstimateTokenizer:
         step = len(text) / n if n else 0.0
         pieces = (text[round(i * step) : round((i + 1) * step)] for i in range(n))
         return [
-            int.from_bytes(hashlib.blake2b(p.encode(), digest_size=4).digest(), "big")
+            int.from_bytes(
+                hashlib.blake2b(p.encode(errors="surrogatepass"), digest_size=4).digest(), "big"
+            )
             for p in pieces
         ]
 

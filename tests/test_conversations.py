@@ -393,7 +393,18 @@ def test_in_memory_store_expires_by_ttl(clock: FakeClock) -> None:
     assert len(store) == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"max_conversations": 0}, {"ttl_s": 0}, {"ttl_s": -5.0}])
-def test_in_memory_store_rejects_bad_bounds(kwargs: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_conversations": 0},
+        {"max_conversations": True},
+        {"max_conversations": 2.5},
+        {"ttl_s": 0},
+        {"ttl_s": -5.0},
+        {"ttl_s": "5"},
+        {"ttl_s": float("nan")},
+    ],
+)
+def test_in_memory_store_rejects_bad_bounds(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         InMemoryConversationStore(**kwargs)  # type: ignore[arg-type]

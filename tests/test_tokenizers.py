@@ -178,10 +178,34 @@ def test_char_estimate_gives_equal_windows_equal_ids() -> None:
     assert ids[0] == ids[1] != ids[2]
 
 
-@pytest.mark.parametrize("width", [0, -1.0])
-def test_char_estimate_needs_a_positive_width(width: float) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("width", [0, -1.0, float("nan"), float("inf"), "4", None, True])
+def test_char_estimate_needs_a_finite_positive_width(width: float) -> None:
+    with pytest.raises(ConfigError, match="chars_per_token"):
         CharEstimateTokenizer(chars_per_token=width)
+
+
+def test_char_estimate_encodes_what_it_counts_lone_surrogates_included() -> None:
+    estimate = CharEstimateTokenizer()
+    assert len(estimate.encode("ab\ud800cdefgh")) == estimate.count("ab\ud800cdefgh") == 2
+
+
+class ListEncoding:
+    """The ``encode`` of a ``transformers`` tokenizer: token ids as a list."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [len(word) for word in text.split()]
+
+
+def test_hf_tokenizer_takes_a_tokenizer_whose_encode_gives_a_list() -> None:
+    assert HFTokenizer(ListEncoding()).encode("one three") == [3, 5]
+
+
+@pytest.mark.parametrize("wrapped", [object(), "tiktoken", ListEncoding().encode])
+def test_hf_tokenizer_refuses_what_cannot_encode_at_construction(wrapped: object) -> None:
+    if wrapped == "tiktoken":  # encode() takes no add_special_tokens
+        wrapped = TiktokenTokenizer()._encoding
+    with pytest.raises(ConfigError, match="HFTokenizer"):
+        HFTokenizer(wrapped)
 
 
 def test_default_falls_back_to_char_estimate_with_a_warning(
