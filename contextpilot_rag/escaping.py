@@ -55,6 +55,8 @@ _INVISIBLE = re.compile(  # what a reader does not see:
     "\U000e0020-\U000e007f"
     # the other default-ignorable code points: variation selectors, fillers, U+034F
     "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0"
+    # a symbol drawn blank: the empty braille pattern
+    "\u2800"
     "\ufff0-\ufff8\U000e0000-\U000e0fff"
     # control characters that break no line (those that do end it already)
     "\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]"

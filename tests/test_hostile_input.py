@@ -238,6 +238,7 @@ def test_block_text_cannot_forge_a_label_a_note_or_the_question(pilot: ContextPi
         "\u3164",
         "\u115f",
         "\uffa0",
+        "\u2800",  # braille pattern blank
         "\u17b4",
         "\U000e0100",
         "\x00",
