@@ -25,7 +25,13 @@ from contextpilot_rag.testing import OpenAICompatibleServer, ScriptedChatServer
 pytest.importorskip("llama_index.core")
 
 from llama_index.core import VectorStoreIndex
-from llama_index.core.base.llms.types import AudioBlock, ImageBlock, MessageRole, TextBlock
+from llama_index.core.base.llms.types import (
+    AudioBlock,
+    ImageBlock,
+    MessageRole,
+    TextBlock,
+    ThinkingBlock,
+)
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.embeddings import MockEmbedding
@@ -210,6 +216,34 @@ def test_a_streaming_query_engine_streams_through_the_llm(
     assert [delta for delta in response.response_gen if delta] == WORDS
     sent = server.requests[-1]["messages"][-1]["content"]
     assert "is about topic" in sent and "Which topic?" in sent  # the retrieved context
+
+
+def test_a_history_from_openais_llms_is_sent_as_openai_expects() -> None:
+    """LlamaIndex's OpenAI LLMs keep an assistant's tool calls in
+    ``additional_kwargs["tool_calls"]`` only, and a reasoning parser's thoughts as a
+    ``ThinkingBlock``: the calls are sent, the thoughts left out."""
+    call = {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+    history = [
+        ChatMessage(role="user", content="Find cats."),
+        ChatMessage(
+            role="assistant",
+            blocks=[ThinkingBlock(content="Use g."), TextBlock(text="")],
+            additional_kwargs={"tool_calls": [call]},
+        ),
+        ChatMessage(
+            role=MessageRole.TOOL, content="cats", additional_kwargs={"tool_call_id": "c2"}
+        ),
+    ]
+    with ScriptedChatServer([{"content": "Found."}]) as engine:
+        llm = ContextPilotLLM(endpoints=[engine.base_url], model="m")
+        llm.chat(history)
+        messages = engine.requests[-1]["messages"]
+        assert messages[1] == {"role": "assistant", "content": None, "tool_calls": [call]}
+        assert "Use g." not in json.dumps(messages)
+        broken = ChatMessage(role="assistant", additional_kwargs={"tool_calls": [{"id": "c3"}]})
+        with pytest.raises(InvalidInputError, match="tool_calls"):
+            llm.chat([history[0], broken])
+        llm.close()
 
 
 def lookup(q: str) -> str:

@@ -15,8 +15,10 @@ Tool calling (chat engines): ``chat_with_tools`` / ``stream_chat_with_tools`` an
 agents built on them send LlamaIndex tools in OpenAI format; the engine's tool calls
 come back as :class:`ToolCallBlock` blocks of the answer's message (and OpenAI-shaped
 in its ``additional_kwargs["tool_calls"]``), and a history holding them (an assistant message
-with tool calls, ``TOOL`` messages with ``additional_kwargs["tool_call_id"]``) is sent
-as the OpenAI API expects. A message with :class:`ImageBlock` blocks is sent as OpenAI
+with tool calls, as blocks or, as LlamaIndex's OpenAI LLMs keep them, in
+``additional_kwargs["tool_calls"]``; ``TOOL`` messages with
+``additional_kwargs["tool_call_id"]``) is sent as the OpenAI API expects, without the
+``ThinkingBlock`` blocks a reasoning model's answers carry. A message with :class:`ImageBlock` blocks is sent as OpenAI
 content parts (``image_url``: the block's URL, or its bytes or file as a base64 data
 URL); audio, video and document blocks are refused.
 
@@ -58,6 +60,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import (
@@ -424,9 +427,12 @@ def _take_client_settings(client: RoutingClient, data: dict[str, Any]) -> None:
 
 def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
     """The OpenAI message of ``message``: its text (content parts in block order when
-    it holds images), its tool calls (an assistant's :class:`ToolCallBlock` blocks) and,
-    for a ``TOOL`` message, the id of the call it answers. Other blocks (audio, video,
-    documents) are refused rather than dropped."""
+    it holds images), its tool calls (an assistant's :class:`ToolCallBlock` blocks,
+    else the OpenAI-shaped ``additional_kwargs["tool_calls"]`` that LlamaIndex's OpenAI
+    LLMs write) and, for a ``TOOL`` message, the id of the call it answers. A
+    :class:`ThinkingBlock` (a reasoning model's thoughts) is left out, as OpenAI's API
+    takes none back; other blocks (audio, video, documents) are refused rather than
+    dropped."""
     parts: list[dict[str, Any]] = []
     calls: list[ToolCallBlock] = []
     for block in message.blocks:
@@ -436,19 +442,22 @@ def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
             parts.append(_image_part(index, block))
         elif isinstance(block, ToolCallBlock):
             calls.append(block)
+        elif isinstance(block, ThinkingBlock):
+            continue
         else:
             raise InvalidInputError(
                 f"messages[{index}] holds a {type(block).__name__}; ContextPilotLLM sends "
                 "text, images and tool calls only"
             )
+    openai_calls = [_openai_tool_call(call) for call in calls] or _kwargs_tool_calls(index, message)
     text = "".join(part["text"] for part in parts if part["type"] == "text")
     images = any(part["type"] == "image_url" for part in parts)
     out: dict[str, Any] = {
         "role": message.role.value,
-        "content": parts if images else text or ("" if not calls else None),
+        "content": parts if images else text or ("" if not openai_calls else None),
     }
-    if calls:
-        out["tool_calls"] = [_openai_tool_call(call) for call in calls]
+    if openai_calls:
+        out["tool_calls"] = openai_calls
     if message.role == MessageRole.TOOL:
         call_id = message.additional_kwargs.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -457,6 +466,21 @@ def _openai_message(index: int, message: ChatMessage) -> dict[str, Any]:
             )
         out["tool_call_id"] = call_id
     return out
+
+
+def _kwargs_tool_calls(index: int, message: ChatMessage) -> list[dict[str, Any]]:
+    """An assistant's OpenAI-shaped tool calls from ``additional_kwargs["tool_calls"]``
+    (dicts with an ``id`` and a ``function``; SDK objects are dumped), ``[]`` without."""
+    found = message.additional_kwargs.get("tool_calls")
+    if not found or message.role != MessageRole.ASSISTANT:
+        return []
+    calls = [c.model_dump() if hasattr(c, "model_dump") else c for c in found]
+    if not all(isinstance(c, dict) and c.get("id") and "function" in c for c in calls):
+        raise InvalidInputError(
+            f"messages[{index}].additional_kwargs['tool_calls'] must be OpenAI tool calls "
+            "(each with an 'id' and a 'function')"
+        )
+    return [{"type": "function", **c} for c in calls]
 
 
 def _image_part(index: int, block: ImageBlock) -> dict[str, Any]:
