@@ -17,7 +17,12 @@ import pytest
 
 from contextpilot_rag import ConfigError, ContextBlock, Tokenizer, render_block
 from contextpilot_rag.sim.replay import EngineTokenizer
-from contextpilot_rag.testing import OWNED_BY, OpenAICompatibleServer, default_reply
+from contextpilot_rag.testing import (
+    OWNED_BY,
+    OpenAICompatibleServer,
+    ScriptedChatServer,
+    default_reply,
+)
 
 SYSTEM = "You answer questions using only the context documents given. " * 4
 DOCS = [
@@ -66,6 +71,7 @@ def test_models_and_health(
     assert [(m.id, m.object, m.owned_by) for m in models.data] == [
         ("test-model", "model", OWNED_BY)
     ]
+    assert isinstance(models.data[0].created, int)  # required by OpenAI's Model schema
     health = http.get(server.base_url.removesuffix("/v1") + "/health")
     assert health.status_code == 200
 
@@ -225,6 +231,21 @@ def test_max_tokens_cuts_the_reply_at_a_word(client: openai.OpenAI) -> None:
     assert response.usage is not None and response.usage.completion_tokens <= 2
 
 
+def test_a_first_word_longer_than_max_tokens_still_gives_a_token(
+    tokenizer: Tokenizer, http: httpx.Client
+) -> None:
+    """An engine decodes at least one token: the head of the word, not nothing."""
+    with OpenAICompatibleServer(
+        tokenizer=tokenizer, reply=lambda m: "Supercalifragilistic!"
+    ) as server:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        answer = http.post(server.base_url + "/chat/completions", json=body).json()
+    text = answer["choices"][0]["message"]["content"]
+    assert text and "Supercalifragilistic!".startswith(text)
+    assert answer["usage"]["completion_tokens"] == tokenizer.count(text) == 1
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
 def test_token_delay_paces_the_stream(tokenizer: Tokenizer, http: httpx.Client) -> None:
     with (
         OpenAICompatibleServer(tokenizer=tokenizer, token_delay_s=0.02) as server,
@@ -284,6 +305,13 @@ def test_concurrent_requests_all_succeed(
         ("/completions", b'{"model": "base"}', "'prompt'"),
         ("/completions", b'{"prompt": ["a", "b"]}', "'prompt'"),
         ("/completions", b'{"prompt": "a", "stream_options": 1}', "stream_options"),
+        ("/completions", b'{"prompt": ""}', "'prompt'"),
+        (
+            "/completions",
+            b'{"prompt": "a", "stream_options": {"include_usage": true}}',
+            "only allowed when 'stream' is true",
+        ),
+        ("/chat/completions", b'{"messages": [{"role": "user"}], "n": 2}', "n=1"),
     ],
 )
 def test_bad_requests_get_an_openai_style_400(
@@ -312,6 +340,8 @@ def test_unknown_paths_are_404_and_wrong_methods_405(
     assert missing.json()["error"]["type"] == "invalid_request_error"
     assert http.get(server.base_url + "/nothing").status_code == 404
     assert http.get(server.base_url + "/chat/completions").status_code == 405
+    wrong = http.put(server.base_url + "/chat/completions", json={"messages": []})
+    assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_a_failing_reply_function_is_a_500_and_the_server_survives(
@@ -343,7 +373,8 @@ def test_garbage_on_the_socket_does_not_stop_the_server(
         reply = raw.makefile("rb").read()
     assert reply.startswith(b"HTTP/1.1 400")
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "invalid_request_error"
-    assert http.request("DELETE", server.base_url + "/models").status_code == 501
+    assert http.request("DELETE", server.base_url + "/models").status_code == 405
+    assert http.request("BREW", server.base_url + "/models").status_code == 501
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
         raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
         raw.shutdown(socket.SHUT_WR)  # the body ends short of its length
@@ -467,3 +498,17 @@ def test_disconnect_next_rejects_a_bad_count_and_keeps_answering() -> None:
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert reply.status_code == 200  # nothing was scheduled to be dropped
+        server.disconnect_next(1)
+        assert httpx.post(f"{server.base_url}/embeddings", json={}).status_code == 404
+        with pytest.raises(httpx.RemoteProtocolError):  # the completion is the one dropped
+            httpx.post(f"{server.base_url}/chat/completions", json={"messages": []})
+
+
+def test_the_scripted_server_answers_a_body_that_is_no_json_with_a_400() -> None:
+    with ScriptedChatServer([{"content": "ok"}]) as server:
+        url = server.base_url + "/chat/completions"
+        refused = httpx.post(url, content=b"{not json")
+        assert refused.status_code == 400
+        assert refused.json()["error"]["type"] == "invalid_request_error"
+        assert httpx.post(url, json={"messages": []}).status_code == 200
+        assert server.requests == [{"messages": []}]

@@ -124,8 +124,8 @@ def _parse_completion(body: _JSON) -> _ParsedRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise _RequestError("'prompt' must be a string or a list of one string")
+    if not isinstance(prompt, str) or not prompt:
+        raise _RequestError("'prompt' must be a non-empty string or a list of one")
     messages = [{"role": "user", "content": prompt}]
     return _ParsedRequest("text", (prompt,), messages, _parse_options(body))
 
@@ -162,6 +162,10 @@ def _parse_options(body: _JSON) -> _Options:
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise _RequestError("'stream_options' must be an object or null")
+    if stream_options is not None and not stream:
+        raise _RequestError("'stream_options' is only allowed when 'stream' is true")
+    if body.get("n") not in (None, 1):
+        raise _RequestError(f"only n=1 is served, got n={body.get('n')!r}")
     include_usage = _optional_bool((stream_options or {}).get("include_usage"), "include_usage")
     return _Options(model, stream, include_usage, _max_tokens(body), _cache_salt(body))
 
@@ -246,6 +250,12 @@ def _limit_answer(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> _A
         if tokenizer.count(kept + word) > max_tokens:
             break
         kept += word
+    if not kept and max_tokens >= 1:  # an engine decodes a token at least: a word's head
+        head = _split_words(text)[0]
+        within = (
+            head[:n] for n in range(len(head), 0, -1) if tokenizer.count(head[:n]) <= max_tokens
+        )
+        kept = next(within, head[:1])
     return _Answer(kept, "length", tokenizer.count(kept))
 
 
@@ -466,6 +476,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
 
@@ -478,11 +497,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         self._streaming = False
         try:
-            raw = self._read_body() if method == "POST" else b""
+            raw = self._read_body() if method != "GET" else b""
+            handler = self._route(method, urlsplit(self.path).path)
             if method == "POST" and self.server.engine.take_disconnect():
                 self.close_connection = True  # read the request, answer nothing
                 return
-            self._route(method, urlsplit(self.path).path)(raw)
+            handler(raw)
         except _RequestError as error:
             self._send_error(error)
         except ConnectionError:
@@ -530,7 +550,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"status": "ok"})
 
     def _models(self, _raw: bytes) -> None:
-        model = {"id": self.server.engine.model, "object": "model", "owned_by": OWNED_BY}
+        model = {
+            "id": self.server.engine.model,
+            "object": "model",
+            "created": self.server.started,
+            "owned_by": OWNED_BY,
+        }
         self._send_json(200, {"object": "list", "data": [model]})
 
     def _chat_completions(self, raw: bytes) -> None:
@@ -597,6 +622,7 @@ class _HTTPServer(ThreadingHTTPServer):
         self, address: tuple[str, int], engine: Any, handler: type[_Handler] | None = None
     ) -> None:
         self.engine = engine
+        self.started = int(time.time())  # the models' ``created``
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, handler or _Handler)

@@ -54,15 +54,29 @@ class ScriptedChatServer:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                script.requests.append(json.loads(raw or b"{}"))
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:  # as an engine answers a body that is no JSON
+                    error = {"message": "request body is not valid JSON"}
+                    sent = json.dumps({"error": {**error, "type": "invalid_request_error"}})
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(sent)))
+                    self.end_headers()
+                    self.wfile.write(sent.encode())
+                    return
+                script.requests.append(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Content-Length", str(len(script._head) + len(script._tail)))
                 self.end_headers()
                 time.sleep(script._delay_s)
-                self.wfile.write(script._head)
-                self.wfile.flush()
-                self.wfile.write(script._tail)
+                try:
+                    self.wfile.write(script._head)
+                    self.wfile.flush()
+                    self.wfile.write(script._tail)
+                except ConnectionError:  # the client gave up waiting: nothing to report
+                    self.close_connection = True
 
             def log_message(self, *args: object) -> None:
                 pass
