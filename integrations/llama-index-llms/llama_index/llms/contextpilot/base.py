@@ -18,9 +18,10 @@ in its ``additional_kwargs["tool_calls"]``), and a history holding them (an assi
 with tool calls, as blocks or, as LlamaIndex's OpenAI LLMs keep them, in
 ``additional_kwargs["tool_calls"]``; ``TOOL`` messages with
 ``additional_kwargs["tool_call_id"]``) is sent as the OpenAI API expects, without the
-``ThinkingBlock`` blocks a reasoning model's answers carry. A message with :class:`ImageBlock` blocks is sent as OpenAI
-content parts (``image_url``: the block's URL, or its bytes or file as a base64 data
-URL); audio, video and document blocks are refused.
+``ThinkingBlock`` blocks a reasoning model's answers carry. A message with
+:class:`ImageBlock` blocks is sent as OpenAI content parts (``image_url``: the block's
+URL, or its bytes or file as a base64 data URL); audio, video and document blocks are
+refused.
 
 Every answer carries the routing facts in ``additional_kwargs`` (``endpoint``,
 ``model``, ``ttft_s``, ``e2e_s``, ``prompt_tokens``, ``cached_tokens``,
