@@ -245,13 +245,13 @@ def _limit_answer(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> _A
     tokens = tokenizer.count(text)
     if max_tokens is None or tokens <= max_tokens:
         return _Answer(text, "stop", tokens)
-    kept = ""
-    for word in _split_words(text):
+    words, kept = _split_words(text), ""
+    for word in words:
         if tokenizer.count(kept + word) > max_tokens:
             break
         kept += word
     if not kept and max_tokens >= 1:  # an engine decodes a token at least: a word's head
-        head = _split_words(text)[0]
+        head = words[0]
         within = (
             head[:n] for n in range(len(head), 0, -1) if tokenizer.count(head[:n]) <= max_tokens
         )
