@@ -141,7 +141,11 @@ class PilotConfig:
     keeps (older answered ones are dropped; one awaiting its answer keeps the turns
     after it, without their text, up to 1,024 beyond the window; so a long
     conversation's record stays bounded); de-duplication only points at rendered
-    turns. ``system_prompt`` is used when ``optimize`` gets none.
+    turns. ``system_prompt`` is used when ``optimize`` gets none. ``unanswered_text``
+    is the assistant message a history turn shows while it has no answer recorded (its
+    call failed, or its answer is still on the way), so that the history's roles
+    alternate as chat templates such as Gemma's and Mistral's require (they refuse two
+    user messages in a row); ``None`` shows no assistant message there.
 
     ``max_block_chars`` rejects a longer block before it is tokenized (``None``:
     ``16 × max_block_tokens``, more characters per token than text has).
@@ -178,6 +182,7 @@ class PilotConfig:
     remainder: RemainderOrder = "popularity"
     together_window: int = 1024
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    unanswered_text: str | None = "(no answer)"
     context_header: str = "Context documents:\n\n"
     question_template: str = "Question: {query}"
     notes: NoteTemplates = field(default_factory=NoteTemplates)
@@ -224,6 +229,10 @@ class PilotConfig:
             raise ConfigError("PilotConfig.conversation_ttl_s must be a finite number > 0, or None")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise ConfigError("PilotConfig.system_prompt must be a str or None")
+        unanswered = self.unanswered_text
+        if unanswered is not None and not (isinstance(unanswered, str) and unanswered.strip()):
+            # Anthropic refuses a text block with nothing but white space
+            raise ConfigError("PilotConfig.unanswered_text must be a str with text, or None")
         observed = self.max_observed_prompts
         if not isinstance(observed, int) or isinstance(observed, bool) or observed < 0:
             raise ConfigError("PilotConfig.max_observed_prompts must be an int >= 0")
@@ -287,6 +296,14 @@ _BatchTuple = (
     | tuple[Sequence[ContextBlock], str, str | None, str | None]
 )
 """A batch request as a tuple: blocks, query[, conversation_id[, tenant]]."""
+
+
+class _ShownAnswer(NamedTuple):
+    """A history turn's assistant message: its text, its context-index key, its tokens."""
+
+    text: str
+    key: str
+    tokens: int
 
 
 class _Layout(NamedTuple):
@@ -1361,11 +1378,12 @@ class ContextPilot:
             tokens.extend(turn.block_tokens)
             path.append(turn.tail_id)
             tokens.append(turn.tail_tokens)
-            if turn.answer is not None:
+            shown = self._shown_answer(turn)
+            if shown is not None:
                 # a node of its own: a prompt sent before the answer was recorded
                 # does not share what follows the question
-                path.append(turn.answer_id)
-                tokens.append(turn.answer_tokens)
+                path.append(shown.key)
+                tokens.append(shown.tokens)
             tokens[-1] += header_tokens  # the next user message starts with the header
         return tuple(path), tuple(tokens)
 
@@ -1488,8 +1506,9 @@ class ContextPilot:
             messages.append({"role": "system", "content": layout.system_text})
         for _, turn in layout.visible:
             messages.append({"role": "user", "content": turn.user_message})
-            if turn.answer is not None:
-                messages.append({"role": "assistant", "content": turn.answer})
+            shown = self._shown_answer(turn)
+            if shown is not None:
+                messages.append({"role": "assistant", "content": shown.text})
         content, boundaries = self._render_user_message(
             layout, rendered, len(messages), blocks_start_tokens
         )
@@ -1531,7 +1550,7 @@ class ContextPilot:
         for _, turn in layout.visible:
             suffix = self._question_suffix(turn.question, escaped=False)
             specs.append(SplitSpec(turn.block_labels, self._lead_ins, suffix))
-            if turn.answer is not None:
+            if self._shown_answer(turn) is not None:
                 specs.append(None)
         labels = tuple(layout.relabeled.get(block.id, block.label) for block in layout.final)
         suffix = self._question_suffix(layout.query, escaped=True)
@@ -1646,7 +1665,7 @@ class ContextPilot:
         turn_ends: list[tuple[int, int, int]] = []
         after = 0
         for _, turn in reversed(visible):
-            after += turn.answer is not None
+            after += self._shown_answer(turn) is not None
             depth = depth_of[turn.tail_id]
             turn_ends.append((depth, through[depth - 1], after))
             after += len(turn.block_ids) + 1
@@ -1735,6 +1754,17 @@ class ContextPilot:
             key = "\x00sys:" + content_id(system_text + "\x00" + self.config.context_header)
             self._system_keys.put(system_text, key)
         return key
+
+    def _shown_answer(self, turn: Turn) -> _ShownAnswer | None:
+        """The assistant message a history turn renders: its answer, or while it has
+        none, ``PilotConfig.unanswered_text`` under an index key of its own (the
+        answer recorded later is other text); ``None``: no assistant message."""
+        if turn.answer is not None:
+            return _ShownAnswer(turn.answer, turn.answer_id, turn.answer_tokens)
+        text = self.config.unanswered_text
+        if text is None:
+            return None
+        return _ShownAnswer(text, f"\x00unanswered:{turn.request_id}", self._count_segment(text))
 
     def _count_segment(self, text: str) -> int:
         """Token count of a recurring text (system prompt, header, note fragment,

@@ -268,10 +268,68 @@ def test_recorded_answer_follows_its_turn_in_the_next_prompt(pilot: ContextPilot
     assert prompt.messages[2]["content"] == "It is fact a."
 
 
-def test_unanswered_turn_is_replayed_without_an_assistant_message(pilot: ContextPilot) -> None:
+def test_unanswered_turn_is_replayed_with_a_stand_in_answer(pilot: ContextPilot) -> None:
+    """Chat templates such as Gemma's and Mistral's refuse two user messages in a row."""
+    pilot.optimize([A], "one", conversation_id="conv")
+    prompt = pilot.optimize([B], "two", conversation_id="conv")
+    assert [m["role"] for m in prompt.messages] == ["system", "user", "assistant", "user"]
+    assert prompt.messages[2]["content"] == PilotConfig().unanswered_text == "(no answer)"
+
+
+def test_unanswered_text_none_replays_an_unanswered_turn_without_an_assistant_message(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = ContextPilot(PilotConfig(unanswered_text=None), tokenizer=tokenizer)
     pilot.optimize([A], "one", conversation_id="conv")
     prompt = pilot.optimize([B], "two", conversation_id="conv")
     assert [m["role"] for m in prompt.messages] == ["system", "user", "user"]
+
+
+@pytest.mark.parametrize("text", ["", " \n", 5])
+def test_unanswered_text_must_have_text(text: object) -> None:
+    with pytest.raises(ConfigError, match="unanswered_text"):
+        PilotConfig(unanswered_text=text)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("system", ["Answer briefly.", None])
+def test_history_roles_alternate_whichever_turns_are_answered(
+    tokenizer: Tokenizer, system: str | None
+) -> None:
+    config = PilotConfig(system_prompt=system)
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    answered = (True, False, False, True, False)
+    for number, answer in enumerate(answered):
+        prompt = pilot.optimize([BLOCKS[number % 4]], f"q{number}", conversation_id="conv")
+        if answer:
+            pilot.record_answer(prompt, f"a{number}")
+    prompt = pilot.optimize([D], "last", conversation_id="conv")
+    roles = [m["role"] for m in prompt.messages if m["role"] != "system"]
+    assert roles == ["user", "assistant"] * len(answered) + ["user"]
+    shown = [m["content"] for m in prompt.messages if m["role"] == "assistant"]
+    assert shown == [f"a{n}" if a else "(no answer)" for n, a in enumerate(answered)]
+
+
+def test_an_answer_recorded_after_the_stand_in_was_sent_is_not_taken_as_cached(
+    tokenizer: Tokenizer,
+) -> None:
+    """The stand-in and the answer recorded later are different text: the next turn's
+    prompt shares the earlier prompt's prefix only up to the stand-in."""
+
+    def third_turn(late: bool) -> Prompt:
+        pilot = ContextPilot(tokenizer=tokenizer)
+        first = pilot.optimize([A], "one", conversation_id="conv")
+        if not late:
+            pilot.record_answer(first, "answer one")
+        second = pilot.optimize([B], "two", conversation_id="conv")
+        if late:
+            pilot.record_answer(first, "answer one")
+        pilot.record_answer(second, "answer two")
+        return pilot.optimize([C], "three", conversation_id="conv")
+
+    in_time, late = third_turn(late=False), third_turn(late=True)
+    assert in_time.messages == late.messages  # the same prompt either way
+    # in time, the second prompt carried the whole history up to its own question
+    assert late.stats.reusable_tokens < in_time.stats.reusable_tokens
 
 
 def test_answering_the_same_turn_twice_is_a_state_error(pilot: ContextPilot) -> None:

@@ -914,3 +914,34 @@ def test_llama_server_serves_smollm2_and_stops_cleanly() -> None:
         assert wait_until_gone(restarted_from, timeout_s=5.0) == []
         tree = [engine.pid, *descendants(engine.pid)]
     assert wait_until_gone(tree, timeout_s=5.0) == []
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(
+    installed_engine("llama-server", "gemma3") is None,
+    reason="llama-server with gemma3 not installed "
+    "(contextpilot-rag engine install --engine llama-server --model gemma3)",
+)
+def test_gemmas_own_chat_template_takes_a_history_with_an_unanswered_turn() -> None:
+    """With ``--jinja`` llama-server applies the chat template the GGUF carries, and
+    Gemma's refuses two user messages in a row: a history turn without its answer is
+    sent with the pilot's stand-in answer, which keeps the roles alternating."""
+    from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
+
+    first = ContextBlock("The harbour opens at dawn.", id="harbour")
+    second = ContextBlock("The ferry leaves at noon.", id="ferry")
+
+    def second_turn(config: PilotConfig) -> httpx.Response:
+        pilot = ContextPilot(config)
+        pilot.optimize([first], "When does the harbour open?", conversation_id="c")
+        prompt = pilot.optimize([second], "When does the ferry leave?", conversation_id="c")
+        body = {"model": engine.model_name, "messages": prompt.to_openai(), "max_tokens": 1}
+        return httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
+
+    with start_engine(
+        "llama-server", "gemma3", max_model_len=2048, threads=1, extra_args=("--jinja",)
+    ) as engine:
+        refused = second_turn(PilotConfig(unanswered_text=None))
+        assert refused.status_code >= 400 and "alternate" in refused.text, refused.text
+        accepted = second_turn(PilotConfig())
+        assert accepted.status_code == 200, accepted.text

@@ -103,7 +103,8 @@ def _assert_each_answer_follows_its_question(messages: Sequence[Mapping[str, str
     for asked, answer in itertools.pairwise(messages):
         if answer["role"] == "assistant":
             question = asked["content"].rsplit("Question: ", 1)[1]
-            assert answer["content"] == f"answer to {question}"
+            # its own answer, or the stand-in while that has not landed yet
+            assert answer["content"] in (f"answer to {question}", "(no answer)")
 
 
 def test_an_answer_by_conversation_id_is_refused_when_two_turns_await_one(

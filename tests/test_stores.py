@@ -566,7 +566,9 @@ def test_a_turn_planned_from_a_stale_record_is_planned_again() -> None:
     assert stored is not None
     assert [turn.question for turn in stored.turns] == ["their question", "my question"]
     assert prompt.deduplicated == (doc,)  # re-planned: their turn already carries it
-    assert "their question" in prompt.messages[-2]["content"]
+    # their turn, still without its answer, then mine
+    assert "their question" in prompt.messages[-3]["content"]
+    assert prompt.messages[-2] == {"role": "assistant", "content": "(no answer)"}
 
 
 def test_a_conflict_through_every_attempt_is_a_typed_error_and_changes_nothing() -> None:

@@ -11,7 +11,6 @@ de-duplicate against earlier ones written by other processes.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import multiprocessing
 import random
 import time
@@ -20,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from contextpilot_rag import ContextBlock, ContextPilot, Prompt
+from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig, Prompt
 from contextpilot_rag.errors import ConversationConflictError
 
 PROCESSES = 4
@@ -79,9 +78,9 @@ def play(
         lambda: pilot.optimize(blocks, question, conversation_id=conversation_id)
     )
     _until_written(lambda: pilot.record_answer(prompt, answer_to(question)))
-    roles = [m["role"] for m in prompt.messages]
     users = [m["content"] for m in prompt.messages if m["role"] == "user"]
-    in_flight = sum(1 for a, b in itertools.pairwise(roles) if a == b == "user")
+    stand_in = PilotConfig().unanswered_text
+    in_flight = sum(m["role"] == "assistant" and m["content"] == stand_in for m in prompt.messages)
     return SeenTurn(
         conversation_id,
         question,
