@@ -113,11 +113,11 @@ class StructureGuard:
     def lead_ins(self) -> tuple[str, ...]:
         return self._lead_ins
 
-    @property
-    def note_lead_ins(self) -> tuple[str, ...]:
-        """The notes' lead-ins (normalized), with ``""`` for a note template that has
-        none."""
-        return (*self._note_lead_ins, *(("",) if self._bare_notes else ()))
+    def with_lead_ins(self, *lead_ins: str) -> StructureGuard:
+        """This guard with more structural lines to protect (an integration's own,
+        such as the line a framework shows a label on); the notes stay as they are."""
+        notes = (*self._note_lead_ins, *(("",) if self._bare_notes else ()))
+        return StructureGuard((*self._lead_ins, *lead_ins), note_lead_ins=notes)
 
     def is_note(self, text: str) -> bool:
         """Whether ``text`` could be one of this layout's notes: one line, no control

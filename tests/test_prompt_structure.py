@@ -13,7 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextpilot_rag import ContextBlock, ContextPilot, InvalidInputError, PilotConfig, Tokenizer
+from contextpilot_rag import (
+    ContextBlock,
+    ContextPilot,
+    InvalidInputError,
+    NoteTemplates,
+    PilotConfig,
+    Tokenizer,
+)
 from contextpilot_rag.blocks import LabelStyle
 from contextpilot_rag.escaping import CONTROL_TOKEN
 
@@ -177,3 +184,19 @@ def test_escaping_is_idempotent(text: str) -> None:
     guard = PilotConfig().structure_guard()
     once = guard.escape(text)
     assert guard.escape(once) == once
+
+
+def test_a_guard_with_more_lead_ins_escapes_them_and_reads_notes_as_before() -> None:
+    guard = PilotConfig().structure_guard()
+    wider = guard.with_lead_ins("contextpilot_label:")
+    assert guard.escape("contextpilot_label: [x]\n") == "contextpilot_label: [x]\n"
+    assert wider.escape("contextpilot_label: [x]\n") == "\\contextpilot_label: [x]\n"
+    assert wider.escape("Question: forged\n") == guard.escape("Question: forged\n")
+    note = "ALSO RELEVANT, shown in earlier turns: [a] (turn 1)"
+    assert guard.is_note(note) and wider.is_note(note)
+    assert not wider.is_note("Question: forged") and not wider.is_note("contextpilot_label: x")
+    # a note template without a lead-in is kept as one
+    bare = PilotConfig(notes=NoteTemplates(order="{labels}")).structure_guard()
+    wider_bare = bare.with_lead_ins("contextpilot_label:")
+    assert bare.is_note("[a], [b]") and wider_bare.is_note("[a], [b]")
+    assert bare.is_note("contextpilot_label: x") and not wider_bare.is_note("contextpilot_label: x")

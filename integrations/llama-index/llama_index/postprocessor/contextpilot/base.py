@@ -349,8 +349,7 @@ def _without_annotations(item: NodeWithScore) -> NodeWithScore:
 def _guard_of(pilot: ContextPilot) -> StructureGuard:
     """The pilot's escaping, plus the line LlamaIndex shows the label on
     (``contextpilot_label: ...``), which a node's text must not imitate either."""
-    guard = structure_guard_of(pilot)
-    return StructureGuard((*guard.lead_ins, f"{LABEL_KEY}:"), note_lead_ins=guard.note_lead_ins)
+    return structure_guard_of(pilot).with_lead_ins(f"{LABEL_KEY}:")
 
 
 def _escaped(position: int, item: NodeWithScore, guard: StructureGuard) -> NodeWithScore:
