@@ -916,18 +916,41 @@ def test_llama_server_serves_smollm2_and_stops_cleanly() -> None:
     assert wait_until_gone(tree, timeout_s=5.0) == []
 
 
+def _chat_template(name: str) -> Path | None:
+    """A chat template of llama.cpp's sources, which the llama-server install keeps
+    (``models/templates``: the templates the models' publishers ship); ``None``
+    without them."""
+    installed = installed_engine("llama-server")
+    if installed is None:
+        return None
+    found = sorted(
+        installed.layout.llama_dir.glob(f"src/*/vendor/llama.cpp/models/templates/{name}")
+    )
+    return found[0] if found else None
+
+
 @pytest.mark.engine
-@pytest.mark.skipif(
-    installed_engine("llama-server", "gemma3") is None,
-    reason="llama-server with gemma3 not installed "
-    "(contextpilot-rag engine install --engine llama-server --model gemma3)",
+@pytest.mark.parametrize(
+    ("template", "system"),
+    [
+        ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "Answer from the documents."),
+        ("google-gemma-2-2b-it.jinja", None),  # Gemma 2's template takes no system turn
+    ],
 )
-def test_gemmas_own_chat_template_takes_a_history_with_an_unanswered_turn() -> None:
-    """With ``--jinja`` llama-server applies the chat template the GGUF carries, and
-    Gemma's refuses two user messages in a row: a history turn without its answer is
+def test_a_publishers_chat_template_takes_a_history_with_an_unanswered_turn(
+    template: str, system: str | None
+) -> None:
+    """Mistral's and Gemma's chat templates refuse two user messages in a row
+    (llama-server applies them with ``--jinja``): a history turn without its answer is
     sent with the pilot's stand-in answer, which keeps the roles alternating."""
     from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
 
+    path = _chat_template(template)
+    if path is None:
+        pytest.skip(
+            f"llama-server with its sources' {template} not installed "
+            "(contextpilot-rag engine install --engine llama-server)"
+        )
     first = ContextBlock("The harbour opens at dawn.", id="harbour")
     second = ContextBlock("The ferry leaves at noon.", id="ferry")
 
@@ -938,10 +961,9 @@ def test_gemmas_own_chat_template_takes_a_history_with_an_unanswered_turn() -> N
         body = {"model": engine.model_name, "messages": prompt.to_openai(), "max_tokens": 1}
         return httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
 
-    with start_engine(
-        "llama-server", "gemma3", max_model_len=2048, threads=1, extra_args=("--jinja",)
-    ) as engine:
-        refused = second_turn(PilotConfig(unanswered_text=None))
-        assert refused.status_code >= 400 and "alternate" in refused.text, refused.text
-        accepted = second_turn(PilotConfig())
+    flags = ("--jinja", "--chat-template-file", str(path))
+    with start_engine("llama-server", max_model_len=2048, threads=1, extra_args=flags) as engine:
+        refused = second_turn(PilotConfig(system_prompt=system, unanswered_text=None))
+        assert refused.status_code >= 400 and "must alternate" in refused.text, refused.text
+        accepted = second_turn(PilotConfig(system_prompt=system))
         assert accepted.status_code == 200, accepted.text
