@@ -143,7 +143,7 @@ class PilotConfig:
     conversation's record stays bounded); de-duplication only points at rendered
     turns. ``system_prompt`` is used when ``optimize`` gets none. ``unanswered_text``
     is the assistant message a history turn shows while it has no answer recorded (its
-    call failed, or its answer is still on the way), so that the history's roles
+    call failed, or its answer is still on the way) or a blank one, so that the history's roles
     alternate as chat templates such as Gemma's and Mistral's require (they refuse two
     user messages in a row); ``None`` shows no assistant message there.
 
@@ -1757,14 +1757,17 @@ class ContextPilot:
 
     def _shown_answer(self, turn: Turn) -> _ShownAnswer | None:
         """The assistant message a history turn renders: its answer, or while it has
-        none, ``PilotConfig.unanswered_text`` under an index key of its own (the
-        answer recorded later is other text); ``None``: no assistant message."""
-        if turn.answer is not None:
-            return _ShownAnswer(turn.answer, turn.answer_id, turn.answer_tokens)
-        text = self.config.unanswered_text
+        none (or a blank one, which hosted APIs leave out with its message),
+        ``PilotConfig.unanswered_text`` under an index key of its own, naming its text
+        (an answer recorded later is other text, and so is another pilot's stand-in);
+        ``None``: no assistant message."""
+        answer, text = turn.answer, self.config.unanswered_text
+        if answer is not None and (text is None or answer.strip()):
+            return _ShownAnswer(answer, turn.answer_id, turn.answer_tokens)
         if text is None:
             return None
-        return _ShownAnswer(text, f"\x00unanswered:{turn.request_id}", self._count_segment(text))
+        key = f"\x00unanswered:{content_id(text)}:{turn.request_id}"
+        return _ShownAnswer(text, key, self._count_segment(text))
 
     def _count_segment(self, text: str) -> int:
         """Token count of a recurring text (system prompt, header, note fragment,

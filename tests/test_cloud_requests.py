@@ -299,10 +299,12 @@ def _assert_the_api_accepts(request: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize("answer", ["", " \n"])
-def test_a_blank_answer_is_left_out_and_its_breakpoint_moves_back(
-    tokenizer: Tokenizer, answer: str
+@pytest.mark.parametrize("stand_in", ["(no answer)", None])
+def test_a_blank_answer_shows_the_stand_in_or_is_left_out_with_its_breakpoint_moved_back(
+    tokenizer: Tokenizer, answer: str, stand_in: str | None
 ) -> None:
     pilot = _pilot(tokenizer, next_turn_probability=0.9)
+    pilot = ContextPilot(replace(pilot.config, unanswered_text=stand_in), tokenizer=tokenizer)
     first = pilot.optimize(_docs("a", "b"), "Q1?", conversation_id="c")
     pilot.record_answer(first, answer)
     second = pilot.optimize(_docs("c"), "Q2?", conversation_id="c")
@@ -310,9 +312,13 @@ def test_a_blank_answer_is_left_out_and_its_breakpoint_moves_back(
     assert [kept.kind for kept in second.cache_plan.breakpoints] == ["system", "history", "tail"]
     request = second.to_anthropic()
     _assert_the_api_accepts(request)
-    assert [m["role"] for m in request["messages"]] == ["user", "user"]
     marked = [b for m in request["messages"] for b in m["content"] if "cache_control" in b]
-    assert marked[0]["text"].endswith("Question: Q1?")  # the history's end: turn 1's question
+    if stand_in is None:  # the API refuses a blank text block: left out with its message
+        assert [m["role"] for m in request["messages"]] == ["user", "user"]
+        assert marked[0]["text"].endswith("Question: Q1?")  # the breakpoint moved back
+    else:
+        assert [m["role"] for m in request["messages"]] == ["user", "assistant", "user"]
+        assert marked[0]["text"] == stand_in  # the history's end
     data, ends = cache_prefix_bytes(first.to_anthropic())
     assert cache_prefix_bytes(request)[0].startswith(data[: ends[-1]])
     litellm = second.to_openai_request(cache_control=True)

@@ -21,6 +21,7 @@ from contextpilot_rag import (
     UnknownConversationError,
     render_block,
 )
+from contextpilot_rag.cloud import CloudCacheConfig
 from contextpilot_rag.conversations import AWAITING_SLACK, deduplicate
 
 if TYPE_CHECKING:
@@ -466,3 +467,28 @@ def test_in_memory_store_expires_by_ttl(clock: FakeClock) -> None:
 def test_in_memory_store_rejects_bad_bounds(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         InMemoryConversationStore(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_a_blank_answer_shows_the_stand_in_so_hosted_requests_alternate_too(
+    tokenizer: Tokenizer, blank: str
+) -> None:
+    """Hosted APIs leave a blank text block out with its message: a blank answer (a
+    reasoning model that spent its max_tokens, a reply with tool calls only) shows the
+    stand-in instead, as if it had none, so the bytes sent before it stay the same."""
+    pilot = ContextPilot(PilotConfig(cloud=CloudCacheConfig(enabled=True)), tokenizer=tokenizer)
+    first = pilot.optimize([A], "one", conversation_id="conv")
+    before = pilot.optimize([B], "two", conversation_id="conv")
+    pilot.record_answer(first, blank)
+    pilot.record_answer(before, "answer two")
+    prompt = pilot.optimize([C], "three", conversation_id="conv")
+    assert prompt.messages[2] == {"role": "assistant", "content": "(no answer)"}
+    assert before.messages[2] == prompt.messages[2]
+    alternating = ["user", "assistant"] * 2 + ["user"]
+    assert [m["role"] for m in prompt.to_anthropic()["messages"]] == alternating
+    sent = prompt.to_openai_request(cache_control=True)["messages"]
+    assert [m["role"] for m in sent if m["role"] != "system"] == alternating
+    # the stand-in the second prompt was sent with is still its prefix
+    assert prompt.stats.reusable_tokens > sum(
+        tokenizer.count(m["content"]) for m in prompt.messages[:3]
+    )

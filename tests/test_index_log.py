@@ -476,3 +476,23 @@ def test_a_full_disk_is_reported_as_such_and_the_log_works_once_space_returns(
         log.append("origin", [b"y" * 5_000] * 20, after=0, limit=10)
     db.execute("PRAGMA max_page_count = 1000000")
     assert log.append("origin", [b"z"], after=0, limit=1).last == 2
+
+
+@pytest.mark.parametrize("same_stand_in", [True, False])
+def test_a_stand_in_answer_is_shared_only_with_pilots_that_render_the_same_text(
+    shared: Shared, same_stand_in: bool
+) -> None:
+    """A history turn without its answer shows ``unanswered_text``: a pilot that shows
+    other text there does not take the other pilot's prompt as its cached prefix."""
+    first = shared.pilot()
+    second = shared.pilot(unanswered_text="(no answer)" if same_stand_in else "(pending)")
+    first.optimize(docs("d1"), "q1", conversation_id="c")
+    first.optimize(docs("d2"), "q2", conversation_id="c")  # turn 1 shows the stand-in
+    third = second.optimize(docs("d3"), "q3", conversation_id="c")
+    through_first_question = sum(
+        second.tokenizer.count(m["content"]) for m in third.messages[:2]
+    )  # the system prompt and turn 1's user message
+    if same_stand_in:  # the first pilot sent everything up to turn 2's question
+        assert third.stats.reusable_tokens > through_first_question
+    else:
+        assert third.stats.reusable_tokens <= through_first_question

@@ -17,7 +17,8 @@ the request's routes by that salt, so it never follows another tenant's routes.
 
 When routing fails after the prompt was built, the prompt's request is evicted from the
 context index (the engine never cached it); its turn stays in the conversation,
-unanswered, so the next turn shows the question without an answer.
+unanswered, so the next turn shows the question with ``PilotConfig.unanswered_text``
+("(no answer)") as its answer.
 """
 
 from __future__ import annotations
