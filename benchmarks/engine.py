@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             "interleaved request by request, each under its own cache_salt on one reset "
             "cache), the arms in reverse order on every other pass; per arm the pass of "
             "median prefill time is shown (every pass's range beside it), and a speed-up "
-            "is the median of the passes' ratios",
+            "is the median of the passes' ratios; the framework paths (langchain, "
+            "llamaindex, and the direct pilot arm beside them) run one pass",
         )
         if plotted:
             body += f"\n\n![real-engine suite]({args.plot.relative_to(args.write.parent)})"

@@ -9,8 +9,8 @@ import itertools
 import pytest
 
 from contextpilot_rag.bench.corpus import load_mtrag
-from contextpilot_rag.bench.engine_report import _family_rows
-from contextpilot_rag.bench.engine_suite import run_workload, simulate_family
+from contextpilot_rag.bench.engine_report import SuiteResult, _family_rows, markdown
+from contextpilot_rag.bench.engine_suite import _p95, reset_cache, run_workload, simulate_family
 from contextpilot_rag.bench.engine_workloads import (
     QA_HISTORY,
     REORDER_ONLY,
@@ -355,3 +355,48 @@ def test_the_suites_kv_cache_fits_the_memory_the_engine_can_take() -> None:
     assert suite_kv_cache_gib("bfloat16", available_bytes=int(9.7 * gib)) == 6
     # never under 1 GiB (vLLM's smallest): the engine then says what is missing
     assert suite_kv_cache_gib("float32", available_bytes=gib) == 1
+
+
+def test_p95_is_the_nearest_rank() -> None:
+    assert _p95([float(n) for n in range(1, 31)]) == 29.0  # ceil(0.95 * 30) = 29th
+    assert _p95([float(n) for n in range(1, 21)]) == 19.0
+    assert _p95([float(n) for n in range(1, 61)]) == 57.0
+    assert _p95([4.0]) == 4.0
+
+
+class _Restarting:
+    """The loopback engine presented as llama-server, whose cache reset is a restart."""
+
+    kind = "llama-server"
+
+    def __init__(self, server: OpenAICompatibleServer) -> None:
+        self.server = server
+        self.base_url, self.model_name = server.base_url, server.model_name
+        self.block_size, self.kv_cache_tokens = 16, None
+
+    def reset_prefix_cache(self) -> bool:
+        return self.server.reset_prefix_cache()
+
+
+def test_a_reset_that_restarts_the_engine_warms_it_up_again() -> None:
+    """Each arm on llama-server starts on a fresh process: it gets the warm-up the first
+    arm had, in prompts that share nothing with the arms' own."""
+    workload = online_workload(topics=1, users_per_topic=1, questions=2)
+    with OpenAICompatibleServer(block_size=16) as server:
+        run = run_workload(_Restarting(server), workload)  # type: ignore[arg-type]
+        asked = [body["messages"][0]["content"] for body in server.requests]
+    warm_ups = [n for n, content in enumerate(asked) if content.startswith("warm-up")]
+    per_arm = len(workload.arms[0])
+    # once before the first arm, and again after each arm's reset
+    assert len(warm_ups) == 3 * (1 + len(run.arms))
+    assert len(asked) == len(warm_ups) + per_arm * len(run.arms)
+    with OpenAICompatibleServer(block_size=16) as server:
+        assert reset_cache(server) is True  # vLLM-like: a reset, no warm-up
+        assert server.requests == []
+
+
+def test_parts_not_run_are_named_in_the_section() -> None:
+    result = SuiteResult({"model": "m", "block_size": 16, "kv_cache_tokens": 100})
+    result.skipped.append("langchain: the framework is not installed")
+    assert "Not run: langchain: the framework is not installed" in markdown(result)
+    assert result.as_json()["skipped"] == ["langchain: the framework is not installed"]

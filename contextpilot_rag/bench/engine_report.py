@@ -104,6 +104,7 @@ class SuiteResult:
     engine: dict[str, Any]
     runs: list[WorkloadRun] = field(default_factory=list)
     families: list[FamilyRun] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # parts asked for and not run, and why
 
     def run(self, name: str) -> WorkloadRun | None:
         return next((run for run in self.runs if run.name == name), None)
@@ -113,6 +114,7 @@ class SuiteResult:
             "engine": self.engine,
             "workloads": [run.as_json() for run in self.runs],
             "families": [family.as_json() for family in self.families],
+            "skipped": list(self.skipped),
         }
 
 
@@ -137,7 +139,8 @@ def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm
     from ..pilot import ContextPilot, PilotConfig
 
     requests = workload.requests
-    direct = run_workload(engine, _direct_only(workload), on_arm=on_arm).arms[0]
+    direct_run = run_workload(engine, _direct_only(workload), on_arm=on_arm)
+    direct = direct_run.arms[0]
     plain, _ = run_langchain_arm(
         "langchain, unmodified",
         engine,
@@ -153,12 +156,25 @@ def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm
         tick=on_arm("langchain + contextpilot", len(requests)),
     )
     observed = sum(int(getattr(h, "observed", 0)) for h in handlers)
-    return WorkloadRun(
-        "langchain",
-        f"{workload.description}; through a LangChain chain (ChatOpenAI), callback handler "
-        "attached",
-        (plain, direct, ours),
-        (f"callback handler observed {observed} of {len(requests)} engine usage reports",),
+    notes = (
+        *direct_run.notes,
+        *_not_reset(plain, ours),
+        f"callback handler observed {observed} of {len(requests)} engine usage reports",
+        "direct pilot: the contextpilot arm's prompts sent without LangChain, for the "
+        "cached-token comparison; its speed-up over the LangChain arm includes LangChain's "
+        "own time",
+    )
+    pairs = (("langchain, unmodified", "langchain + contextpilot"),)
+    description = (
+        f"{workload.description}; through a LangChain chain (ChatOpenAI), callback handler attached"
+    )
+    return WorkloadRun("langchain", description, (plain, direct, ours), notes, pairs)
+
+
+def _not_reset(*arms: ArmRun) -> tuple[str, ...]:
+    """A note for each framework arm that began on a cache the engine could not reset."""
+    return tuple(
+        f"{arm.name}: the engine's cache could not be reset" for arm in arms if not arm.reset
     )
 
 
@@ -182,7 +198,11 @@ def _llamaindex_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnAr
         f"{workload.description}; through a LlamaIndex query engine (OpenAILike, "
         "streaming), ContextPilotNodePostprocessor and event handler attached",
         tuple(arms),
-        (f"event handler observed {observed} of {len(requests)} engine usage reports",),
+        (
+            *_not_reset(*arms),
+            f"event handler observed {observed} of {len(requests)} engine usage reports",
+        ),
+        (("llamaindex, unmodified", "llamaindex + contextpilot"),),
     )
 
 
@@ -248,6 +268,7 @@ def run_suite(
         if name in paths:
             available, run_path = paths[name]
             if not available():
+                result.skipped.append(f"{name}: the framework is not installed")
                 continue
             workload = builders["online"](seed=seed, **sizes.get("online", {}))
             result.runs.append(run_path(engine, workload, _labelled(progress, name)))
@@ -282,6 +303,10 @@ def run_suite(
             ],
             range(seed, seed + family_seeds),
         )
+        if not result.families:
+            result.skipped.append(
+                "workload families: the engine reports no block size or tokenizer to simulate with"
+            )
     return result
 
 
@@ -564,9 +589,16 @@ def markdown(result: SuiteResult) -> str:
         + (f"; environment `{_env_words(engine['env'])}`" if engine.get("env") else "")
         + ". Requests one at a time, streamed; every arm starts from an empty prefix cache "
         "(its own cache_salt on a reset cache where the notes say the arms ran "
-        "interleaved; otherwise the cache reset before the arm); speed-up = mean TTFT of "
-        "the arm's unmodified counterpart (the first arm unless the workload pairs them "
-        "otherwise) / this arm's, with several passes the median of the passes' ratios.",
+        "interleaved; otherwise the cache reset before the arm, a restart on llama-server, "
+        "followed by the same warm-up requests; a note names an arm whose cache could not "
+        "be reset); speed-up = mean TTFT of the arm's unmodified counterpart (the first arm "
+        "unless the workload pairs them otherwise) / this arm's, with several passes the "
+        "median of the passes' ratios. TTFT is the engine request's, from sending it to its "
+        "first token: the direct arms' prompts are built before (the pilot's own time is in "
+        "the client-overhead section), while the framework arms' TTFT includes the chain "
+        "and the pilot in it. In multi-turn workloads each arm's history carries the "
+        "answers the engine generated for that arm's own prompts, so the histories also "
+        "differ by those answers.",
     ]
     for run in result.runs:
         parts.append(f"**{run.name}** — {run.description}\n\n" + _md_table(_COLUMNS, _rows(run)))
@@ -586,6 +618,8 @@ def markdown(result: SuiteResult) -> str:
     ]
     if rows:
         parts.append("**Targets**\n\n" + _md_table(("what", "target", "measured", "met"), rows))
+    if result.skipped:
+        parts.append("Not run: " + "; ".join(result.skipped))
     return "\n\n".join(parts)
 
 

@@ -19,6 +19,7 @@ it); a report without cache information fails the run (never read as 0 cached).
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import statistics
 import time
@@ -114,8 +115,10 @@ class Sent:
 
 
 def _p95(values: Sequence[float]) -> float:
+    """The nearest-rank 95th percentile: the smallest value at least 95% of them are
+    at or below."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(0.95 * len(ordered)) - 1))]
 
 
 @dataclass(frozen=True)
@@ -424,6 +427,7 @@ def check_repeats(repeats: int) -> None:
 
 
 _WARM_UP_WORDS = 400
+_WARM_UP_TIMEOUT_S = 300.0
 
 
 def _warm_up(http: httpx.Client, engine: EngineTarget) -> None:
@@ -432,6 +436,21 @@ def _warm_up(http: httpx.Client, engine: EngineTarget) -> None:
     for n in (1, 2, 3):
         text = " ".join(f"warm-up {n} word {i}" for i in range(_WARM_UP_WORDS * n // 4))
         send_chat(http, engine.base_url, engine.model_name, [{"role": "user", "content": text}])
+
+
+def reset_cache(engine: EngineTarget, http: httpx.Client | None = None) -> bool:
+    """Empty the engine's prefix cache before an arm; ``False`` when it cannot be. On
+    llama-server the reset is a restart, so the fresh process gets the warm-up the
+    first arm had (its prompts share no prefix with any arm's); ``http``: the client to
+    send it with (default: one of its own)."""
+    reset = engine.reset_prefix_cache()
+    if reset and getattr(engine, "kind", None) == "llama-server":
+        if http is not None:
+            _warm_up(http, engine)
+        else:
+            with httpx.Client(timeout=_WARM_UP_TIMEOUT_S) as own:
+                _warm_up(own, engine)
+    return reset
 
 
 class _PassSender:
@@ -504,7 +523,7 @@ class _PassSender:
         groups = [list(arms)] if salted else [[arm] for arm in arms]
         runs: list[ArmRun] = []
         for group in groups:
-            reset = self._engine.reset_prefix_cache()
+            reset = reset_cache(self._engine, self._http)
             if not reset:
                 self._notes.append(f"{group[0].name}: the engine's cache could not be reset")
             salts = [
@@ -561,11 +580,16 @@ def predicted_capacity(engine: EngineTarget) -> tuple[int | None, str]:
     """The prefix-cache capacity the prediction replays the prompts through (``None``:
     unbounded), and a note saying why when it is not the engine's KV cache. llama-server
     keeps earlier prompts in host memory (``--cache-ram``) beyond its slots and restores
-    the best-matching one, so its reuse is that of an unbounded token-level cache."""
+    a matching one, so its reuse is at most that of an unbounded token-level cache: it
+    saves a slot's prompt only when the next one keeps less than half of it, and restores
+    one only when that keeps at least a quarter of it and beats the slot's own match."""
     if getattr(engine, "kind", None) == "llama-server":
         note = (
-            "llama-server keeps earlier prompts in host memory (--cache-ram) and restores "
-            "the best match: predicted with an unbounded prefix cache"
+            "llama-server keeps earlier prompts in host memory (--cache-ram) and restores a "
+            "match under its own rules (a prompt saved only when the next keeps less than "
+            "half of it, restored only when that keeps at least a quarter): predicted with "
+            "an unbounded prefix cache, at most what it reuses, so the engine may compute "
+            "more than predicted"
         )
         return None, note
     return engine.kv_cache_tokens, ""

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..pilot import ContextPilot
 from ..usage import parse_cache_usage
-from .engine_suite import ArmRun, EngineTarget, Sent
+from .engine_suite import ArmRun, EngineTarget, Sent, reset_cache
 from .engine_workloads import SYSTEM, EngineRequest
 
 __all__ = ["langchain_available", "run_langchain_arm"]
@@ -121,7 +121,7 @@ def run_langchain_arm(
     thread of their own, all sessions at once (several users); otherwise one at a
     time in the given order."""
     chain, handlers = _chain(engine, requests, pilot, max_tokens)
-    reset = engine.reset_prefix_cache()
+    reset = reset_cache(engine)
     results: dict[int, Sent] = {}
 
     def serve(numbers: Sequence[int]) -> None:

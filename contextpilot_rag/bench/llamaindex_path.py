@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..pilot import ContextPilot
 from ..usage import CacheUsage, parse_cache_usage
-from .engine_suite import ArmRun, EngineTarget, Sent
+from .engine_suite import ArmRun, EngineTarget, Sent, reset_cache
 from .engine_workloads import SYSTEM, EngineRequest
 
 __all__ = ["llamaindex_available", "run_llamaindex_arm"]
@@ -178,7 +178,7 @@ def run_llamaindex_arm(
     dispatcher = get_dispatcher()
     log = _UsageLog()
     feedback = None if pilot is None else integration.ContextPilotEventHandler(pilot)
-    reset = engine.reset_prefix_cache()
+    reset = reset_cache(engine)
     dispatcher.add_event_handler(log.handler)
     if feedback is not None:
         feedback.attach(dispatcher)
