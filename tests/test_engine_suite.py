@@ -400,3 +400,11 @@ def test_parts_not_run_are_named_in_the_section() -> None:
     result.skipped.append("langchain: the framework is not installed")
     assert "Not run: langchain: the framework is not installed" in markdown(result)
     assert result.as_json()["skipped"] == ["langchain: the framework is not installed"]
+
+
+def test_framework_arms_on_a_cache_not_reset_are_named() -> None:
+    from contextpilot_rag.bench.engine_report import _not_reset
+    from contextpilot_rag.bench.engine_suite import ArmRun
+
+    arms = (ArmRun("plain", (), reset=True), ArmRun("ours", (), reset=False))
+    assert _not_reset(*arms) == ("ours: the engine's cache could not be reset",)

@@ -26,6 +26,7 @@ from .engine_suite import (
     WorkloadRun,
     check_repeats,
     engine_tokenizer,
+    not_reset_note,
     predicted_capacity,
     run_workload,
     simulate_family,
@@ -173,9 +174,7 @@ def _langchain_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm
 
 def _not_reset(*arms: ArmRun) -> tuple[str, ...]:
     """A note for each framework arm that began on a cache the engine could not reset."""
-    return tuple(
-        f"{arm.name}: the engine's cache could not be reset" for arm in arms if not arm.reset
-    )
+    return tuple(not_reset_note(arm.name) for arm in arms if not arm.reset)
 
 
 def _llamaindex_run(engine: EngineTarget, workload: EngineWorkload, on_arm: OnArm) -> WorkloadRun:

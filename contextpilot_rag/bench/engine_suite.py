@@ -453,6 +453,11 @@ def reset_cache(engine: EngineTarget, http: httpx.Client | None = None) -> bool:
     return reset
 
 
+def not_reset_note(arm_name: str) -> str:
+    """The note for an arm that began on a cache the engine could not reset."""
+    return f"{arm_name}: the engine's cache could not be reset"
+
+
 class _PassSender:
     """Sends passes of arms: a group of arms into one reset cache, interleaved under
     salts, or each arm alone into a reset cache; records what every arm sent."""
@@ -525,7 +530,7 @@ class _PassSender:
         for group in groups:
             reset = reset_cache(self._engine, self._http)
             if not reset:
-                self._notes.append(f"{group[0].name}: the engine's cache could not be reset")
+                self._notes.append(not_reset_note(group[0].name))
             salts = [
                 f"{self._salt_run}-{number}-{position}" if salted else None
                 for position in range(len(group))
