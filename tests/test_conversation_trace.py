@@ -179,6 +179,10 @@ def test_small_family_run_writes_its_section_with_targets(tmp_path: Path) -> Non
     assert "p95 TTFT vs best baseline, worst held-out, every replicate too (3 traces)" in text
     assert "### Held-out draws on other seeds" in text
     assert text.count("| 1 | held-out | 600 |") == 1  # replicates stay out of the per-trace table
+    # every trace's hit ratios: combined, tuned, and the most any routing reaches (above both)
+    row = next(line for line in text.splitlines() if line.startswith("| 1 | held-out | 600 |"))
+    hits = [float(x.strip().rstrip("%")) for x in row.split("|")[-3].split(" / ")]
+    assert len(hits) == 3 and max(hits[:2]) <= hits[2] <= 100
 
 
 def test_replicates_keep_the_parameters_and_change_the_seed() -> None:

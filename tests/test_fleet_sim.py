@@ -19,6 +19,7 @@ from contextpilot_rag.routing.types import Decision, FleetView, Outcome, RouteRe
 from contextpilot_rag.sim.fleet import (
     Replica,
     SimSummary,
+    cached_tokens_bound,
     default_fleet,
     latency_floor,
     simulate,
@@ -454,6 +455,37 @@ def test_no_policy_beats_the_latency_floor(policy: str) -> None:
     ]
     assert min(min(pair) for pair in slack) >= -1e-9
     assert max(e2e for _, e2e in slack) > 0  # the load of 300 requests adds to some
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "prefix", "combined"])
+def test_no_policy_reads_more_from_cache_than_the_bound(policy: str) -> None:
+    requests = conversation_trace(seed=7, n_requests=400)
+    fleet = default_fleet(3, 1, block_tokens=requests[0].block_tokens)
+    bound = dict(zip((r.request_id for r in requests), cached_tokens_bound(requests), strict=True))
+    result = simulate(requests, make_policy(policy), fleet)
+    assert all(r.cached_tokens <= bound[r.request_id] for r in result.records)
+    # one replica and no contention reach it: every earlier prompt is in the one cache
+    lone = simulate(
+        requests, Fixed("only"), [Replica("only", block_tokens=requests[0].block_tokens)]
+    )
+    reached = sum(r.cached_tokens for r in lone.records)
+    assert 0 < reached <= sum(bound.values())
+
+
+def test_the_cache_bound_counts_what_earlier_and_simultaneous_requests_carry() -> None:
+    def request(name: str, at: float, blocks: tuple[int, ...], tokens: int) -> RouteRequest:
+        return RouteRequest(name, tokens, blocks, 16, arrival_s=at)
+
+    requests = [
+        request("late", 2.0, (1, 2, 5, 6, 4), 80),  # twin-a carried 1, 2, 5, 6; 4: its last
+        request("first", 0.0, (1, 2, 9), 48),  # nothing before it
+        request("twin-a", 1.0, (1, 2, 5, 6), 64),  # 1, 2 earlier; 5 by its twin
+        request("twin-b", 1.0, (1, 2, 5, 7, 8), 70),  # 1, 2 earlier, 5 by its twin, not 7
+        request("other", 3.0, (8, 1), 32),  # 8 is not a prefix of anyone's
+    ]
+    assert cached_tokens_bound(requests) == [64, 0, 48, 48, 0]
+    # a prompt shorter than its cached blocks is capped at its own length
+    assert cached_tokens_bound([requests[1], request("short", 1.0, (1, 2, 9, 10), 40)]) == [0, 40]
 
 
 def test_a_lone_request_meets_its_floor() -> None:

@@ -59,6 +59,7 @@ import numpy as np
 from ..errors import ConfigError, InvalidDecisionError
 from ..routing.holding import release_order
 from ..routing.types import Decision, Outcome, Policy, ReplicaState, RouteRequest
+from .block_hashes import iter_block_hashes
 from .prefix_cache import PrefixCacheModel
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "SimFleetView",
     "SimResult",
     "SimSummary",
+    "cached_tokens_bound",
     "default_fleet",
     "latency_floor",
     "simulate",
@@ -604,3 +606,42 @@ def latency_floor(
         )
         floors.append((ttft, e2e))
     return floors
+
+
+def cached_tokens_bound(requests: Sequence[RouteRequest]) -> list[int]:
+    """Per request (in the order given), the most of its prompt tokens any routing
+    policy can have served from cache in :func:`simulate` (caches cold at the start).
+
+    A replica's cache holds only blocks of requests whose prefill ended before, and all
+    of them arrived no later; so a request reads at most the leading run of its blocks
+    that some other request arriving no later carries (one unbounded cache holding every
+    earlier request, with requests that arrive together counting as earlier than each
+    other), capped as the simulator caps it: the last block recomputed, no more than
+    ``prompt_tokens``. Over all requests this is the highest hit ratio a routing policy
+    can reach; the gap to a policy's is the prefill no placement or capacity can save."""
+    by_arrival = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    seen: set[int] = set()  # chained block keys of the requests of earlier instants
+    bounds = [0] * len(requests)
+    start = 0
+    while start < len(by_arrival):
+        end = start
+        at = requests[by_arrival[start]].arrival_s
+        while end < len(by_arrival) and requests[by_arrival[end]].arrival_s == at:
+            end += 1
+        group = by_arrival[start:end]
+        keys = {i: list(iter_block_hashes(requests[i].block_hashes, 1)) for i in group}
+        together: Counter[int] = Counter()  # how many requests of this instant carry a key
+        for i in group:
+            together.update(set(keys[i]))
+        for i in group:
+            request, own = requests[i], set(keys[i])
+            hits = 0
+            for key in keys[i][: max(len(keys[i]) - 1, 0)]:  # the last block recomputed
+                if key not in seen and together[key] - (key in own) < 1:
+                    break
+                hits += 1
+            bounds[i] = min(hits * request.block_tokens, request.prompt_tokens)
+        for i in group:
+            seen.update(keys[i])
+        start = end
+    return bounds
