@@ -4,7 +4,9 @@ so the suite's sim-to-real column must agree exactly there)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+from typing import Any
 
 import pytest
 
@@ -21,6 +23,7 @@ from contextpilot_rag.bench.engine_workloads import (
     online_workload,
 )
 from contextpilot_rag.errors import ConfigError
+from contextpilot_rag.sim.prefix_cache import PrefixCacheModel, salted_tokens
 from contextpilot_rag.sim.replay import EngineTokenizer
 from contextpilot_rag.testing.openai_server import OpenAICompatibleServer
 from contextpilot_rag.tokenizers import default_tokenizer
@@ -157,9 +160,8 @@ def test_family_first_seed_is_the_engine_runs_ratio() -> None:
     def build(seed: int) -> EngineWorkload:
         return online_workload(topics=1, users_per_topic=3, questions=3, seed=seed)
 
-    family = simulate_family(
-        "online", build, [5, 6, 7], encode, block_size=16, capacity_tokens=None
-    )
+    new_cache = functools.partial(PrefixCacheModel, block_size=16, capacity_tokens=None)
+    family = simulate_family("online", build, [5, 6, 7], encode, new_cache=new_cache)
     assert family.seeds == (5, 6, 7) and len(family.reductions) == 3
     assert len(set(family.reductions)) > 1  # the seeds are different workloads
     with OpenAICompatibleServer(block_size=16) as server:
@@ -309,7 +311,6 @@ def test_interleaved_arms_that_outgrow_the_cache_are_predicted_as_they_compete()
 
 
 def test_salted_prompts_share_no_block_in_one_cache_model() -> None:
-    from contextpilot_rag.sim.prefix_cache import PrefixCacheModel, salted_tokens
 
     prompt = list(range(100, 164))
     assert salted_tokens(prompt, None) == prompt
@@ -408,3 +409,34 @@ def test_framework_arms_on_a_cache_not_reset_are_named() -> None:
 
     arms = (ArmRun("plain", (), reset=True), ArmRun("ours", (), reset=False))
     assert _not_reset(*arms) == ("ours: the engine's cache could not be reset",)
+
+
+def test_the_prediction_follows_each_engine_kinds_cache_rules() -> None:
+    from types import SimpleNamespace
+
+    from contextpilot_rag.bench.engine_suite import prediction_cache
+    from contextpilot_rag.sim.slot_cache import LlamaServerCacheModel
+
+    def engine(kind: str, *flags: str) -> Any:
+        return SimpleNamespace(kind=kind, flags=flags, block_size=16, kv_cache_tokens=4096)
+
+    vllm, note = prediction_cache(engine("vllm"))
+    cache = vllm()
+    assert isinstance(cache, PrefixCacheModel) and not note
+    assert (cache.block_size, cache.capacity_tokens) == (16, 4096)
+    llama, note = prediction_cache(engine("llama-server", "-m", "x.gguf", "-np", "1"))
+    slot = llama()
+    assert isinstance(slot, LlamaServerCacheModel) and "slot_cache" in note
+    slot.admit(list(range(100)))
+    slot.admit(list(range(1000, 1100)))
+    assert slot.saved_prompts == 1  # the host-memory prompt cache is on by default
+    (alone, note) = prediction_cache(engine("llama-server", "--cache-ram", "0"))
+    alone_cache = alone()
+    alone_cache.admit(list(range(100)))
+    alone_cache.admit(list(range(1000, 1100)))
+    assert isinstance(alone_cache, LlamaServerCacheModel) and alone_cache.saved_prompts == 0
+    assert "--cache-ram 0" in note
+    # several slots are not modelled: an unbounded prefix cache, the most they reuse
+    many, note = prediction_cache(engine("llama-server", "-np", "4"))
+    assert isinstance(many(), PrefixCacheModel) and "4 slots" in note
+    assert many() is not many()  # a fresh model per arm

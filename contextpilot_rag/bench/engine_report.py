@@ -27,7 +27,7 @@ from .engine_suite import (
     check_repeats,
     engine_tokenizer,
     not_reset_note,
-    predicted_capacity,
+    prediction_cache,
     run_workload,
     simulate_family,
 )
@@ -326,8 +326,7 @@ def _families(
                 functools.partial(_seeded, build, size),
                 seeds,
                 tokenize[0],
-                block_size=engine.block_size,
-                capacity_tokens=predicted_capacity(engine)[0],
+                new_cache=prediction_cache(engine)[0],
             )
             for name, build, size in shapes
         ]

@@ -6,10 +6,10 @@ each request is streamed (``stream_options.include_usage``) and timed: time to f
 token (TTFT) from sending to the first generated token, the request's wall time, and
 the engine-reported ``prompt_tokens`` / ``prompt_tokens_details.cached_tokens`` (or
 llama-server's ``timings``). Alongside, the prompt's token ids as the engine tokenizes
-them (vLLM ``/tokenize`` with the chat template applied) are replayed through
-:class:`~contextpilot_rag.sim.prefix_cache.PrefixCacheModel` at the engine's block size
-and cache capacity, so each arm also has the *simulated* computed tokens for the very
-same prompt sequence: the sim-to-real check.
+them (vLLM ``/tokenize`` with the chat template applied) are replayed through a model
+of the engine's cache (:func:`prediction_cache`: vLLM's prefix cache at its block size
+and capacity, llama-server's slot and prompt cache), so each arm also has the
+*simulated* computed tokens for the very same prompt sequence: the sim-to-real check.
 
 Invariants: arms of one workload run back to back on the same engine with a cold
 cache each; nothing but the suite talks to the engine meanwhile (the numbers assume
@@ -31,6 +31,7 @@ import httpx
 
 from ..errors import ConfigError, InvalidInputError
 from ..sim.prefix_cache import PrefixCacheModel, salted_tokens
+from ..sim.slot_cache import LlamaServerCacheModel
 from ..usage import CacheUsage, parse_cache_usage
 from .engine_workloads import Arm, EngineWorkload, FixedArm, Messages
 
@@ -43,7 +44,7 @@ __all__ = [
     "check_repeats",
     "engine_tokenizer",
     "median_pass",
-    "predicted_capacity",
+    "prediction_cache",
     "run_workload",
     "send_chat",
     "simulate_family",
@@ -53,6 +54,8 @@ Tokenize = Callable[[Messages], list[int]]
 """A prompt's token ids as the engine sees them (chat template applied)."""
 TokenizeText = Callable[[str], list[int]]
 Tick = Callable[[], None]
+CacheModel = PrefixCacheModel | LlamaServerCacheModel
+"""A model of an engine's cache that predicts each request's cached tokens."""
 
 
 class EngineTarget(Protocol):
@@ -357,7 +360,7 @@ def run_workload(
         if tokenize is not None and block_size is None:
             notes.append("engine block size unknown: no simulated prediction")
             tokenize = None
-        capacity, note = predicted_capacity(engine)
+        new_cache, note = prediction_cache(engine)
         if note:
             notes.append(note)
         if salted and len(workload.arms) > 1:
@@ -368,7 +371,7 @@ def run_workload(
         sender = _PassSender(http, engine, notes, on_arm or (lambda name, total: _no_tick))
         _warm_up(http, engine)
         predictors = (
-            _predictors(workload.arms, block_size, capacity, shared=salted)
+            _predictors(workload.arms, new_cache, shared=salted)
             if tokenize is not None and block_size is not None
             else {}
         )
@@ -392,21 +395,18 @@ def run_workload(
 
 
 def _predictors(
-    arms: Sequence[Arm], block_size: int, capacity: int | None, *, shared: bool
-) -> dict[str, PrefixCacheModel]:
+    arms: Sequence[Arm], new_cache: Callable[[], CacheModel], *, shared: bool
+) -> dict[str, CacheModel]:
     """The prefix-cache model predicting each arm's cached tokens: the arms sent
     interleaved under salts share one engine cache, so they share one model (each arm's
     prompts salted as the engine salts them) and evict each other's blocks as the engine
     does; arms sent alone each have a model of their own."""
     if shared:
-        cache = PrefixCacheModel(block_size=block_size, capacity_tokens=capacity)
-        return dict.fromkeys((arm.name for arm in arms), cache)
-    return {
-        arm.name: PrefixCacheModel(block_size=block_size, capacity_tokens=capacity) for arm in arms
-    }
+        return dict.fromkeys((arm.name for arm in arms), new_cache())
+    return {arm.name: new_cache() for arm in arms}
 
 
-def _competition_note(cache: PrefixCacheModel) -> list[str]:
+def _competition_note(cache: CacheModel) -> list[str]:
     """A note where the interleaved arms' blocks outgrew the engine's cache: then each
     arm kept less than it would have alone, and the speed-ups are not those of one arm
     on the engine by itself."""
@@ -478,7 +478,7 @@ class _PassSender:
         arms: Sequence[Arm],
         *,
         salted: bool,
-        predictors: dict[str, PrefixCacheModel],
+        predictors: dict[str, CacheModel],
         tokenize: tuple[Tokenize, TokenizeText] | None,
     ) -> list[ArmRun]:
         """Every arm once, its prompts recorded and each request's cached tokens
@@ -581,23 +581,46 @@ def median_pass(runs: Sequence[ArmRun]) -> ArmRun:
     return replace(runs[middle], prefill_passes_s=times)
 
 
-def predicted_capacity(engine: EngineTarget) -> tuple[int | None, str]:
-    """The prefix-cache capacity the prediction replays the prompts through (``None``:
-    unbounded), and a note saying why when it is not the engine's KV cache. llama-server
-    keeps earlier prompts in host memory (``--cache-ram``) beyond its slots and restores
-    a matching one, so its reuse is at most that of an unbounded token-level cache: it
-    saves a slot's prompt only when the next one keeps less than half of it, and restores
-    one only when that keeps at least a quarter of it and beats the slot's own match."""
-    if getattr(engine, "kind", None) == "llama-server":
+def prediction_cache(engine: EngineTarget) -> tuple[Callable[[], CacheModel], str]:
+    """A factory of fresh models of ``engine``'s cache, replaying an arm's prompts to
+    predict its cached tokens, and a note on the model where it is not the engine's own
+    rules. vLLM (and an engine of unknown kind): its prefix cache at the engine's block
+    size (1 where unknown; the suite then predicts nothing) and KV capacity.
+    llama-server with one slot: :class:`~contextpilot_rag.sim.slot_cache.LlamaServerCacheModel`
+    with the server's ``--cache-ram`` and ``--slot-prompt-similarity``. With several
+    slots, an unbounded prefix cache: at most what the server reuses."""
+    if getattr(engine, "kind", None) != "llama-server":
+        block_size, capacity = engine.block_size or 1, engine.kv_cache_tokens
+        return lambda: PrefixCacheModel(block_size=block_size, capacity_tokens=capacity), ""
+    flags = list(getattr(engine, "flags", ()) or ())
+    slots = _flag(flags, ("-np", "--parallel"), "1")
+    if slots != "1":
         note = (
-            "llama-server keeps earlier prompts in host memory (--cache-ram) and restores a "
-            "match under its own rules (a prompt saved only when the next keeps less than "
-            "half of it, restored only when that keeps at least a quarter): predicted with "
-            "an unbounded prefix cache, at most what it reuses, so the engine may compute "
-            "more than predicted"
+            f"llama-server with {slots} slots: predicted with an unbounded prefix cache, at "
+            "most what it reuses (its slot and prompt-cache rules are modelled for one slot)"
         )
-        return None, note
-    return engine.kv_cache_tokens, ""
+        return lambda: PrefixCacheModel(block_size=1, capacity_tokens=None), note
+    cache_ram = _flag(flags, ("-cram", "--cache-ram"), "-1")
+    similarity = float(_flag(flags, ("-sps", "--slot-prompt-similarity"), "0.1"))
+    note = (
+        "llama-server predicted with its slot and host-memory prompt cache (a prompt saved "
+        "when the next keeps less than half of it, restored when that keeps at least a "
+        "quarter; `contextpilot_rag.sim.slot_cache`)"
+        + ("" if cache_ram != "0" else "; --cache-ram 0: the slot alone")
+    )
+    return (
+        lambda: LlamaServerCacheModel(prompt_cache=cache_ram != "0", similarity=similarity),
+        note,
+    )
+
+
+def _flag(flags: Sequence[str], names: Sequence[str], default: str) -> str:
+    """The value after the last of ``names`` among ``flags`` (``default``: none)."""
+    value = default
+    for i, flag in enumerate(flags[:-1]):
+        if flag in names:
+            value = flags[i + 1]
+    return value
 
 
 def _with_prediction(sent: Sent, predicted: int, tokenized: int, notes: list[str]) -> Sent:
@@ -637,11 +660,11 @@ def simulate_family(
     seeds: Sequence[int],
     tokenize: Tokenize,
     *,
-    block_size: int,
-    capacity_tokens: int | None,
+    new_cache: Callable[[], CacheModel],
 ) -> FamilyRun:
-    """Run each seed's workload (``build(seed)``) through the simulated prefix cache,
-    comparing its first pair of arms. An arm that generates answers (multi-turn) is
+    """Run each seed's workload (``build(seed)``) through a fresh model of the engine's
+    cache per arm (``new_cache``, :func:`prediction_cache`), comparing its first pair
+    of arms. An arm that generates answers (multi-turn) is
     given MTRAG's reference answers as its history, and the cache holds prompts only:
     the engine run's answers are its own."""
     reductions: list[float] = []
@@ -652,7 +675,7 @@ def simulate_family(
         total = 0
         for arm_name in workload.pairs[0]:
             arm = workload.arm(arm_name)
-            cache = PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens)
+            cache = new_cache()
             total = computed_here = 0
             for i in range(len(arm)):
                 ids = tokenize(arm.messages(i))
