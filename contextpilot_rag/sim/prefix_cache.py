@@ -55,6 +55,12 @@ def _max_cached_tokens(prompt_tokens: int, block_size: int) -> int:
 def _validate(block_size: int, capacity_tokens: int | None) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"block_size must be an integer >= 1, got {block_size!r}")
+    check_capacity_tokens(capacity_tokens)
+
+
+def check_capacity_tokens(capacity_tokens: int | None) -> None:
+    """:class:`ConfigError` unless ``capacity_tokens`` is an integer >= 0 or ``None``
+    (unbounded): the capacity of a cache model (this one's, and the slot cache's)."""
     if capacity_tokens is None:
         return
     if (

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .prefix_cache import CacheResult
+from .prefix_cache import CacheResult, check_capacity_tokens
 
 __all__ = ["LlamaServerCacheModel"]
 
@@ -72,15 +72,7 @@ class LlamaServerCacheModel:
         capacity_tokens: int | None = None,
         similarity: float = _DEFAULT_SIMILARITY,
     ) -> None:
-        if capacity_tokens is not None and (
-            isinstance(capacity_tokens, bool)
-            or not isinstance(capacity_tokens, int)
-            or capacity_tokens < 0
-        ):
-            raise ConfigError(
-                f"capacity_tokens must be an integer >= 0 or None (unbounded), "
-                f"got {capacity_tokens!r}"
-            )
+        check_capacity_tokens(capacity_tokens)
         if not 0.0 <= similarity < 1.0:
             raise ConfigError(f"similarity must be in [0, 1), got {similarity!r}")
         self._prompt_cache = prompt_cache
