@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 import math
+import operator
 import random
 import secrets
 import threading
@@ -1450,12 +1451,16 @@ class ContextPilot:
         rendered: Mapping[str, RegisteredBlock],
         relabeled: Mapping[str, str],
     ) -> tuple[str | None, str | None, int]:
-        """The order note, the location note and their token count."""
+        """The order note, the location note and their token count. The order note is
+        left out only when the prompt read top to bottom (the blocks sent, then those
+        the location note names, in its order) already follows the ranking: a
+        de-duplicated block that outranks a sent one would otherwise lose its rank."""
         if not self.config.annotate:
             return None, None, 0
         templates = self.config.notes
         tokens = 0
-        order = order_note(original, final, templates, relabeled)
+        located = (block for block, _ in sorted(duplicated, key=operator.itemgetter(1)))
+        order = order_note(original, (*final, *located), templates, relabeled)
         if order is not None:
             tokens += self._order_note_tokens(order, original, rendered, relabeled)
         location = location_note(duplicated, templates, relabeled)

@@ -52,7 +52,8 @@ class Prompt:
     final order; ``deduplicated`` the blocks replaced by a location note;
     ``original_blocks`` the retriever's order. ``index`` is the position in the input
     of :meth:`ContextPilot.optimize_batch` (``None`` online). ``order_note`` restores
-    the retriever's ranking (``None`` when nothing moved or notes are off);
+    the retriever's ranking (``None`` when notes are off, or when the blocks sent and
+    then those the location note names already follow it);
     ``location_note`` names the de-duplicated blocks (``None`` when none).
     ``relabeled`` maps the blocks that the prompt shows under another label than
     their own :attr:`~contextpilot_rag.ContextBlock.label` (two blocks of the prompt,

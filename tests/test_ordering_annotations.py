@@ -345,13 +345,29 @@ def test_notes_follow_all_blocks_in_the_user_message(pilot: ContextPilot) -> Non
 
 def test_after_history_the_remainder_keeps_retrieval_order(pilot: ContextPilot) -> None:
     # Nothing after a conversation's history is shared with other requests, so the new
-    # blocks keep the retriever's order and need no order note.
+    # blocks keep the retriever's order; the one the history holds ranks last, so the
+    # prompt read in order (blocks, then the location note) is the ranking: no order note.
     pilot.optimize([D, C], "makes d and c popular")
+    pilot.optimize([A], "turn one", conversation_id="conv")
+    pilot.record_answer("conv", "answer one")
+    prompt = pilot.optimize([B, C, D, A], "turn two", conversation_id="conv")
+    assert ids(prompt.blocks) == ["b", "c", "d"]
+    assert prompt.notes == ("Also relevant, shown in earlier turns: a",)
+
+
+def test_a_deduplicated_block_that_outranks_a_sent_one_keeps_its_rank(
+    pilot: ContextPilot,
+) -> None:
+    # The sent blocks keep their relative order, but the history's block ranked above
+    # d: without an order note the prompt would not say so.
     pilot.optimize([A], "turn one", conversation_id="conv")
     pilot.record_answer("conv", "answer one")
     prompt = pilot.optimize([B, C, A, D], "turn two", conversation_id="conv")
     assert ids(prompt.blocks) == ["b", "c", "d"]
-    assert "Most relevant first" not in prompt.messages[-1]["content"]
+    assert prompt.notes == (
+        "Most relevant first: b c a d",
+        "Also relevant, shown in earlier turns: a",
+    )
 
 
 def test_notes_come_before_the_question(pilot: ContextPilot) -> None:
