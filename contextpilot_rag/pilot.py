@@ -147,6 +147,12 @@ class PilotConfig:
     call failed, or its answer is still on the way) or a blank one, so that the history's roles
     alternate as chat templates such as Gemma's and Mistral's require (they refuse two
     user messages in a row); ``None`` shows no assistant message there.
+    ``system_into_user`` sends no system message: the system prompt opens the first
+    user message the prompt renders, a blank line before the rest, as Gemma 3's chat
+    template does by itself. It is for self-hosted chat templates that refuse a system
+    message (Gemma 2's) or render it before the last user message (Mistral Nemo's,
+    which rewrites the cached history every turn); hosted-cache planning
+    (``cloud``) needs a system message, so the two do not go together.
 
     ``max_block_chars`` rejects a longer block before it is tokenized (``None``:
     ``16 × max_block_tokens``, more characters per token than text has).
@@ -184,6 +190,7 @@ class PilotConfig:
     together_window: int = 1024
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     unanswered_text: str | None = "(no answer)"
+    system_into_user: bool = False
     context_header: str = "Context documents:\n\n"
     question_template: str = "Question: {query}"
     notes: NoteTemplates = field(default_factory=NoteTemplates)
@@ -243,6 +250,11 @@ class PilotConfig:
             raise ConfigError("PilotConfig.index_log must be an IndexLogConfig")
         if not isinstance(self.cloud, CloudCacheConfig):
             raise ConfigError("PilotConfig.cloud must be a CloudCacheConfig")
+        if self.system_into_user and self.cloud.enabled:
+            raise ConfigError(
+                "PilotConfig.system_into_user is for self-hosted chat templates; hosted-cache "
+                "planning (cloud.enabled) needs the system prompt as a system message"
+            )
 
     def _check_types(self) -> None:
         """The fields whose wrong type would fail only later, inside a call."""
@@ -255,7 +267,7 @@ class PilotConfig:
         for name, kind in typed:
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"PilotConfig.{name} must be a {kind.__name__}")
-        for name in ("reorder", "dedup", "annotate"):
+        for name in ("reorder", "dedup", "annotate", "system_into_user"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"PilotConfig.{name} must be a bool")
 
@@ -949,7 +961,8 @@ class ContextPilot:
         block_ids = tuple(block.id for block in final)
         block_tokens = tuple(rendered[block_id].tokens for block_id in block_ids)
         if conversation is not None:
-            new_turn = _turn(prompt, final, block_tokens, query)
+            head = "" if visible else self._system_head(system_text)
+            new_turn = _turn(prompt, final, block_tokens, query, len(head))
             conversation = conversation.with_turn(new_turn, keep=self.config.max_history_turns)
         # The tail (notes and question) is indexed too: the engine caches it, and the
         # next turn's history starts with it.
@@ -1371,7 +1384,8 @@ class ContextPilot:
         and its tail (notes, question, answer)."""
         path = [self._system_key(system_text or "")]
         tokens = [
-            self._count_segment(system_text or "") + self._count_segment(self.config.context_header)
+            self._count_segment(self._system_head(system_text) or system_text or "")
+            + self._count_segment(self.config.context_header)
         ]
         header_tokens = self._count_segment(self.config.context_header)
         for _, turn in visible:
@@ -1507,15 +1521,17 @@ class ContextPilot:
         """``blocks_start_tokens``: tokens before this turn's first block (system
         prompt, history, context header)."""
         messages: list[dict[str, str]] = []
-        if layout.system_text:
+        head = self._system_head(layout.system_text)  # folded into the first user message
+        if layout.system_text and not head:
             messages.append({"role": "system", "content": layout.system_text})
         for _, turn in layout.visible:
-            messages.append({"role": "user", "content": turn.user_message})
+            messages.append({"role": "user", "content": head + turn.user_message})
+            head = ""
             shown = self._shown_answer(turn)
             if shown is not None:
                 messages.append({"role": "assistant", "content": shown.text})
         content, boundaries = self._render_user_message(
-            layout, rendered, len(messages), blocks_start_tokens
+            layout, rendered, len(messages), blocks_start_tokens, head
         )
         messages.append({"role": "user", "content": content})
         split_specs = self._split_specs(layout) if self.config.cloud.enabled else ()
@@ -1729,10 +1745,13 @@ class ContextPilot:
         rendered: dict[str, RegisteredBlock],
         message_index: int,
         start_tokens: int,
+        head: str = "",
     ) -> tuple[str, list[BlockBoundary]]:
+        """This turn's user message (``head``, the folded system prompt, first) and
+        where its blocks sit."""
         header = self.config.context_header
-        parts = [header]
-        chars, tokens = len(header), start_tokens
+        parts = [head, header]
+        chars, tokens = len(head) + len(header), start_tokens
         boundaries = []
         new_boundary = tuple.__new__  # BlockBoundary(...) without its slow __new__
         for block in layout.final:
@@ -1752,11 +1771,21 @@ class ContextPilot:
         parts.append(self.config.question_template.format(query=layout.query))  # escaped
         return "".join(parts), boundaries
 
+    def _system_head(self, system_text: str | None) -> str:
+        """What opens the first user message: with ``system_into_user``, the system
+        prompt and a blank line; else nothing (the system prompt is its own message)."""
+        if not (self.config.system_into_user and system_text):
+            return ""
+        return system_text + "\n\n"
+
     def _system_key(self, system_text: str) -> str:
         """Index key of the prompt head (system prompt and context header)."""
         key = self._system_keys.get(system_text)
         if key is None:
-            key = "\x00sys:" + content_id(system_text + "\x00" + self.config.context_header)
+            folded = "\x00into-user" if self.config.system_into_user else ""
+            key = "\x00sys:" + content_id(
+                system_text + "\x00" + self.config.context_header + folded
+            )
             self._system_keys.put(system_text, key)
         return key
 
@@ -2195,11 +2224,18 @@ def _relabeled(
 
 
 def _turn(
-    prompt: Prompt, final: Sequence[ContextBlock], block_tokens: tuple[int, ...], query: str
+    prompt: Prompt,
+    final: Sequence[ContextBlock],
+    block_tokens: tuple[int, ...],
+    query: str,
+    head_chars: int,
 ) -> Turn:
+    """The conversation's record of this turn; its user message without the system
+    prompt folded into it (``head_chars`` characters), which a later prompt renders
+    only where its history starts."""
     return Turn(
         request_id=prompt.request_id,
-        user_message=prompt.messages[-1]["content"],
+        user_message=prompt.messages[-1]["content"][head_chars:],
         block_ids=tuple(block.id for block in final),
         block_digests=tuple(block.digest for block in final),
         block_labels=tuple(prompt.relabeled.get(block.id, block.label) for block in final),

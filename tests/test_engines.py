@@ -5,6 +5,7 @@ vLLM CPU build when it is installed (``contextpilot-rag engine install``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -967,3 +968,70 @@ def test_a_publishers_chat_template_takes_a_history_with_an_unanswered_turn(
         assert refused.status_code >= 400 and "must alternate" in refused.text, refused.text
         accepted = second_turn(PilotConfig(system_prompt=system))
         assert accepted.status_code == 200, accepted.text
+
+
+@pytest.mark.engine
+def test_a_folded_system_prompt_suits_templates_without_a_first_system_turn() -> None:
+    """Gemma 2's template refuses a system message (as transformers renders it, which
+    vLLM does; llama-server's own renderer folds it in), and Mistral Nemo's renders it
+    before the last user message, so each turn rewrites the history the engine cached.
+    With ``PilotConfig(system_into_user=True)`` both take the prompt, and every turn's
+    rendered prompt extends the previous turn's (llama-server's ``/apply-template``
+    renders the messages as a chat request would be)."""
+    from contextpilot_rag import ContextBlock, ContextPilot, PilotConfig
+
+    jinja2 = pytest.importorskip("jinja2")
+    paths = [_chat_template(name) for name in _FOLD_TEMPLATES]
+    if None in paths:
+        pytest.skip(
+            "llama-server with its sources' publishers' chat templates not installed "
+            "(contextpilot-rag engine install --engine llama-server)"
+        )
+    blocks = [ContextBlock(f"Fact {n} is about the harbour.", id=f"fact{n}") for n in range(3)]
+
+    def conversation(config: PilotConfig) -> list[list[dict[str, str]]]:
+        pilot, turns = ContextPilot(config), []
+        for turn, block in enumerate(blocks):
+            prompt = pilot.optimize([block], f"What does fact {turn} say?", conversation_id="c")
+            turns.append(prompt.to_openai())
+            pilot.record_answer("c", f"It says {turn}.")
+        return turns
+
+    def extends(prompts: list[str]) -> bool:
+        return all(later.startswith(earlier) for earlier, later in itertools.pairwise(prompts))
+
+    def refuse(message: str) -> None:
+        raise ValueError(message)
+
+    plain, folded = conversation(PilotConfig()), conversation(PilotConfig(system_into_user=True))
+    for name, path in zip(_FOLD_TEMPLATES, paths, strict=True):
+        assert path is not None
+        template = jinja2.Environment().from_string(path.read_text(encoding="utf-8"))
+
+        def strict(messages: list[dict[str, str]], template: jinja2.Template = template) -> str:
+            return str(
+                template.render(
+                    messages=messages, bos_token="<s>", eos_token="</s>", raise_exception=refuse
+                )
+            )
+
+        flags = ("--jinja", "--chat-template-file", str(path))
+        with start_engine(
+            "llama-server", max_model_len=2048, threads=1, extra_args=flags
+        ) as engine:
+            url = f"http://127.0.0.1:{engine.port}/apply-template"
+            served = [
+                httpx.post(url, json={"messages": turn}, timeout=60, trust_env=False).json()
+                for turn in plain + folded
+            ]
+        assert extends([answer["prompt"] for answer in served[len(plain) :]]), name
+        assert extends([strict(turn) for turn in folded]), name
+        if name.startswith("google-gemma-2"):
+            with pytest.raises(ValueError, match="System role not supported"):
+                strict(plain[0])
+        else:
+            assert not extends([answer["prompt"] for answer in served[: len(plain)]]), name
+            assert not extends([strict(turn) for turn in plain]), name
+
+
+_FOLD_TEMPLATES = ("google-gemma-2-2b-it.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja")

@@ -24,6 +24,7 @@ from contextpilot_rag import (
     UnknownConversationError,
     render_block,
 )
+from contextpilot_rag.cloud import CloudCacheConfig
 from contextpilot_rag.pilot import _TextCache
 
 
@@ -71,6 +72,64 @@ def test_system_argument_replaces_the_default_system_prompt(pilot: ContextPilot)
 def test_no_system_message_when_none_is_configured(tokenizer: Tokenizer) -> None:
     pilot = ContextPilot(PilotConfig(system_prompt=None), tokenizer=tokenizer)
     assert [m["role"] for m in pilot.optimize([A], "q").messages] == ["user"]
+
+
+def test_system_into_user_opens_the_first_user_message_with_the_system_prompt(
+    tokenizer: Tokenizer,
+) -> None:
+    folded = ContextPilot(PilotConfig(system_into_user=True), tokenizer=tokenizer)
+    plain = ContextPilot(tokenizer=tokenizer)
+    prompt, unfolded = (p.optimize([A, B], "q", system="Be brief.") for p in (folded, plain))
+    assert [m["role"] for m in prompt.messages] == ["user"]
+    assert prompt.messages[0]["content"] == "Be brief.\n\n" + unfolded.messages[1]["content"]
+    assert prompt.text == unfolded.text  # the same bytes, one message fewer
+    for boundary in prompt.boundaries:  # block positions count the folded head
+        content = prompt.messages[boundary.message_index]["content"]
+        block = A if boundary.block_id == "a" else B
+        assert content[boundary.char_start : boundary.char_end] == render_block(block)
+    head_tokens = tokenizer.count("Be brief.\n\n") + tokenizer.count("Context documents:\n\n")
+    assert prompt.boundaries[0].token_start == head_tokens
+
+
+def test_system_into_user_folds_once_and_keeps_the_history_byte_stable(
+    tokenizer: Tokenizer,
+) -> None:
+    pilot = ContextPilot(PilotConfig(system_into_user=True), tokenizer=tokenizer)
+    turns = []
+    for turn, blocks in enumerate(([A], [B], [C], [D])):
+        turns.append(pilot.optimize(blocks, f"q{turn}", conversation_id="conv"))
+        pilot.record_answer("conv", f"answer {turn}")
+    system = PilotConfig().system_prompt
+    assert system is not None
+    for earlier, later in itertools.pairwise(turns):
+        sent = earlier.messages
+        assert later.messages[: len(sent)] == sent  # every turn extends the last one
+    last = turns[-1].messages
+    assert [m["role"] for m in last] == ["user", "assistant"] * 3 + ["user"]
+    assert sum(m["content"].count(system) for m in last) == 1
+    assert last[0]["content"].startswith(system + "\n\n")
+
+
+def test_system_into_user_opens_the_first_turn_a_history_window_shows(
+    tokenizer: Tokenizer,
+) -> None:
+    config = PilotConfig(system_into_user=True, max_history_turns=1, system_prompt="S.")
+    pilot = ContextPilot(config, tokenizer=tokenizer)
+    for turn, blocks in enumerate(([A], [B], [C])):
+        prompt = pilot.optimize(blocks, f"q{turn}", conversation_id="conv")
+        pilot.record_answer("conv", f"answer {turn}")
+    contents = [m["content"] for m in prompt.messages]
+    assert contents[0].startswith("S.\n\nContext documents:") and "q1" in contents[0]
+    assert not any(content.startswith("S.") for content in contents[1:])
+
+
+def test_system_into_user_and_a_prompt_without_system_fold_nothing(
+    tokenizer: Tokenizer,
+) -> None:
+    config = PilotConfig(system_into_user=True, system_prompt=None)
+    prompt = ContextPilot(config, tokenizer=tokenizer).optimize([A], "q")
+    unfolded = ContextPilot(PilotConfig(system_prompt=None), tokenizer=tokenizer).optimize([A], "q")
+    assert prompt.messages == unfolded.messages
 
 
 def test_custom_question_template_and_header(tokenizer: Tokenizer) -> None:
@@ -424,6 +483,8 @@ def test_unknown_conversation_error_message_is_readable(pilot: ContextPilot) -> 
         {"notes": None},
         {"question_template": 5},
         {"reorder": "no"},
+        {"system_into_user": "yes"},
+        {"system_into_user": True, "cloud": CloudCacheConfig(enabled=True)},
         {"index": None},
     ],
 )

@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from contextpilot_rag import PilotConfig
 from contextpilot_rag.cli import _parser, main
 from contextpilot_rag.errors import (
     ConfigError,
@@ -249,6 +250,24 @@ def test_max_history_turns_bounds_the_turns_sent_and_stored(
         assert "Question 3?" in last[1]["content"] and "Question 4?" in last[3]["content"]
         stored = server.proxy.pilot.conversation("long")
         assert len(stored.turns) == 2 and stored.dropped_turns == 4
+    finally:
+        sdk.close()
+        server.stop()
+
+
+def test_system_into_user_sends_the_system_prompt_in_the_first_user_message(
+    engines: list[OpenAICompatibleServer],
+) -> None:
+    server = start_proxy([engine.base_url for engine in engines], system_into_user=True)
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0)
+    try:
+        for turn in range(2):
+            ask(sdk, f"Question {turn}?", conversation_id="folded")
+        first, second = (request["messages"] for request in received(engines)[-2:])
+        assert [m["role"] for m in second] == ["user", "assistant", "user"]
+        assert second[0] == first[0]  # the turn the engine cached, byte for byte
+        system = PilotConfig().system_prompt
+        assert system is not None and second[0]["content"].startswith(system + "\n\n")
     finally:
         sdk.close()
         server.stop()
@@ -821,6 +840,7 @@ def test_a_store_that_does_not_answer_is_a_config_error_that_hides_its_password(
         {"max_history_turns": 0},
         {"max_history_turns": True},
         {"max_history_turns": 2.0},
+        {"system_into_user": "yes"},
     ],
 )
 def test_a_bad_configuration_is_refused(options: dict[str, Any]) -> None:
@@ -928,7 +948,8 @@ def test_the_serve_command_takes_a_history_window_and_refuses_a_bad_one(
 ) -> None:
     command = ["serve", "--endpoint", "http://127.0.0.1:1/v1", "--model", MODEL]
     config = config_from_args(_parser().parse_args([*command, "--max-history-turns", "3"]))
-    assert config.max_history_turns == 3
+    assert config.max_history_turns == 3 and not config.system_into_user
+    assert config_from_args(_parser().parse_args([*command, "--system-into-user"])).system_into_user
     assert ServeConfig.from_json(config.to_json()) == config  # as the workers get it
     assert config_from_args(_parser().parse_args(command)).max_history_turns is None
     assert main([*command, "--max-history-turns", "0"]) == 2  # before anything starts

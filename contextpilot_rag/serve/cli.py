@@ -77,6 +77,13 @@ def add_serve_parser(commands: Any) -> None:
         "a long-running server)",
     )
     add(
+        "--system-into-user",
+        action="store_true",
+        help="send no system message: the system prompt opens the conversation's first user "
+        "message, for chat templates that refuse a system message (Gemma 2's under vLLM) or "
+        "move it before the last user message (Mistral Nemo's)",
+    )
+    add(
         "--cache-salt",
         choices=("private", "always", "never"),
         default="private",
@@ -103,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         cache_salt=args.cache_salt,
         share_index=args.share_index,
         max_history_turns=args.max_history_turns,
+        system_into_user=args.system_into_user,
         # one key for all workers of this run; several proxies need the variable
         salt_key=os.environ.get(SALT_KEY_ENV) or secrets.token_hex(32),
     )

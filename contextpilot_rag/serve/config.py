@@ -45,7 +45,9 @@ class ServeConfig:
     ``max_history_turns``: the pilot's history window (``PilotConfig.max_history_turns``):
     the earlier turns of a conversation rendered into each prompt and kept in its stored
     record (``None``: every turn, a record that grows with the conversation; set it for a
-    long-running server)."""
+    long-running server). ``system_into_user``: the pilot's
+    ``PilotConfig.system_into_user``: no system message, the system prompt opens the
+    first user message (for chat templates that refuse a system message or move it)."""
 
     endpoints: tuple[str, ...]
     model: str
@@ -61,6 +63,7 @@ class ServeConfig:
     salt_key: str | None = field(default=None, repr=False)
     share_index: bool = True
     max_history_turns: int | None = None
+    system_into_user: bool = False
 
     def __post_init__(self) -> None:
         endpoints = self.endpoints
@@ -99,6 +102,8 @@ class ServeConfig:
             isinstance(turns, bool) or not isinstance(turns, int) or turns < 1
         ):
             raise ConfigError(f"max_history_turns must be an integer >= 1 or None, got {turns!r}")
+        if not isinstance(self.system_into_user, bool):
+            raise ConfigError(f"system_into_user must be a bool, got {self.system_into_user!r}")
 
     @property
     def loopback(self) -> bool:

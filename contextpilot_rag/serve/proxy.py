@@ -230,11 +230,15 @@ def _pilot(config: ServeConfig) -> ContextPilot:
     """The worker's pilot, on ``config.store`` when given (checked to answer: else
     :class:`ConfigError`, the URL's credentials redacted), salting tenants' prompts as
     ``config.cache_salt`` says under ``config.salt_key``, rendering and keeping
-    ``config.max_history_turns`` turns of each conversation."""
+    ``config.max_history_turns`` turns of each conversation, the system prompt in the
+    first user message with ``config.system_into_user``."""
     tenants = TenantConfig(cache_salt=config.cache_salt, salt_key=config.salt_key)
     index_log = IndexLogConfig(enabled=config.share_index)
     pilot_config = PilotConfig(
-        tenants=tenants, index_log=index_log, max_history_turns=config.max_history_turns
+        tenants=tenants,
+        index_log=index_log,
+        max_history_turns=config.max_history_turns,
+        system_into_user=config.system_into_user,
     )
     if config.store is None:
         return ContextPilot(pilot_config)
