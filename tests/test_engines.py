@@ -612,6 +612,19 @@ def test_the_engine_home_follows_the_environment(tmp_path: Path) -> None:
     assert EngineLayout(tmp_path).vllm_venv == tmp_path / "vllm" / "venv"
 
 
+def test_a_publishers_chat_template_is_found_in_the_kept_llama_cpp_sources(
+    tmp_path: Path,
+) -> None:
+    layout = EngineLayout(tmp_path)
+    assert layout.chat_template("google-gemma-2-2b-it.jinja") is None
+    templates = layout.llama_dir / "src" / "pkg-1.0" / "vendor" / "llama.cpp" / "models"
+    (templates / "templates").mkdir(parents=True)
+    (templates / "templates" / "google-gemma-2-2b-it.jinja").write_text("{{ x }}")
+    found = layout.chat_template("google-gemma-2-2b-it.jinja")
+    assert found is not None and found.read_text() == "{{ x }}"
+    assert layout.chat_template("other.jinja") is None
+
+
 # --- commands, flags, reports ---------------------------------------------------------
 
 
@@ -922,12 +935,7 @@ def _chat_template(name: str) -> Path | None:
     (``models/templates``: the templates the models' publishers ship); ``None``
     without them."""
     installed = installed_engine("llama-server")
-    if installed is None:
-        return None
-    found = sorted(
-        installed.layout.llama_dir.glob(f"src/*/vendor/llama.cpp/models/templates/{name}")
-    )
-    return found[0] if found else None
+    return None if installed is None else installed.layout.chat_template(name)
 
 
 @pytest.mark.engine

@@ -55,6 +55,14 @@ class EngineLayout:
     def llama_server(self) -> Path:
         return self.llama_dir / "bin" / "llama-server"
 
+    def chat_template(self, name: str) -> Path | None:
+        """A chat template the models' publishers ship (``name``, e.g.
+        ``"mistralai-Mistral-Nemo-Instruct-2407.jinja"``), from the llama.cpp sources
+        the llama-server install keeps (``models/templates``), for
+        ``--jinja --chat-template-file``; ``None`` without them."""
+        found = sorted(self.llama_dir.glob(f"src/*/vendor/llama.cpp/models/templates/{name}"))
+        return found[0] if found else None
+
     @property
     def tools_venv(self) -> Path:
         """A small venv for downloads and model helpers (never the user's environment)."""
