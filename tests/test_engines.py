@@ -5,6 +5,7 @@ vLLM CPU build when it is installed (``contextpilot-rag engine install``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import signal
@@ -1043,3 +1044,32 @@ def test_a_folded_system_prompt_suits_templates_without_a_first_system_turn() ->
 
 
 _FOLD_TEMPLATES = ("google-gemma-2-2b-it.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja")
+
+
+@pytest.mark.engine
+def test_the_template_check_finds_a_moved_system_message_and_its_fix() -> None:
+    """Mistral Nemo's template moves the system message (the check advises folding, and
+    serve's start-up advice goes once it is set); SmolLM2's own keeps the history."""
+    from contextpilot_rag.engines.template_check import check_chat_template
+    from contextpilot_rag.serve import ServeConfig
+    from contextpilot_rag.serve.cli import template_advice
+
+    path = _chat_template("mistralai-Mistral-Nemo-Instruct-2407.jinja")
+    if path is None:
+        pytest.skip(
+            "llama-server with its sources' chat templates not installed "
+            "(contextpilot-rag engine install --engine llama-server)"
+        )
+    flags = ("--jinja", "--chat-template-file", str(path))
+    for extra, keeps in (((), True), (flags, False)):
+        started = start_engine("llama-server", max_model_len=2048, threads=1, extra_args=extra)
+        with started as engine:
+            check = check_chat_template(engine.base_url, engine.model_name)
+            config = ServeConfig(endpoints=(engine.base_url,), model=engine.model_name)
+            advice = template_advice(config)
+            folded = template_advice(dataclasses.replace(config, system_into_user=True))
+        assert check is not None and check.renderer == "/apply-template"
+        assert (check.system_message, check.folded) == (keeps, True)
+        assert (advice is None) == keeps and folded is None
+        if not keeps:
+            assert advice is not None and "--system-into-user" in advice

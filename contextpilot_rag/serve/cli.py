@@ -116,12 +116,29 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     )
 
 
+def template_advice(config: ServeConfig) -> str | None:
+    """What to change so that the fleet's chat template keeps conversations' history
+    cacheable (:func:`~contextpilot_rag.engines.template_check.check_chat_template` on
+    the first endpoint), or ``None``: nothing, or the engine cannot tell."""
+    from ..engines.template_check import check_chat_template
+
+    check = check_chat_template(config.endpoints[0], config.model, timeout_s=5.0)
+    if check is None or (config.system_into_user and check.folded):
+        return None
+    return check.advice
+
+
 def run_serve(args: argparse.Namespace, console: Console) -> int:
-    """Run ``serve``; 2 for a configuration error."""
+    """Run ``serve``; 2 for a configuration error. Warns first when the engine's chat
+    template would keep conversations' history out of its prefix cache."""
     from .server import serve
 
     try:
-        serve(config_from_args(args))
+        config = config_from_args(args)
+        advice = template_advice(config)
+        if advice is not None:
+            console.print(f"warning: {advice}", style="yellow", markup=False, highlight=False)
+        serve(config)
     except ConfigError as exc:
         console.print(str(exc), style="red", markup=False, highlight=False)
         return 2
