@@ -175,6 +175,7 @@ def plot(results: Sequence[ArmResult], path: Path) -> bool:
             turns = sorted(set(result.turns))
             shares = [result.computed_share(turn) for turn in turns]
             axis.plot(turns, shares, marker="o", label=result.arm)
+            axis.set_xticks(turns)
         axis.set_title(template)
         axis.set_xlabel("conversation turn")
         axis.set_ylabel("share of prompt tokens computed")
