@@ -873,6 +873,18 @@ def test_vllm_serves_the_model_and_reports_cached_tokens(vllm: RunningEngine) ->
     assert cached_tokens(chat(vllm, prompt)) < cached_tokens(second)
 
 
+@pytest.mark.engine
+@needs_vllm
+def test_the_template_check_reads_vllms_own_rendering(vllm: RunningEngine) -> None:
+    """vLLM renders the probe at /tokenize (token ids); SmolLM2's ChatML template keeps
+    every turn an extension of the last, with a system message and folded."""
+    from contextpilot_rag.engines.template_check import check_chat_template
+
+    check = check_chat_template(vllm.base_url, vllm.model_name, timeout_s=60.0)
+    assert check is not None and check.renderer == "/tokenize"
+    assert (check.system_message, check.folded, check.advice) == (True, True, None)
+
+
 def descendants(root: int) -> list[int]:
     """Every live process below ``root`` in the process tree, whatever its group."""
     children: dict[int, list[int]] = {}
